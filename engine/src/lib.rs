@@ -1,0 +1,23 @@
+//! One inference instance, independent of how its forward pass runs.
+//!
+//! The [`Instance`] owns the request queues, the paged [`kv::KvCache`] with its prefix tree,
+//! and the iteration scheduler. Each iteration it forms a [`Batch`] and hands it to an
+//! [`Executor`]: the simulator's cost model or a GPU. Nothing here reads a clock, a socket
+//! or a random source: `now` is always an argument.
+
+pub mod batch;
+pub mod executor;
+pub mod ids;
+pub mod instance;
+pub mod kv;
+pub mod request;
+mod scheduler;
+mod sequence;
+pub mod time;
+
+pub use batch::{Batch, BatchEntry, BatchStats};
+pub use executor::{Executor, ExecutorError, StepOutput};
+pub use ids::{BlockHash, BlockId, InstanceId, RequestId};
+pub use instance::{Instance, InstanceConfig, Load, Rejected};
+pub use request::{Finished, Request};
+pub use time::{Dur, Time};

@@ -1,0 +1,216 @@
+//! Forming one iteration's batch: continuous batching with chunked prefill.
+//!
+//! Order of service within the token budget (`max_batch_tokens`) and sequence limit:
+//!
+//! 1. **Decode first**: every running sequence past its prompt gets one token, so that a
+//!    long prompt never stalls the streams already generating.
+//! 2. **Continuing prefills**: running sequences still computing their prompt get the next
+//!    chunk, as large as the remaining budget allows, in order of admission.
+//! 3. **Admission**: waiting requests in FCFS order. The cached prefix is matched first (it
+//!    needs no compute), then the first chunk is allocated; admission stops at the first
+//!    request that does not fit (head of line) and keeps a watermark of free blocks.
+//!
+//! When a running sequence needs a block and none is left, the most recently admitted running
+//! sequence is **preempted by recompute**: its blocks are released (its cached prompt blocks
+//! stay in the prefix tree, so the recompute often hits them) and it goes back to the front
+//! of the waiting queue with everything it has seen (prompt and generated tokens) to prefill
+//! again. A victim already placed in this batch is taken out of it.
+
+use crate::batch::BatchEntry;
+use crate::instance::Instance;
+use crate::time::Time;
+
+/// Budget left while a batch is being formed.
+struct Budget {
+    tokens: u32,
+    seqs: u32,
+}
+
+impl Budget {
+    fn open(&self) -> bool {
+        self.tokens > 0 && self.seqs > 0
+    }
+
+    fn take(&mut self, tokens: u32) {
+        self.tokens -= tokens;
+        self.seqs -= 1;
+    }
+
+    fn give_back(&mut self, tokens: u32) {
+        self.tokens += tokens;
+        self.seqs += 1;
+    }
+}
+
+impl Instance {
+    pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool) {
+        self.batch.clear();
+        self.batch_slots.clear();
+        let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
+        self.schedule_decodes(now, &mut budget);
+        self.schedule_running_prefills(now, &mut budget);
+        self.admit_waiting(now, &mut budget);
+        for e in &self.batch.entries {
+            self.batch.stats.add(e);
+        }
+        if with_block_tables {
+            self.fill_block_tables();
+        }
+    }
+
+    fn schedule_decodes(&mut self, now: Time, budget: &mut Budget) {
+        let mut i = 0;
+        while i < self.running.len() && budget.open() {
+            let s = self.running[i];
+            if !self.seq(s).is_decoding() {
+                i += 1;
+                continue;
+            }
+            if !self.reserve(now, s, 1, budget) {
+                // `s` was the last running sequence and preempted itself.
+                break;
+            }
+            self.push_entry(s, 1, false);
+            budget.take(1);
+            i += 1;
+        }
+    }
+
+    fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget) {
+        let mut i = 0;
+        while i < self.running.len() && budget.open() {
+            let s = self.running[i];
+            let seq = self.seq(s);
+            if seq.in_batch || seq.is_decoding() {
+                i += 1;
+                continue;
+            }
+            self.match_cached_prefix(now, s);
+            let chunk = self.seq(s).prefill_left().min(budget.tokens);
+            if chunk == 0 {
+                i += 1;
+                continue;
+            }
+            if !self.reserve(now, s, chunk, budget) {
+                break;
+            }
+            self.push_entry(s, chunk, true);
+            budget.take(chunk);
+            i += 1;
+        }
+    }
+
+    fn admit_waiting(&mut self, now: Time, budget: &mut Budget) {
+        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+        while budget.open() {
+            let Some(&s) = self.waiting.front() else { break };
+            self.match_cached_prefix(now, s);
+            let seq = self.seq(s);
+            let chunk = seq.prefill_left().min(budget.tokens);
+            let need = self.kv.blocks_for(seq.kv_len + chunk).saturating_sub(seq.kv.blocks.len() as u32);
+            if need + watermark > self.kv.available_blocks() && !self.running.is_empty() {
+                self.unmatch(now, s);
+                break;
+            }
+            let seq = self.slots[s as usize].as_mut().expect("waiting slot is empty");
+            if !self.kv.allocate(&mut seq.kv, need) {
+                self.unmatch(now, s);
+                break;
+            }
+            seq.admitted_at.get_or_insert(now);
+            self.waiting.pop_front();
+            self.running.push(s);
+            self.push_entry(s, chunk, true);
+            budget.take(chunk);
+        }
+    }
+
+    /// Extends a prefilling sequence's cached prefix from its cursor: at admission, and again
+    /// at each chunk boundary (another request may have cached the next blocks meanwhile).
+    /// At least one prompt token is always computed, since its logits give the first token.
+    fn match_cached_prefix(&mut self, now: Time, s: u32) {
+        let block_size = self.config.block_size;
+        let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+        if seq.kv.private_blocks() > 0 || seq.is_decoding() {
+            return;
+        }
+        let max_blocks = (seq.prefill_len - 1) / block_size;
+        let matched = self.kv.match_more(now, &mut seq.kv, &seq.request.block_hashes, max_blocks);
+        let tokens = matched * block_size;
+        seq.kv_len += tokens;
+        if seq.counts_hits() {
+            seq.cached_tokens += tokens;
+        }
+        self.prefill_tokens_left -= u64::from(tokens);
+    }
+
+    /// Undoes the match of a request that could not be admitted after all.
+    fn unmatch(&mut self, now: Time, s: u32) {
+        let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+        self.kv.release(now, &mut seq.kv);
+        self.prefill_tokens_left += u64::from(seq.kv_len);
+        if seq.counts_hits() {
+            seq.cached_tokens -= seq.kv_len;
+        }
+        seq.kv_len = 0;
+    }
+
+    /// Makes sure running sequence `s` has blocks for `new_tokens` more tokens, preempting
+    /// from the back of the running queue until it does. Returns false when `s` itself had
+    /// to be preempted.
+    fn reserve(&mut self, now: Time, s: u32, new_tokens: u32, budget: &mut Budget) -> bool {
+        loop {
+            let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+            let need = self.kv.blocks_for(seq.kv_len + new_tokens).saturating_sub(seq.kv.blocks.len() as u32);
+            if self.kv.allocate(&mut seq.kv, need) {
+                return true;
+            }
+            let victim = *self.running.last().expect("a running sequence needs blocks");
+            self.preempt(now, victim, budget);
+            if victim == s {
+                return false;
+            }
+        }
+    }
+
+    fn preempt(&mut self, now: Time, s: u32, budget: &mut Budget) {
+        let pos = self.running.iter().rposition(|&r| r == s).expect("victim is running");
+        self.running.remove(pos);
+        if let Some(k) = self.batch_slots.iter().position(|&b| b == s) {
+            let e = self.batch.entries.remove(k);
+            self.batch_slots.remove(k);
+            budget.give_back(e.new_tokens);
+        }
+        let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+        self.kv.release(now, &mut seq.kv);
+        let before = seq.prefill_left();
+        seq.prefill_len = seq.request.prompt_tokens + seq.generated;
+        seq.kv_len = 0;
+        seq.in_batch = false;
+        seq.preemptions += 1;
+        self.prefill_tokens_left += u64::from(seq.prefill_left()) - u64::from(before);
+        self.waiting.push_front(s);
+    }
+
+    fn push_entry(&mut self, s: u32, new_tokens: u32, is_prefill: bool) {
+        let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+        seq.in_batch = true;
+        self.batch.entries.push(BatchEntry {
+            request: seq.request.id,
+            context_tokens: seq.kv_len,
+            new_tokens,
+            is_prefill,
+            blocks: (0, 0),
+        });
+        self.batch_slots.push(s);
+    }
+
+    fn fill_block_tables(&mut self) {
+        for k in 0..self.batch.entries.len() {
+            let seq = self.slots[self.batch_slots[k] as usize].as_ref().expect("slot is empty");
+            let start = self.batch.block_tables.len() as u32;
+            self.batch.block_tables.extend_from_slice(&seq.kv.blocks);
+            self.batch.entries[k].blocks = (start, self.batch.block_tables.len() as u32);
+        }
+    }
+}
