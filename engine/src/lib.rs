@@ -21,3 +21,6 @@ pub use ids::{BlockHash, BlockId, InstanceId, RequestId};
 pub use instance::{Instance, InstanceConfig, Load, Rejected};
 pub use request::{Finished, Request};
 pub use time::{Dur, Time};
+
+#[cfg(test)]
+mod tests;

@@ -49,8 +49,13 @@ struct Node {
 /// parent, removed), for whoever indexes this instance's cache from outside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
-    Stored { hash: BlockHash, parent: Option<BlockHash> },
-    Removed { hash: BlockHash },
+    Stored {
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+    },
+    Removed {
+        hash: BlockHash,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -164,7 +169,10 @@ impl PrefixTree {
         self.children.insert((parent, hash), id);
         if let Some(ev) = &mut self.events {
             let parent_hash = (parent != NodeId::ROOT).then(|| self.nodes[parent.0 as usize].hash);
-            ev.push(KvEvent::Stored { hash, parent: parent_hash });
+            ev.push(KvEvent::Stored {
+                hash,
+                parent: parent_hash,
+            });
         }
         id
     }
@@ -214,7 +222,8 @@ impl PrefixTree {
             let p = &mut self.nodes[parent.0 as usize];
             p.children -= 1;
             if parent != NodeId::ROOT && p.children == 0 && p.refs == 0 {
-                self.evictable.push(Reverse((p.last_access, parent, p.generation)));
+                self.evictable
+                    .push(Reverse((p.last_access, parent, p.generation)));
             }
             self.compact_heap_if_stale();
             return Some(block);
@@ -228,7 +237,11 @@ impl PrefixTree {
             let nodes = &self.nodes;
             self.evictable.retain(|Reverse((t, n, g))| {
                 let node = &nodes[n.0 as usize];
-                node.alive && node.generation == *g && node.refs == 0 && node.children == 0 && node.last_access == *t
+                node.alive
+                    && node.generation == *g
+                    && node.refs == 0
+                    && node.children == 0
+                    && node.last_access == *t
             });
         }
     }
@@ -255,7 +268,11 @@ impl PrefixTree {
                 node.refs,
                 parent.refs
             );
-            assert_eq!(self.children.get(&(node.parent, node.hash)), Some(&NodeId(i as u32)), "node {i} not indexed");
+            assert_eq!(
+                self.children.get(&(node.parent, node.hash)),
+                Some(&NodeId(i as u32)),
+                "node {i} not indexed"
+            );
         }
         for (i, node) in self.nodes.iter().enumerate() {
             if node.alive {

@@ -1,0 +1,211 @@
+use super::*;
+use proptest::prelude::*;
+
+fn hashes(keys: &[u64]) -> Vec<BlockHash> {
+    let mut h = BlockHash::ROOT;
+    keys.iter()
+        .map(|&k| {
+            h = h.chain(k);
+            h
+        })
+        .collect()
+}
+
+/// A sequence that computed `hs.len()` full blocks and committed them.
+fn filled(kv: &mut KvCache, now: u64, hs: &[BlockHash]) -> SeqKv {
+    let mut s = SeqKv::default();
+    let hit = kv.match_more(Time(now), &mut s, hs, u32::MAX);
+    assert!(kv.allocate(&mut s, hs.len() as u32 - hit));
+    kv.commit(Time(now), &mut s, hs, hs.len() as u32);
+    s
+}
+
+fn private(seqs: &[&SeqKv]) -> u32 {
+    seqs.iter().map(|s| s.private_blocks()).sum()
+}
+
+#[test]
+fn a_released_prompt_is_matched_by_the_next_request_with_the_same_prefix() {
+    let mut kv = KvCache::new(16, 4);
+    let mut a = filled(&mut kv, 1, &hashes(&[1, 2, 3]));
+    kv.release(Time(2), &mut a);
+    assert_eq!(kv.cached_blocks(), 3);
+    assert_eq!(kv.available_blocks(), 16);
+    let mut b = SeqKv::default();
+    assert_eq!(
+        kv.match_more(Time(3), &mut b, &hashes(&[1, 2, 9]), u32::MAX),
+        2
+    );
+    assert_eq!(b.tree_blocks, 2);
+    assert_eq!(kv.used_blocks(), 2);
+    kv.check_invariants(private(&[&b]));
+}
+
+#[test]
+fn matching_resumes_from_the_cursor_without_rescanning() {
+    let mut kv = KvCache::new(16, 4);
+    let hs = hashes(&[1, 2, 3, 4]);
+    let mut a = filled(&mut kv, 1, &hs);
+    let mut b = SeqKv::default();
+    assert_eq!(kv.match_more(Time(2), &mut b, &hs, 2), 2);
+    assert_eq!(
+        kv.match_more(Time(3), &mut b, &hs, 3),
+        1,
+        "only the third block is new"
+    );
+    assert_eq!(kv.match_more(Time(4), &mut b, &hs, 4), 1);
+    assert_eq!(b.blocks, a.blocks);
+    kv.release(Time(5), &mut a);
+    kv.release(Time(5), &mut b);
+    kv.check_invariants(0);
+}
+
+#[test]
+fn committing_a_block_another_request_cached_meanwhile_shares_it() {
+    let mut kv = KvCache::new(16, 4);
+    let hs = hashes(&[1, 2]);
+    let mut a = SeqKv::default();
+    let mut b = SeqKv::default();
+    assert!(kv.allocate(&mut a, 2));
+    assert!(kv.allocate(&mut b, 2));
+    kv.commit(Time(1), &mut a, &hs, 2);
+    kv.commit(Time(1), &mut b, &hs, 2);
+    assert_eq!(a.blocks, b.blocks, "b now points at a's blocks");
+    assert_eq!(kv.cached_blocks(), 2);
+    assert_eq!(kv.used_blocks(), 2, "b's copies went back to the pool");
+    kv.check_invariants(private(&[&a, &b]));
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_leaf_first() {
+    let mut kv = KvCache::new(4, 1);
+    let mut old = filled(&mut kv, 1, &hashes(&[1, 2]));
+    let mut new = filled(&mut kv, 2, &hashes(&[3, 4]));
+    kv.release(Time(3), &mut old);
+    kv.release(Time(4), &mut new);
+    let mut s = SeqKv::default();
+    assert!(kv.allocate(&mut s, 2));
+    // Both blocks of the older prompt went, leaf first; the newer prompt is intact.
+    let mut probe = SeqKv::default();
+    assert_eq!(
+        kv.match_more(Time(5), &mut probe, &hashes(&[3, 4]), u32::MAX),
+        2
+    );
+    assert_eq!(
+        kv.match_more(Time(5), &mut SeqKv::default(), &hashes(&[1]), u32::MAX),
+        0
+    );
+    kv.check_invariants(private(&[&s]));
+}
+
+#[test]
+fn a_referenced_block_is_never_evicted_and_allocation_is_all_or_nothing() {
+    let mut kv = KvCache::new(4, 1);
+    let a = filled(&mut kv, 1, &hashes(&[1, 2, 3]));
+    let mut s = SeqKv::default();
+    assert!(!kv.allocate(&mut s, 2));
+    assert!(s.blocks.is_empty());
+    assert!(kv.allocate(&mut s, 1));
+    kv.check_invariants(private(&[&a, &s]));
+}
+
+#[test]
+fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
+    let mut kv = KvCache::new(2, 1);
+    kv.tree_mut().record_events();
+    let hs = hashes(&[1, 2]);
+    let mut a = filled(&mut kv, 1, &hs);
+    kv.release(Time(2), &mut a);
+    let mut s = SeqKv::default();
+    assert!(kv.allocate(&mut s, 1));
+    let mut ev = Vec::new();
+    kv.tree_mut().drain_events(&mut ev);
+    assert_eq!(
+        ev,
+        [
+            KvEvent::Stored {
+                hash: hs[0],
+                parent: None
+            },
+            KvEvent::Stored {
+                hash: hs[1],
+                parent: Some(hs[0])
+            },
+            KvEvent::Removed { hash: hs[1] },
+        ]
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Start a sequence over a prompt drawn from a few shared prefixes.
+    Start {
+        prefix: u8,
+        len: u8,
+    },
+    /// Grow sequence k by some private blocks.
+    Grow {
+        k: u8,
+        n: u8,
+    },
+    /// Commit what sequence k has.
+    Commit {
+        k: u8,
+    },
+    Release {
+        k: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..4, 1u8..8).prop_map(|(prefix, len)| Op::Start { prefix, len }),
+        (any::<u8>(), 1u8..4).prop_map(|(k, n)| Op::Grow { k, n }),
+        any::<u8>().prop_map(|k| Op::Commit { k }),
+        any::<u8>().prop_map(|k| Op::Release { k }),
+    ]
+}
+
+proptest! {
+    /// Whatever the order of operations, no block is leaked or counted twice, and releasing
+    /// everything makes the whole cache available again.
+    #[test]
+    fn no_block_is_leaked_under_any_sequence_of_operations(ops in proptest::collection::vec(op(), 1..200)) {
+        let mut kv = KvCache::new(24, 2);
+        let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
+        for (t, op) in ops.into_iter().enumerate() {
+            let now = Time(t as u64);
+            match op {
+                Op::Start { prefix, len } => {
+                    let keys: Vec<u64> = (0..u64::from(len)).map(|i| if i < 3 { u64::from(prefix) * 100 + i } else { t as u64 * 1000 + i }).collect();
+                    let hs = hashes(&keys);
+                    let mut s = SeqKv::default();
+                    kv.match_more(now, &mut s, &hs, u32::MAX);
+                    seqs.push((s, hs));
+                }
+                Op::Grow { k, n } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let _ = kv.allocate(&mut seqs[i].0, u32::from(n));
+                }
+                Op::Commit { k } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let (s, hs) = &mut seqs[i];
+                    let full = s.blocks.len() as u32;
+                    kv.commit(now, s, hs, full);
+                }
+                Op::Release { k } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let (mut s, _) = seqs.swap_remove(i);
+                    kv.release(now, &mut s);
+                }
+                _ => {}
+            }
+            kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
+        }
+        for (s, _) in &mut seqs {
+            kv.release(Time(10_000), s);
+        }
+        kv.check_invariants(0);
+        prop_assert_eq!(kv.available_blocks(), 24);
+    }
+}

@@ -1,0 +1,33 @@
+//! `round-robin`: each request goes to the next serving instance in id order.
+//!
+//! Blind to load and cache: the baseline every other router must beat.
+
+use super::{Pick, Router, Why};
+use crate::view::FleetView;
+use engine::Request;
+
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    /// Position in the instance list where the next search starts.
+    next: usize,
+}
+
+impl Router for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+
+    fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick> {
+        let all = fleet.all();
+        let n = all.len();
+        let start = self.next;
+        let i = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| all[i].is_serving() && request.peak_kv_tokens() <= all[i].capacity_tokens)?;
+        self.next = i + 1;
+        Some(Pick {
+            instance: all[i].id,
+            why: Why::Turn,
+        })
+    }
+}
