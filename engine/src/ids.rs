@@ -30,16 +30,12 @@ impl BlockHash {
     /// A fixed mixer (not `std`'s `DefaultHasher`, whose algorithm may change between Rust
     /// releases) so that hashes, and with them simulation results, are stable everywhere.
     pub fn chain(self, content: u64) -> BlockHash {
-        BlockHash(mix64(
-            self.0 ^ mix64(content.wrapping_add(0x632b_e59b_d9b4_e019)),
-        ))
+        BlockHash(mix64(self.0 ^ mix64(content.wrapping_add(0x632b_e59b_d9b4_e019))))
     }
 
     /// Content key of a block of token ids, for the live engine.
     pub fn content_of_tokens(tokens: &[u32]) -> u64 {
-        tokens
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, &t| mix64(h ^ u64::from(t)))
+        tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| mix64(h ^ u64::from(t)))
     }
 }
 
@@ -54,9 +50,8 @@ pub fn mix64(mut z: u64) -> u64 {
 /// Every random source of a run derives from the run's one seed this way, so a run replays
 /// from its seed alone.
 pub fn derive_seed(seed: u64, component: &str, index: u64) -> u64 {
-    let name = component.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let name =
+        component.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     mix64(mix64(seed ^ name) ^ index)
 }
 

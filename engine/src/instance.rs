@@ -54,10 +54,7 @@ impl Default for InstanceConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
     #[error("request needs {needed_tokens} tokens of KV but the instance holds at most {capacity_tokens}")]
-    TooLarge {
-        needed_tokens: u64,
-        capacity_tokens: u64,
-    },
+    TooLarge { needed_tokens: u64, capacity_tokens: u64 },
     #[error("request has an empty prompt")]
     EmptyPrompt,
 }
@@ -141,10 +138,7 @@ impl Instance {
         }
         let needed_tokens = request.peak_kv_tokens();
         if needed_tokens > self.capacity_tokens() {
-            return Err(Rejected::TooLarge {
-                needed_tokens,
-                capacity_tokens: self.capacity_tokens(),
-            });
+            return Err(Rejected::TooLarge { needed_tokens, capacity_tokens: self.capacity_tokens() });
         }
         Ok(())
     }
@@ -208,11 +202,7 @@ impl Instance {
     }
 
     /// Forms the next batch and runs it. Returns `Ok(None)` when there is nothing to run.
-    pub fn begin_step(
-        &mut self,
-        now: Time,
-        exec: &mut dyn Executor,
-    ) -> Result<Option<Dur>, ExecutorError> {
+    pub fn begin_step(&mut self, now: Time, exec: &mut dyn Executor) -> Result<Option<Dur>, ExecutorError> {
         assert!(!self.stepping, "begin_step called during a step");
         self.form_batch(now, exec.needs_block_tables());
         if self.batch.is_empty() {
@@ -245,19 +235,12 @@ impl Instance {
         for k in 0..self.batch.entries.len() {
             let e = self.batch.entries[k];
             let slot = self.batch_slots[k];
-            let seq = self.slots[slot as usize]
-                .as_mut()
-                .expect("batched slot is empty");
+            let seq = self.slots[slot as usize].as_mut().expect("batched slot is empty");
             seq.in_batch = false;
             let emits = if e.is_prefill {
                 seq.kv_len += e.new_tokens;
                 self.prefill_tokens_left -= u64::from(e.new_tokens);
-                self.kv.commit(
-                    now,
-                    &mut seq.kv,
-                    &seq.request.block_hashes,
-                    seq.kv_len / block_size,
-                );
+                self.kv.commit(now, &mut seq.kv, &seq.request.block_hashes, seq.kv_len / block_size);
                 seq.kv_len == seq.prefill_len
             } else {
                 seq.kv_len += 1;
@@ -286,9 +269,7 @@ impl Instance {
                 kept += 1;
                 continue;
             }
-            let mut seq = self.slots[s as usize]
-                .take()
-                .expect("running slot is empty");
+            let mut seq = self.slots[s as usize].take().expect("running slot is empty");
             self.kv.release(now, &mut seq.kv);
             let (done, table) = seq.into_finished(now);
             self.spare_tables.push(table);
@@ -320,29 +301,20 @@ impl Instance {
             seen[s as usize] = true;
         }
         for &s in &self.free_slots {
-            assert!(
-                self.slots[s as usize].is_none(),
-                "free slot {s} holds a sequence"
-            );
+            assert!(self.slots[s as usize].is_none(), "free slot {s} holds a sequence");
         }
         let (mut private, mut prefill, mut decode) = (0u32, 0u64, 0u64);
         for (i, seq) in self.slots.iter().enumerate() {
             let Some(seq) = seq else { continue };
             assert!(seen[i], "slot {i} holds a sequence in no queue");
-            assert!(
-                seq.kv.blocks.len() as u32 >= self.kv.blocks_for(seq.kv_len),
-                "slot {i} has KV without blocks"
-            );
+            assert!(seq.kv.blocks.len() as u32 >= self.kv.blocks_for(seq.kv_len), "slot {i} has KV without blocks");
             private += seq.kv.private_blocks();
             prefill += u64::from(seq.prefill_left());
             decode += u64::from(seq.decode_left());
         }
         for &s in &self.waiting {
             let seq = self.seq(s);
-            assert!(
-                seq.kv.blocks.is_empty() && seq.kv_len == 0,
-                "waiting slot {s} holds KV"
-            );
+            assert!(seq.kv.blocks.is_empty() && seq.kv_len == 0, "waiting slot {s} holds KV");
         }
         assert_eq!(prefill, self.prefill_tokens_left, "prefill tokens left");
         assert_eq!(decode, self.decode_tokens_left, "decode tokens left");

@@ -46,10 +46,7 @@ impl Instance {
     pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool) {
         self.batch.clear();
         self.batch_slots.clear();
-        let mut budget = Budget {
-            tokens: self.config.max_batch_tokens,
-            seqs: self.config.max_seqs,
-        };
+        let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
         self.schedule_decodes(now, &mut budget);
         self.schedule_running_prefills(now, &mut budget);
         self.admit_waiting(now, &mut budget);
@@ -104,8 +101,7 @@ impl Instance {
     }
 
     fn admit_waiting(&mut self, now: Time, budget: &mut Budget) {
-        let watermark =
-            (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
         while budget.open() {
             let Some(&s) = self.waiting.front() else {
                 break;
@@ -113,17 +109,12 @@ impl Instance {
             self.match_cached_prefix(now, s);
             let seq = self.seq(s);
             let chunk = seq.prefill_left().min(budget.tokens);
-            let need = self
-                .kv
-                .blocks_for(seq.kv_len + chunk)
-                .saturating_sub(seq.kv.blocks.len() as u32);
+            let need = self.kv.blocks_for(seq.kv_len + chunk).saturating_sub(seq.kv.blocks.len() as u32);
             if need + watermark > self.kv.available_blocks() && !self.running.is_empty() {
                 self.unmatch(now, s);
                 break;
             }
-            let seq = self.slots[s as usize]
-                .as_mut()
-                .expect("waiting slot is empty");
+            let seq = self.slots[s as usize].as_mut().expect("waiting slot is empty");
             if !self.kv.allocate(&mut seq.kv, need) {
                 self.unmatch(now, s);
                 break;
@@ -146,9 +137,7 @@ impl Instance {
             return;
         }
         let max_blocks = (seq.prefill_len - 1) / block_size;
-        let matched = self
-            .kv
-            .match_more(now, &mut seq.kv, &seq.request.block_hashes, max_blocks);
+        let matched = self.kv.match_more(now, &mut seq.kv, &seq.request.block_hashes, max_blocks);
         let tokens = matched * block_size;
         seq.kv_len += tokens;
         if seq.counts_hits() {
@@ -174,17 +163,11 @@ impl Instance {
     fn reserve(&mut self, now: Time, s: u32, new_tokens: u32, budget: &mut Budget) -> bool {
         loop {
             let seq = self.slots[s as usize].as_mut().expect("slot is empty");
-            let need = self
-                .kv
-                .blocks_for(seq.kv_len + new_tokens)
-                .saturating_sub(seq.kv.blocks.len() as u32);
+            let need = self.kv.blocks_for(seq.kv_len + new_tokens).saturating_sub(seq.kv.blocks.len() as u32);
             if self.kv.allocate(&mut seq.kv, need) {
                 return true;
             }
-            let victim = *self
-                .running
-                .last()
-                .expect("a running sequence needs blocks");
+            let victim = *self.running.last().expect("a running sequence needs blocks");
             self.preempt(now, victim, budget);
             if victim == s {
                 return false;
@@ -193,11 +176,7 @@ impl Instance {
     }
 
     fn preempt(&mut self, now: Time, s: u32, budget: &mut Budget) {
-        let pos = self
-            .running
-            .iter()
-            .rposition(|&r| r == s)
-            .expect("victim is running");
+        let pos = self.running.iter().rposition(|&r| r == s).expect("victim is running");
         self.running.remove(pos);
         if let Some(k) = self.batch_slots.iter().position(|&b| b == s) {
             let e = self.batch.entries.remove(k);
@@ -230,9 +209,7 @@ impl Instance {
 
     fn fill_block_tables(&mut self) {
         for k in 0..self.batch.entries.len() {
-            let seq = self.slots[self.batch_slots[k] as usize]
-                .as_ref()
-                .expect("slot is empty");
+            let seq = self.slots[self.batch_slots[k] as usize].as_ref().expect("slot is empty");
             let start = self.batch.block_tables.len() as u32;
             self.batch.block_tables.extend_from_slice(&seq.kv.blocks);
             self.batch.entries[k].blocks = (start, self.batch.block_tables.len() as u32);

@@ -27,11 +27,7 @@ impl Seq {
         Seq {
             prefill_len: request.prompt_tokens,
             request,
-            kv: SeqKv {
-                blocks: table,
-                tree_blocks: 0,
-                node: None,
-            },
+            kv: SeqKv { blocks: table, tree_blocks: 0, node: None },
             kv_len: 0,
             generated: 0,
             admitted_at: None,

@@ -13,34 +13,19 @@ impl Executor for Fixed {
 }
 
 fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
-    InstanceConfig {
-        block_size: 4,
-        total_blocks,
-        max_batch_tokens,
-        max_seqs: 64,
-        admission_watermark: 0.0,
-    }
+    InstanceConfig { block_size: 4, total_blocks, max_batch_tokens, max_seqs: 64, admission_watermark: 0.0 }
 }
 
 fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
     let mut h = BlockHash::ROOT;
     let block_hashes = (0..prompt / 4)
         .map(|i| {
-            let key = prefix
-                .get(i as usize)
-                .copied()
-                .unwrap_or(id * 1_000_000 + u64::from(i));
+            let key = prefix.get(i as usize).copied().unwrap_or(id * 1_000_000 + u64::from(i));
             h = h.chain(key);
             h
         })
         .collect();
-    Request {
-        id: RequestId(id),
-        arrival: Time::ZERO,
-        prompt_tokens: prompt,
-        max_output_tokens: output,
-        block_hashes,
-    }
+    Request { id: RequestId(id), arrival: Time::ZERO, prompt_tokens: prompt, max_output_tokens: output, block_hashes }
 }
 
 /// Runs the instance until idle; returns finished requests and the batches' stats.
@@ -80,11 +65,7 @@ fn decodes_are_scheduled_before_prefill_chunks() {
     inst.enqueue(req(2, 64, 2, &[])).unwrap();
     inst.begin_step(Time(10_000), &mut Fixed).unwrap();
     let s = inst.batch().stats;
-    assert_eq!(
-        (s.decode_seqs, s.prefill_tokens),
-        (1, 7),
-        "decode takes 1 of the 8 tokens first"
-    );
+    assert_eq!((s.decode_seqs, s.prefill_tokens), (1, 7), "decode takes 1 of the 8 tokens first");
 }
 
 #[test]
@@ -95,10 +76,7 @@ fn the_second_request_with_a_shared_prefix_hits_the_cache() {
     inst.enqueue(req(2, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
     done.extend(run(&mut inst, now).0);
     assert_eq!(done[0].cached_tokens, 0);
-    assert_eq!(
-        done[1].cached_tokens, 20,
-        "five shared blocks of four tokens"
-    );
+    assert_eq!(done[1].cached_tokens, 20, "five shared blocks of four tokens");
 }
 
 #[test]
@@ -122,11 +100,7 @@ fn running_out_of_kv_preempts_the_newest_request_which_then_recomputes() {
     assert_eq!(done.len(), 2);
     assert_eq!(done.iter().map(|f| f.preemptions).sum::<u32>(), 1);
     let preempted = done.iter().find(|f| f.preemptions == 1).unwrap();
-    assert_eq!(
-        preempted.request.id,
-        RequestId(2),
-        "the newest is preempted"
-    );
+    assert_eq!(preempted.request.id, RequestId(2), "the newest is preempted");
     assert!(done.iter().all(|f| f.output_tokens == 17));
 }
 
@@ -134,18 +108,9 @@ fn running_out_of_kv_preempts_the_newest_request_which_then_recomputes() {
 fn a_request_larger_than_the_whole_cache_is_refused() {
     let mut inst = Instance::new(config(4, 64));
     let (err, back) = inst.enqueue(req(1, 16, 2, &[])).unwrap_err();
-    assert_eq!(
-        err,
-        Rejected::TooLarge {
-            needed_tokens: 17,
-            capacity_tokens: 16
-        }
-    );
+    assert_eq!(err, Rejected::TooLarge { needed_tokens: 17, capacity_tokens: 16 });
     assert_eq!(back.id, RequestId(1));
-    assert_eq!(
-        inst.enqueue(req(2, 0, 2, &[])).unwrap_err().0,
-        Rejected::EmptyPrompt
-    );
+    assert_eq!(inst.enqueue(req(2, 0, 2, &[])).unwrap_err().0, Rejected::EmptyPrompt);
 }
 
 #[test]
@@ -155,9 +120,7 @@ fn timestamps_of_a_finished_request_are_ordered() {
     let (done, _, end) = run(&mut inst, Time(5));
     let f = &done[0];
     assert!(
-        f.request.arrival <= f.admitted_at
-            && f.admitted_at <= f.first_token_at
-            && f.first_token_at <= f.finished_at
+        f.request.arrival <= f.admitted_at && f.admitted_at <= f.first_token_at && f.first_token_at <= f.finished_at
     );
     assert_eq!(f.finished_at, end);
 }

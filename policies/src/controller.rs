@@ -40,10 +40,7 @@ pub enum Reject {
     #[error("no instance is serving")]
     NoInstance,
     #[error("request needs {needed_tokens} tokens of KV, more than any serving instance holds ({largest_tokens})")]
-    TooLarge {
-        needed_tokens: u64,
-        largest_tokens: u64,
-    },
+    TooLarge { needed_tokens: u64, largest_tokens: u64 },
 }
 
 pub struct Controller {
@@ -53,10 +50,7 @@ pub struct Controller {
 
 impl Controller {
     pub fn new(config: &ControllerConfig) -> Controller {
-        Controller {
-            router: config.router.build(config.seed),
-            fleet: FleetView::default(),
-        }
+        Controller { router: config.router.build(config.seed), fleet: FleetView::default() }
     }
 
     pub fn router_name(&self) -> &'static str {
@@ -69,13 +63,8 @@ impl Controller {
 
     pub fn on_event(&mut self, _now: Time, event: &FleetEvent) {
         match *event {
-            FleetEvent::InstanceUp {
-                instance,
-                capacity_tokens,
-            } => self.fleet.up(instance, capacity_tokens),
-            FleetEvent::InstanceDraining { instance } => {
-                self.set_state(instance, InstanceState::Draining)
-            }
+            FleetEvent::InstanceUp { instance, capacity_tokens } => self.fleet.up(instance, capacity_tokens),
+            FleetEvent::InstanceDraining { instance } => self.set_state(instance, InstanceState::Draining),
             FleetEvent::InstanceDown { instance } => self.set_state(instance, InstanceState::Down),
             FleetEvent::Load { instance, load } => {
                 if let Some(v) = self.fleet.get_mut(instance) {
@@ -104,25 +93,14 @@ impl Controller {
             let largest_tokens = self.fleet.serving().map(|i| i.capacity_tokens).max();
             return Err(match largest_tokens {
                 None => Reject::NoInstance,
-                Some(largest_tokens) => Reject::TooLarge {
-                    needed_tokens: request.peak_kv_tokens(),
-                    largest_tokens,
-                },
+                Some(largest_tokens) => Reject::TooLarge { needed_tokens: request.peak_kv_tokens(), largest_tokens },
             });
         };
-        let v = self
-            .fleet
-            .get_mut(pick.instance)
-            .expect("router picked an unknown instance");
+        let v = self.fleet.get_mut(pick.instance).expect("router picked an unknown instance");
         debug_assert!(v.is_serving() && request.peak_kv_tokens() <= v.capacity_tokens);
-        v.routed_since_report +=
-            u64::from(request.prompt_tokens) + u64::from(request.max_output_tokens);
+        v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(request.max_output_tokens);
         v.in_flight += 1;
-        Ok(Route {
-            prefill: pick.instance,
-            decode: pick.instance,
-            why: pick.why,
-        })
+        Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })
     }
 
     /// Periodic decisions. The routers of this version need none; scaling and protection

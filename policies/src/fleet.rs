@@ -7,10 +7,7 @@ use engine::{InstanceId, Load, Request, RequestId, Time};
 #[derive(Clone, Debug, PartialEq)]
 pub enum FleetEvent {
     /// An instance is ready to serve, and how much KV it can ever hold for one request.
-    InstanceUp {
-        instance: InstanceId,
-        capacity_tokens: u64,
-    },
+    InstanceUp { instance: InstanceId, capacity_tokens: u64 },
     /// An instance stopped taking new requests; its in-flight ones finish.
     InstanceDraining { instance: InstanceId },
     /// An instance is gone (drained, or lost).
@@ -18,10 +15,7 @@ pub enum FleetEvent {
     /// The instance's queues and KV use at the end of an iteration.
     Load { instance: InstanceId, load: Load },
     /// A request left the instance after generating its output.
-    RequestFinished {
-        instance: InstanceId,
-        request: RequestId,
-    },
+    RequestFinished { instance: InstanceId, request: RequestId },
 }
 
 /// What the controller asks a fleet to do besides serving requests.
@@ -37,21 +31,13 @@ pub enum DispatchError {
     #[error("{instance} is not serving")]
     NotServing { instance: InstanceId },
     #[error("{instance} refused the request: {reason}")]
-    Refused {
-        instance: InstanceId,
-        reason: engine::Rejected,
-    },
+    Refused { instance: InstanceId, reason: engine::Rejected },
 }
 
 /// A fleet backend: the simulator's, or the live one.
 pub trait Fleet {
     /// Hands a routed request to its instance.
-    fn dispatch(
-        &mut self,
-        now: Time,
-        request: Request,
-        route: &Route,
-    ) -> Result<(), (DispatchError, Request)>;
+    fn dispatch(&mut self, now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)>;
     /// Carries out a controller command.
     fn apply(&mut self, now: Time, command: &Command);
     /// Moves the events that happened since the last call into `out`, in order.

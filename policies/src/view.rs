@@ -66,26 +66,21 @@ impl FleetView {
     }
 
     /// Serving instances that could hold `request` at all.
-    pub fn candidates<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> impl Iterator<Item = &'a InstanceView> + 'a {
-        self.serving()
-            .filter(move |i| request.peak_kv_tokens() <= i.capacity_tokens)
+    pub fn candidates<'a>(&'a self, request: &'a Request) -> impl Iterator<Item = &'a InstanceView> + 'a {
+        self.serving().filter(move |i| request.peak_kv_tokens() <= i.capacity_tokens)
     }
 
     pub(crate) fn up(&mut self, id: InstanceId, capacity_tokens: u64) {
         let idx = id.0 as usize;
         if self.instances.len() <= idx {
-            self.instances
-                .extend((self.instances.len()..=idx).map(|i| InstanceView {
-                    id: InstanceId(i as u32),
-                    state: InstanceState::Down,
-                    capacity_tokens: 0,
-                    load: Load::default(),
-                    routed_since_report: 0,
-                    in_flight: 0,
-                }));
+            self.instances.extend((self.instances.len()..=idx).map(|i| InstanceView {
+                id: InstanceId(i as u32),
+                state: InstanceState::Down,
+                capacity_tokens: 0,
+                load: Load::default(),
+                routed_since_report: 0,
+                in_flight: 0,
+            }));
         }
         let v = &mut self.instances[idx];
         v.state = InstanceState::Serving;

@@ -56,11 +56,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(total_blocks: u32, block_size: u32) -> KvCache {
         assert!(block_size > 0, "block size must be positive");
-        KvCache {
-            pool: BlockPool::new(total_blocks),
-            tree: PrefixTree::new(),
-            block_size,
-        }
+        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::new(), block_size }
     }
 
     pub fn block_size(&self) -> u32 {
@@ -97,13 +93,7 @@ impl KvCache {
     /// Extends the sequence's cached prefix from its cursor along `hashes`, taking at most
     /// `max_blocks` blocks in all. Only a sequence with no private blocks can match (a private
     /// block already occupies the next position). Returns the number of blocks newly matched.
-    pub fn match_more(
-        &mut self,
-        now: Time,
-        seq: &mut SeqKv,
-        hashes: &[BlockHash],
-        max_blocks: u32,
-    ) -> u32 {
+    pub fn match_more(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], max_blocks: u32) -> u32 {
         if seq.private_blocks() > 0 {
             return 0;
         }
@@ -135,10 +125,7 @@ impl KvCache {
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
-                None => self
-                    .tree
-                    .evict_one()
-                    .expect("available blocks counted an unevictable node"),
+                None => self.tree.evict_one().expect("available blocks counted an unevictable node"),
             };
             seq.blocks.push(b);
         }
@@ -149,9 +136,7 @@ impl KvCache {
     /// from the cursor up to `full_blocks` (blocks whose every token has KV). A block already
     /// cached by another sequence is shared instead, and the private copy freed.
     pub fn commit(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], full_blocks: u32) {
-        let upto = (full_blocks as usize)
-            .min(hashes.len())
-            .min(seq.blocks.len());
+        let upto = (full_blocks as usize).min(hashes.len()).min(seq.blocks.len());
         let mut cursor = seq.cursor();
         for i in seq.tree_blocks as usize..upto {
             let h = hashes[i];

@@ -12,10 +12,7 @@ pub struct BlockPool {
 impl BlockPool {
     pub fn new(total: u32) -> BlockPool {
         // Reversed so that blocks are handed out from id 0 upwards (easier to read in tests).
-        BlockPool {
-            free: (0..total).rev().map(BlockId).collect(),
-            total,
-        }
+        BlockPool { free: (0..total).rev().map(BlockId).collect(), total }
     }
 
     pub fn total(&self) -> u32 {

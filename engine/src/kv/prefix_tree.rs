@@ -49,13 +49,8 @@ struct Node {
 /// parent, removed), for whoever indexes this instance's cache from outside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
-    Stored {
-        hash: BlockHash,
-        parent: Option<BlockHash>,
-    },
-    Removed {
-        hash: BlockHash,
-    },
+    Stored { hash: BlockHash, parent: Option<BlockHash> },
+    Removed { hash: BlockHash },
 }
 
 #[derive(Clone, Debug)]
@@ -144,16 +139,7 @@ impl PrefixTree {
     /// The caller checked that no such child exists.
     pub fn insert(&mut self, now: Time, parent: NodeId, hash: BlockHash, block: BlockId) -> NodeId {
         debug_assert!(self.child(parent, hash).is_none());
-        let node = Node {
-            hash,
-            parent,
-            block,
-            refs: 1,
-            children: 0,
-            last_access: now,
-            generation: 0,
-            alive: true,
-        };
+        let node = Node { hash, parent, block, refs: 1, children: 0, last_access: now, generation: 0, alive: true };
         let id = match self.free_slots.pop() {
             Some(slot) => {
                 let generation = self.nodes[slot as usize].generation;
@@ -169,10 +155,7 @@ impl PrefixTree {
         self.children.insert((parent, hash), id);
         if let Some(ev) = &mut self.events {
             let parent_hash = (parent != NodeId::ROOT).then(|| self.nodes[parent.0 as usize].hash);
-            ev.push(KvEvent::Stored {
-                hash,
-                parent: parent_hash,
-            });
+            ev.push(KvEvent::Stored { hash, parent: parent_hash });
         }
         id
     }
@@ -222,8 +205,7 @@ impl PrefixTree {
             let p = &mut self.nodes[parent.0 as usize];
             p.children -= 1;
             if parent != NodeId::ROOT && p.children == 0 && p.refs == 0 {
-                self.evictable
-                    .push(Reverse((p.last_access, parent, p.generation)));
+                self.evictable.push(Reverse((p.last_access, parent, p.generation)));
             }
             self.compact_heap_if_stale();
             return Some(block);
@@ -237,11 +219,7 @@ impl PrefixTree {
             let nodes = &self.nodes;
             self.evictable.retain(|Reverse((t, n, g))| {
                 let node = &nodes[n.0 as usize];
-                node.alive
-                    && node.generation == *g
-                    && node.refs == 0
-                    && node.children == 0
-                    && node.last_access == *t
+                node.alive && node.generation == *g && node.refs == 0 && node.children == 0 && node.last_access == *t
             });
         }
     }
@@ -268,11 +246,7 @@ impl PrefixTree {
                 node.refs,
                 parent.refs
             );
-            assert_eq!(
-                self.children.get(&(node.parent, node.hash)),
-                Some(&NodeId(i as u32)),
-                "node {i} not indexed"
-            );
+            assert_eq!(self.children.get(&(node.parent, node.hash)), Some(&NodeId(i as u32)), "node {i} not indexed");
         }
         for (i, node) in self.nodes.iter().enumerate() {
             if node.alive {

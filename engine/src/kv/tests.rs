@@ -32,10 +32,7 @@ fn a_released_prompt_is_matched_by_the_next_request_with_the_same_prefix() {
     assert_eq!(kv.cached_blocks(), 3);
     assert_eq!(kv.available_blocks(), 16);
     let mut b = SeqKv::default();
-    assert_eq!(
-        kv.match_more(Time(3), &mut b, &hashes(&[1, 2, 9]), u32::MAX),
-        2
-    );
+    assert_eq!(kv.match_more(Time(3), &mut b, &hashes(&[1, 2, 9]), u32::MAX), 2);
     assert_eq!(b.tree_blocks, 2);
     assert_eq!(kv.used_blocks(), 2);
     kv.check_invariants(private(&[&b]));
@@ -48,11 +45,7 @@ fn matching_resumes_from_the_cursor_without_rescanning() {
     let mut a = filled(&mut kv, 1, &hs);
     let mut b = SeqKv::default();
     assert_eq!(kv.match_more(Time(2), &mut b, &hs, 2), 2);
-    assert_eq!(
-        kv.match_more(Time(3), &mut b, &hs, 3),
-        1,
-        "only the third block is new"
-    );
+    assert_eq!(kv.match_more(Time(3), &mut b, &hs, 3), 1, "only the third block is new");
     assert_eq!(kv.match_more(Time(4), &mut b, &hs, 4), 1);
     assert_eq!(b.blocks, a.blocks);
     kv.release(Time(5), &mut a);
@@ -87,14 +80,8 @@ fn eviction_takes_the_least_recently_used_leaf_first() {
     assert!(kv.allocate(&mut s, 2));
     // Both blocks of the older prompt went, leaf first; the newer prompt is intact.
     let mut probe = SeqKv::default();
-    assert_eq!(
-        kv.match_more(Time(5), &mut probe, &hashes(&[3, 4]), u32::MAX),
-        2
-    );
-    assert_eq!(
-        kv.match_more(Time(5), &mut SeqKv::default(), &hashes(&[1]), u32::MAX),
-        0
-    );
+    assert_eq!(kv.match_more(Time(5), &mut probe, &hashes(&[3, 4]), u32::MAX), 2);
+    assert_eq!(kv.match_more(Time(5), &mut SeqKv::default(), &hashes(&[1]), u32::MAX), 0);
     kv.check_invariants(private(&[&s]));
 }
 
@@ -123,14 +110,8 @@ fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
     assert_eq!(
         ev,
         [
-            KvEvent::Stored {
-                hash: hs[0],
-                parent: None
-            },
-            KvEvent::Stored {
-                hash: hs[1],
-                parent: Some(hs[0])
-            },
+            KvEvent::Stored { hash: hs[0], parent: None },
+            KvEvent::Stored { hash: hs[1], parent: Some(hs[0]) },
             KvEvent::Removed { hash: hs[1] },
         ]
     );

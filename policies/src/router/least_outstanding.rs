@@ -21,11 +21,6 @@ impl Router for LeastOutstanding {
         fleet
             .candidates(request)
             .min_by_key(|v| (v.outstanding_tokens(), v.id))
-            .map(|v| Pick {
-                instance: v.id,
-                why: Why::LeastOutstanding {
-                    outstanding_tokens: v.outstanding_tokens(),
-                },
-            })
+            .map(|v| Pick { instance: v.id, why: Why::LeastOutstanding { outstanding_tokens: v.outstanding_tokens() } })
     }
 }

@@ -42,10 +42,7 @@ pub enum Why {
     /// Fewest outstanding tokens among all candidates.
     LeastOutstanding { outstanding_tokens: u64 },
     /// The less loaded of two instances drawn at random.
-    PowerOfTwo {
-        drawn: [InstanceId; 2],
-        outstanding_tokens: [u64; 2],
-    },
+    PowerOfTwo { drawn: [InstanceId; 2], outstanding_tokens: [u64; 2] },
 }
 
 /// A router by name, and its settings: the factory of routers.
@@ -57,11 +54,8 @@ pub enum RouterConfig {
 }
 
 impl RouterConfig {
-    pub const ALL: [RouterConfig; 3] = [
-        RouterConfig::RoundRobin,
-        RouterConfig::LeastOutstanding,
-        RouterConfig::PowerOfTwo,
-    ];
+    pub const ALL: [RouterConfig; 3] =
+        [RouterConfig::RoundRobin, RouterConfig::LeastOutstanding, RouterConfig::PowerOfTwo];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -80,11 +74,7 @@ impl RouterConfig {
         match self {
             RouterConfig::RoundRobin => Box::new(RoundRobin::default()),
             RouterConfig::LeastOutstanding => Box::new(LeastOutstanding),
-            RouterConfig::PowerOfTwo => Box::new(PowerOfTwo::new(engine::ids::derive_seed(
-                seed,
-                "power-of-two",
-                0,
-            ))),
+            RouterConfig::PowerOfTwo => Box::new(PowerOfTwo::new(engine::ids::derive_seed(seed, "power-of-two", 0))),
         }
     }
 }
@@ -98,12 +88,7 @@ pub struct UnknownRouter {
 impl FromStr for RouterConfig {
     type Err = UnknownRouter;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RouterConfig::ALL
-            .into_iter()
-            .find(|r| r.name() == s)
-            .ok_or_else(|| UnknownRouter {
-                name: s.to_string(),
-            })
+        RouterConfig::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| UnknownRouter { name: s.to_string() })
     }
 }
 

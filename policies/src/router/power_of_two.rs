@@ -20,10 +20,7 @@ pub struct PowerOfTwo {
 
 impl PowerOfTwo {
     pub fn new(seed: u64) -> PowerOfTwo {
-        PowerOfTwo {
-            rng: ChaCha8Rng::seed_from_u64(seed),
-            scratch: Vec::new(),
-        }
+        PowerOfTwo { rng: ChaCha8Rng::seed_from_u64(seed), scratch: Vec::new() }
     }
 }
 
@@ -34,8 +31,7 @@ impl Router for PowerOfTwo {
 
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick> {
         self.scratch.clear();
-        self.scratch
-            .extend(fleet.candidates(request).map(|v| v.id.0));
+        self.scratch.extend(fleet.candidates(request).map(|v| v.id.0));
         let n = self.scratch.len();
         let view = |k: usize| -> &InstanceView { &fleet.all()[self.scratch[k] as usize] };
         match n {
@@ -44,10 +40,7 @@ impl Router for PowerOfTwo {
                 let v = view(0);
                 Some(Pick {
                     instance: v.id,
-                    why: Why::PowerOfTwo {
-                        drawn: [v.id; 2],
-                        outstanding_tokens: [v.outstanding_tokens(); 2],
-                    },
+                    why: Why::PowerOfTwo { drawn: [v.id; 2], outstanding_tokens: [v.outstanding_tokens(); 2] },
                 })
             }
             _ => {
@@ -61,10 +54,7 @@ impl Router for PowerOfTwo {
                 let chosen = if ob < oa { vb } else { va };
                 Some(Pick {
                     instance: chosen.id,
-                    why: Why::PowerOfTwo {
-                        drawn: [va.id, vb.id],
-                        outstanding_tokens: [oa, ob],
-                    },
+                    why: Why::PowerOfTwo { drawn: [va.id, vb.id], outstanding_tokens: [oa, ob] },
                 })
             }
         }

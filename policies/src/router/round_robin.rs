@@ -25,9 +25,6 @@ impl Router for RoundRobin {
             .map(|k| (start + k) % n)
             .find(|&i| all[i].is_serving() && request.peak_kv_tokens() <= all[i].capacity_tokens)?;
         self.next = i + 1;
-        Some(Pick {
-            instance: all[i].id,
-            why: Why::Turn,
-        })
+        Some(Pick { instance: all[i].id, why: Why::Turn })
     }
 }
