@@ -138,16 +138,16 @@ impl KvCache {
     pub fn commit(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], full_blocks: u32) {
         let upto = (full_blocks as usize).min(hashes.len()).min(seq.blocks.len());
         let mut cursor = seq.cursor();
-        for i in seq.tree_blocks as usize..upto {
-            let h = hashes[i];
+        let from = seq.tree_blocks as usize;
+        for (&h, block) in hashes[from..upto].iter().zip(&mut seq.blocks[from..upto]) {
             cursor = match self.tree.child(cursor, h) {
                 Some(existing) => {
                     self.tree.acquire(now, existing);
-                    self.pool.push(seq.blocks[i]);
-                    seq.blocks[i] = self.tree.block(existing);
+                    self.pool.push(*block);
+                    *block = self.tree.block(existing);
                     existing
                 }
-                None => self.tree.insert(now, cursor, h, seq.blocks[i]),
+                None => self.tree.insert(now, cursor, h, *block),
             };
             seq.tree_blocks += 1;
             seq.node = Some(cursor);
