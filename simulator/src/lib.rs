@@ -3,9 +3,24 @@
 //! It drives the real [`engine::Instance`] (scheduler, KV cache) and the real
 //! [`policies::Controller`] in virtual time; only the executor (a roofline cost model) and the
 //! fleet backend are simulated.
+//!
+//! | module | purpose |
+//! | --- | --- |
+//! | `sim` | the driver loop: arrivals, fleet events, controller deadlines |
+//! | `fleet` | [`fleet::SimFleet`]: engine instances stepped in virtual time |
+//! | `queue` | the event queue |
+//! | `cost` | roofline cost model, model and GPU catalogs, the cost-model executor |
+//! | `workload` | Mooncake and Azure trace readers, synthetic generators (streamed) |
+//! | `metrics` | fixed-size histograms and the run summary |
+//! | `report`, `plot` | terminal tables, JSON, CDF charts |
+//! | `scenario` | scenario files, flag overlay, resolved settings |
 
 pub mod cost;
+pub mod fleet;
 pub mod metrics;
 pub mod plot;
+mod queue;
 pub mod report;
+pub mod scenario;
+pub mod sim;
 pub mod workload;

@@ -1,0 +1,263 @@
+//! Charts of a comparison: TTFT and TPOT CDFs, one line per router.
+//!
+//! Text is laid out with plotters' `ab_glyph` support and a font compiled into the binary
+//! (DejaVu Sans, `assets/fonts/`), so plotting needs no fontconfig and no system font.
+//! The format follows the file extension: `.svg` (vector) or `.png` (bitmap).
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The font every label uses, registered with plotters as `sans-serif`.
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const FAMILY: &str = "sans-serif";
+
+const SIZE_PX: (u32, u32) = (1400, 560);
+const CAPTION_PX: u32 = 24;
+const LABEL_PX: u32 = 16;
+const DESC_PX: u32 = 18;
+
+/// One router's distributions, as `(ms, cumulative fraction)` points (see
+/// [`crate::metrics::Metrics::ttft_cdf`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CdfSeries {
+    pub label: String,
+    pub ttft: Vec<(f64, f64)>,
+    pub tpot: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("plotting {}: unsupported file extension (supported: .svg, .png)", .path.display())]
+    UnsupportedFormat { path: PathBuf },
+    #[error("plotting {}: the embedded font could not be loaded", .path.display())]
+    Font { path: PathBuf },
+    #[error("plotting {}: {message}", .path.display())]
+    Draw { path: PathBuf, message: String },
+}
+
+/// Draws two panels side by side, the TTFT CDF (log time axis) and the TPOT CDF (linear), with
+/// one line per series and a legend, into `path` (`.svg` or `.png`).
+pub fn plot_cdfs(path: &Path, series: &[CdfSeries]) -> Result<(), PlotError> {
+    let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let draw_error = |message: String| PlotError::Draw { path: path.to_path_buf(), message };
+    match extension.as_deref() {
+        Some("svg") => {
+            register_font(path)?;
+            let root = SVGBackend::new(path, SIZE_PX).into_drawing_area();
+            draw_cdfs(&root, series).map_err(|e| draw_error(e.to_string()))?;
+            root.present().map_err(|e| draw_error(e.to_string()))
+        }
+        Some("png") => {
+            register_font(path)?;
+            let root = BitMapBackend::new(path, SIZE_PX).into_drawing_area();
+            draw_cdfs(&root, series).map_err(|e| draw_error(e.to_string()))?;
+            root.present().map_err(|e| draw_error(e.to_string()))
+        }
+        _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf() }),
+    }
+}
+
+/// Registers the embedded font once per process; later calls reuse the outcome.
+fn register_font(path: &Path) -> Result<(), PlotError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::Font { path: path.to_path_buf() })
+    }
+}
+
+type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+fn draw_cdfs<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[CdfSeries]) -> DrawResult<DB> {
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((1, 2));
+
+    let ttft: Vec<(&str, &[(f64, f64)])> = series.iter().map(|s| (s.label.as_str(), s.ttft.as_slice())).collect();
+    // Log axis: TTFT spans orders of magnitude between a cache hit and a queued long prompt.
+    // Points at zero (impossible on a log axis) are drawn at its left edge.
+    let (lo, hi) = positive_bounds(&ttft);
+    let x_lo = lo / 1.2;
+    draw_panel(
+        &panels[0],
+        "TTFT CDF",
+        "time to first token (ms, log scale)",
+        {
+            let (bold, light) = log_ticks(x_lo, hi * 1.2);
+            (x_lo..hi * 1.2).log_scale().with_key_points(bold).with_light_points(light)
+        },
+        &ttft,
+        |x| x.max(x_lo),
+    )?;
+
+    let tpot: Vec<(&str, &[(f64, f64)])> = series.iter().map(|s| (s.label.as_str(), s.tpot.as_slice())).collect();
+    let (_, hi) = positive_bounds(&tpot);
+    draw_panel(&panels[1], "TPOT CDF", "time per output token (ms)", 0.0..hi * 1.05, &tpot, |x| x)
+}
+
+/// Smallest positive and largest x over all curves, with defaults (1 ms to 1 s) when there is
+/// nothing to draw, and a decade of room when every point sits at one value.
+fn positive_bounds(curves: &[(&str, &[(f64, f64)])]) -> (f64, f64) {
+    let xs = || curves.iter().flat_map(|(_, points)| points.iter().map(|p| p.0));
+    let lo = xs().filter(|x| *x > 0.0).fold(f64::INFINITY, f64::min);
+    let hi = xs().fold(0.0, f64::max);
+    if !lo.is_finite() || hi <= 0.0 {
+        return (1.0, 1000.0);
+    }
+    if hi <= lo {
+        return (lo / 10.0_f64.sqrt(), lo * 10.0_f64.sqrt());
+    }
+    (lo, hi)
+}
+
+fn draw_panel<DB, X>(
+    area: &DrawingArea<DB, Shift>,
+    caption: &str,
+    x_desc: &str,
+    x_spec: X,
+    curves: &[(&str, &[(f64, f64)])],
+    place_x: impl Fn(f64) -> f64,
+) -> DrawResult<DB>
+where
+    DB: DrawingBackend,
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FAMILY, CAPTION_PX))
+        .margin(16)
+        .x_label_area_size(56)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x_spec, 0.0..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("fraction of requests")
+        .axis_desc_style((FAMILY, DESC_PX))
+        .label_style((FAMILY, LABEL_PX))
+        .x_label_formatter(&|x| format_ms(*x))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .draw()?;
+    for (i, (label, points)) in curves.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.iter().map(|&(x, q)| (place_x(x), q)), color.stroke_width(2)))?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
+    }
+    if !curves.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font((FAMILY, LABEL_PX))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// Labelled ticks at 1, 2 and 5 times each power of ten in `[lo, hi]` (only the powers of ten
+/// when the range spans more than four decades), grid lines at the other multiples.
+/// Plotters' own log ticks label only the powers of ten, often two labels per panel.
+fn log_ticks(lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
+    let first = lo.log10().floor() as i32;
+    let last = hi.log10().ceil() as i32;
+    let labelled: &[u32] = if last - first > 4 { &[1] } else { &[1, 2, 5] };
+    let (mut bold, mut light) = (Vec::new(), Vec::new());
+    for exponent in first..=last {
+        let decade = 10f64.powi(exponent);
+        for multiple in 1..=9u32 {
+            let x = decade * f64::from(multiple);
+            if x < lo || x > hi {
+                continue;
+            }
+            if labelled.contains(&multiple) {
+                bold.push(x);
+            } else {
+                light.push(x);
+            }
+        }
+    }
+    (bold, light)
+}
+
+/// Tick labels without float noise: `0.25`, `5`, `1200`.
+fn format_ms(x: f64) -> String {
+    let text = format!("{x:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series() -> Vec<CdfSeries> {
+        let cdf = |scale: f64| -> Vec<(f64, f64)> {
+            (0..=200)
+                .map(|i| {
+                    let q = f64::from(i) / 200.0;
+                    (scale * (1.0 + 50.0 * q * q * q), q)
+                })
+                .collect()
+        };
+        vec![
+            CdfSeries { label: "round_robin".to_string(), ttft: cdf(20.0), tpot: cdf(0.5) },
+            CdfSeries { label: "cache_aware".to_string(), ttft: cdf(5.0), tpot: cdf(0.4) },
+        ]
+    }
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("fleetplane-plot-{}-{name}", std::process::id()))
+    }
+
+    fn assert_plot_written(name: &str, series: &[CdfSeries]) {
+        let path = temp_path(name);
+        plot_cdfs(&path, series).expect("plot written");
+        let bytes = std::fs::read(&path).expect("plot read");
+        std::fs::remove_file(&path).expect("plot removed");
+        assert!(bytes.len() > 1000, "{name}: only {} bytes", bytes.len());
+    }
+
+    #[test]
+    fn plot_cdfs_writes_an_svg_with_a_legend() {
+        let path = temp_path("legend.svg");
+        plot_cdfs(&path, &series()).expect("plot written");
+        let svg = std::fs::read_to_string(&path).expect("plot read");
+        std::fs::remove_file(&path).expect("plot removed");
+        for text in ["TTFT CDF", "TPOT CDF", "round_robin", "cache_aware", "(ms, log scale)"] {
+            assert!(svg.contains(text), "svg lacks `{text}`");
+        }
+    }
+
+    #[test]
+    fn plot_cdfs_writes_a_png() {
+        let path = temp_path("cdf.png");
+        plot_cdfs(&path, &series()).expect("plot written");
+        let bytes = std::fs::read(&path).expect("plot read");
+        std::fs::remove_file(&path).expect("plot removed");
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a png");
+        assert!(bytes.len() > 1000, "only {} bytes", bytes.len());
+    }
+
+    #[test]
+    fn plot_cdfs_draws_empty_and_degenerate_series() {
+        assert_plot_written("empty.svg", &[]);
+        let flat = CdfSeries { label: "one request".to_string(), ttft: vec![(0.0, 0.0), (0.0, 1.0)], tpot: Vec::new() };
+        assert_plot_written("flat.png", &[flat]);
+    }
+
+    #[test]
+    fn plot_cdfs_rejects_other_extensions_naming_the_supported_ones() {
+        let path = temp_path("cdf.jpg");
+        let err = plot_cdfs(&path, &series()).expect_err("jpg is not supported");
+        let message = err.to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains(".svg") && message.contains(".png"), "{message}");
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,79 @@
+//! `fleetplane bench`: how fast the simulator runs, on one core.
+//!
+//! The workload is fixed (see `SyntheticConfig::bench_default`): a million synthetic requests
+//! with shared prefixes on 64 instances of Llama-3.1-8B on H100 (TP 1), routed by
+//! least-outstanding. It prints simulated requests per wall-clock second and the process's
+//! peak resident memory.
+
+use crate::Failure;
+use anyhow::anyhow;
+use clap::Args as ClapArgs;
+use simulator::scenario::{FleetSection, Scenario, WorkloadSection};
+use simulator::sim;
+use simulator::workload::SyntheticConfig;
+use std::time::Instant;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Requests to simulate.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub requests: u64,
+
+    /// Engine instances.
+    #[arg(long, default_value_t = 64)]
+    pub instances: u32,
+
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let mut synthetic = SyntheticConfig::bench_default();
+    synthetic.requests = args.requests;
+    let scenario = Scenario {
+        seed: Some(args.seed),
+        routers: Some(vec!["least-outstanding".into()]),
+        fleet: FleetSection {
+            instances: Some(args.instances),
+            model: Some("llama-3.1-8b".into()),
+            gpu: Some("h100".into()),
+            tp: Some(1),
+            ..FleetSection::default()
+        },
+        workload: WorkloadSection { synthetic: Some(synthetic), ..WorkloadSection::default() },
+        ..Scenario::default()
+    };
+    let settings = scenario.resolve().map_err(|e| Failure::Input(e.into()))?;
+    let router = settings.routers[0];
+    let workload = settings.open_workload(settings.rate_scale).map_err(|e| Failure::Input(e.into()))?;
+    let started = Instant::now();
+    let out = sim::run(&settings.sim_config(router), workload, &mut |_| {}).map_err(|e| Failure::Input(e.into()))?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let s = &out.summary;
+    let simulated = s.requests + s.rejected;
+    let peak_mib = peak_rss_kib().map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or_else(|| "n/a".into());
+    println!(
+        "| requests | instances | virtual s | wall s | simulated req/s | peak RSS MiB | SLO attainment | cache hit |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| {simulated} | {} | {:.0} | {wall_s:.2} | {:.0} | {peak_mib} | {:.3} | {:.3} |",
+        args.instances,
+        s.duration_s,
+        simulated as f64 / wall_s,
+        s.slo_attainment,
+        s.cache_hit_rate
+    );
+    if simulated != args.requests {
+        return Err(Failure::Output(anyhow!("simulated {simulated} requests of {}", args.requests)));
+    }
+    Ok(())
+}
+
+/// Peak resident set size of this process (Linux's VmHWM), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}

@@ -1,0 +1,130 @@
+//! Flags shared by `simulate` and `max-rate`. Each flag, when given, overrides the same
+//! setting of the `--scenario` file; unset flags leave the file's value (or the default).
+
+use crate::Failure;
+use anyhow::Context;
+use clap::Args;
+use simulator::scenario::{FleetSection, Scenario, Settings, SloSection, WorkloadSection};
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone)]
+pub struct SimFlags {
+    /// Scenario file (TOML) with any of the settings below; flags override it.
+    #[arg(long, value_name = "FILE.toml")]
+    pub scenario: Option<PathBuf>,
+
+    /// Trace to replay: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or
+    /// Azure LLM CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+
+    /// Trace format: mooncake or azure [default: from the extension, .jsonl or .csv].
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+
+    /// Engine instances in the fleet [default: 8].
+    #[arg(long, value_name = "N")]
+    pub instances: Option<u32>,
+
+    /// Model served: llama-3.1-8b, llama-3.1-70b, qwen3-32b or deepseek-v3 [default: llama-3.1-8b].
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+
+    /// GPU of each instance: a100, h100, h200 or b200 [default: h100].
+    #[arg(long, value_name = "NAME")]
+    pub gpu: Option<String>,
+
+    /// Tensor-parallel degree: GPUs per instance [default: 1].
+    #[arg(long, value_name = "N")]
+    pub tp: Option<u32>,
+
+    /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two
+    /// [default: least-outstanding]. Each runs on the same arrivals.
+    #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+    pub router: Option<Vec<String>>,
+
+    /// Seed of every random choice (synthetic arrivals, power-of-two draws) [default: 42].
+    /// The same seed and inputs give byte-identical JSON.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Multiply the trace's arrival rate by X (arrival times are divided by X) [default: 1].
+    #[arg(long, value_name = "X")]
+    pub rate_scale: Option<f64>,
+
+    /// Replay only the first N requests of the trace.
+    #[arg(long, value_name = "N")]
+    pub max_requests: Option<u64>,
+
+    /// Time-to-first-token target of the SLO, in milliseconds [default: 2000].
+    #[arg(long, value_name = "MS")]
+    pub ttft_slo_ms: Option<f64>,
+
+    /// Time-per-output-token target of the SLO, in milliseconds [default: 100].
+    #[arg(long, value_name = "MS")]
+    pub tpot_slo_ms: Option<f64>,
+
+    /// Tokens per KV block [default: 16].
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+
+    /// Token budget of one engine iteration (decode tokens plus prefill chunk) [default: 8192].
+    #[arg(long, value_name = "N")]
+    pub max_batch_tokens: Option<u32>,
+}
+
+impl SimFlags {
+    fn as_scenario(&self) -> Scenario {
+        Scenario {
+            seed: self.seed,
+            routers: self.router.clone(),
+            fleet: FleetSection {
+                instances: self.instances,
+                model: self.model.clone(),
+                gpu: self.gpu.clone(),
+                tp: self.tp,
+                block_size: self.block_size,
+                max_batch_tokens: self.max_batch_tokens,
+                max_seqs: None,
+            },
+            workload: WorkloadSection {
+                trace: self.trace.clone(),
+                format: self.format.clone(),
+                rate_scale: self.rate_scale,
+                max_requests: self.max_requests,
+                synthetic: None,
+            },
+            slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
+            cost: None,
+        }
+    }
+
+    /// The scenario file (if any) with the flags laid over it, resolved and checked.
+    pub fn settings(&self) -> Result<Settings, Failure> {
+        let base = match &self.scenario {
+            Some(path) => Scenario::load(path).map_err(|e| Failure::Input(e.into()))?,
+            None => Scenario::default(),
+        };
+        base.overlay(self.as_scenario()).resolve().context("invalid settings").map_err(Failure::Input)
+    }
+}
+
+/// One line that says what is about to run, seed first, so that a run can be replayed.
+pub fn describe(s: &Settings) -> String {
+    let source = match &s.workload {
+        simulator::scenario::WorkloadSource::Trace { path, .. } => path.display().to_string(),
+        simulator::scenario::WorkloadSource::Synthetic(c) => format!("synthetic ({} requests)", c.requests),
+    };
+    format!(
+        "seed={} | {} x {} on {} (TP {}), KV {} tokens per instance | {} at rate x{}{}",
+        s.seed,
+        s.instances,
+        s.cost.model().name,
+        s.cost.gpu().name,
+        s.cost.deployment().tp,
+        s.cost.kv_capacity_tokens(),
+        source,
+        s.rate_scale,
+        s.max_requests.map(|n| format!(", first {n} requests")).unwrap_or_default(),
+    )
+}

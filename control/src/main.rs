@@ -1,0 +1,70 @@
+//! `fleetplane`: the command-line entry point.
+//!
+//! | module | command |
+//! | --- | --- |
+//! | `cli` | flags shared by the simulation commands, turned into a scenario overlay |
+//! | `simulate` | `fleetplane simulate`: routers side by side on the same arrivals |
+//! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
+//! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
+//! | `progress` | progress display on stderr for runs longer than a second |
+
+mod bench;
+mod cli;
+mod max_rate;
+mod progress;
+mod simulate;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Control plane of an LLM inference fleet: cache-aware placement, long-request protection,
+/// P/D pool sizing. This build has the policy simulator.
+#[derive(Parser, Debug)]
+#[command(name = "fleetplane", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay a trace (or a synthetic workload) against a simulated fleet, one run per router
+    /// on the same arrivals, and print a side-by-side comparison.
+    Simulate(simulate::Args),
+    /// Find, per router, the highest --rate-scale at which SLO attainment still meets a target.
+    MaxRate(max_rate::Args),
+    /// Measure the simulator: a million synthetic requests on 64 instances; prints requests
+    /// simulated per wall-clock second and peak memory.
+    Bench(bench::Args),
+}
+
+/// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
+/// 3 for an output that could not be written.
+pub enum Failure {
+    Input(anyhow::Error),
+    Output(anyhow::Error),
+}
+
+impl Failure {
+    fn report(self) -> ExitCode {
+        let (code, err) = match self {
+            Failure::Input(e) => (2, e),
+            Failure::Output(e) => (3, e),
+        };
+        eprintln!("error: {err:#}");
+        ExitCode::from(code)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(args),
+        Command::MaxRate(args) => max_rate::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => f.report(),
+    }
+}

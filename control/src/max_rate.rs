@@ -1,0 +1,109 @@
+//! `fleetplane max-rate`: the highest arrival-rate multiplier at which a router still meets
+//! the SLO attainment target.
+//!
+//! Attainment falls as the rate rises, so the search brackets the answer by doubling (or
+//! halving) the rate scale from the starting `--rate-scale`, then bisects on a log scale
+//! until the bracket is narrower than 1%. The reported scale is the highest one that was
+//! seen to meet the target, with the summary of that run.
+
+use crate::cli::{describe, SimFlags};
+use crate::simulate::run_routers;
+use crate::Failure;
+use clap::Args as ClapArgs;
+use policies::RouterConfig;
+use simulator::metrics::Summary;
+use simulator::report::{max_rate_table, write_json, MaxRateReport, MaxRateRun};
+use simulator::scenario::Settings;
+use std::path::PathBuf;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: SimFlags,
+
+    /// Share of requests that must meet both the TTFT and the TPOT target.
+    #[arg(long, value_name = "X", default_value_t = 0.9)]
+    pub target_attainment: f64,
+
+    /// Write {"runs":[{"router":..., "max_rate_scale":X, "summary":{...}}]} as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Doublings or halvings tried before giving up on a bracket.
+const MAX_BRACKET_STEPS: u32 = 12;
+/// The bisection stops when high / low is below this.
+const PRECISION: f64 = 1.01;
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    if !(args.target_attainment > 0.0 && args.target_attainment <= 1.0) {
+        return Err(Failure::Input(anyhow::anyhow!(
+            "--target-attainment must be in (0, 1], got {}",
+            args.target_attainment
+        )));
+    }
+    let settings = args.flags.settings()?;
+    println!("{} | target attainment {}", describe(&settings), args.target_attainment);
+    let mut runs = Vec::new();
+    for &router in &settings.routers {
+        let (max_rate_scale, summary) = search(&settings, router, args.target_attainment)?;
+        runs.push(MaxRateRun { router: router.name().to_string(), max_rate_scale, summary });
+    }
+    print!("{}", max_rate_table(&runs));
+    if let Some(path) = &args.json {
+        write_json(path, &MaxRateReport { runs }).map_err(|e| Failure::Output(e.into()))?;
+    }
+    Ok(())
+}
+
+fn attainment_at(settings: &Settings, router: RouterConfig, scale: f64) -> Result<Summary, Failure> {
+    let mut out = run_routers(settings, &[router], scale)?;
+    Ok(out.remove(0).summary)
+}
+
+fn search(settings: &Settings, router: RouterConfig, target: f64) -> Result<(f64, Summary), Failure> {
+    let meets = |s: &Summary| s.slo_attainment >= target;
+    let start = settings.rate_scale;
+    let first = attainment_at(settings, router, start)?;
+    let (mut low, mut high, mut best) = if meets(&first) {
+        let (mut low, mut best) = (start, first);
+        let mut high = None;
+        for _ in 0..MAX_BRACKET_STEPS {
+            let s = attainment_at(settings, router, low * 2.0)?;
+            if !meets(&s) {
+                high = Some(low * 2.0);
+                break;
+            }
+            low *= 2.0;
+            best = s;
+        }
+        // Meets the target at every rate tried: report the highest.
+        let Some(high) = high else { return Ok((low, best)) };
+        (low, high, best)
+    } else {
+        let mut high = start;
+        let mut found = None;
+        for _ in 0..MAX_BRACKET_STEPS {
+            let s = attainment_at(settings, router, high / 2.0)?;
+            if meets(&s) {
+                found = Some((high / 2.0, s));
+                break;
+            }
+            high /= 2.0;
+        }
+        // Misses the target even at a tiny rate (the SLO is out of reach for this fleet).
+        let Some((low, best)) = found else { return Ok((0.0, first)) };
+        (low, high, best)
+    };
+    while high / low > PRECISION {
+        let mid = (low * high).sqrt();
+        let s = attainment_at(settings, router, mid)?;
+        if meets(&s) {
+            low = mid;
+            best = s;
+        } else {
+            high = mid;
+        }
+    }
+    Ok((low, best))
+}

@@ -1,0 +1,78 @@
+//! `fleetplane simulate`: every router on the same arrivals, side by side.
+
+use crate::cli::{describe, SimFlags};
+use crate::progress::RunProgress;
+use crate::Failure;
+use anyhow::anyhow;
+use clap::Args as ClapArgs;
+use indicatif::MultiProgress;
+use policies::RouterConfig;
+use simulator::plot::{plot_cdfs, CdfSeries};
+use simulator::report::{comparison_table, write_json, Report, RunReport};
+use simulator::scenario::Settings;
+use simulator::sim::{self, RunOutput};
+use std::path::PathBuf;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: SimFlags,
+
+    /// Write the results as JSON: {"runs":[{"router":..., "summary":{...}}]}.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+
+    /// Draw TTFT and TPOT CDFs per router (SVG or PNG, by the file's extension).
+    #[arg(long, value_name = "PATH")]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let settings = args.flags.settings()?;
+    println!("{}", describe(&settings));
+    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale)?;
+    for o in &outputs {
+        if let Some(why) = &o.first_rejection {
+            eprintln!("warning: {}: {} requests refused; first: {why}", o.router, o.summary.rejected);
+        }
+    }
+    let runs: Vec<RunReport> =
+        outputs.iter().map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone() }).collect();
+    print!("{}", comparison_table(&runs));
+    if let Some(path) = &args.json {
+        write_json(path, &Report { runs }).map_err(|e| Failure::Output(e.into()))?;
+    }
+    if let Some(path) = &args.plot {
+        let series: Vec<CdfSeries> = outputs
+            .iter()
+            .map(|o| CdfSeries { label: o.router.clone(), ttft: o.ttft_cdf.clone(), tpot: o.tpot_cdf.clone() })
+            .collect();
+        plot_cdfs(path, &series).map_err(|e| Failure::Output(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Runs each router on its own thread (runs share nothing; each re-reads the workload, so all
+/// see the same arrivals). Results come back in the order the routers were given.
+pub fn run_routers(settings: &Settings, routers: &[RouterConfig], rate_scale: f64) -> Result<Vec<RunOutput>, Failure> {
+    let multi = MultiProgress::new();
+    let results: Vec<Result<RunOutput, Failure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = routers
+            .iter()
+            .map(|&router| {
+                let multi = &multi;
+                scope.spawn(move || {
+                    let mut progress = RunProgress::new(multi, router.name());
+                    let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
+                    sim::run(&settings.sim_config(router), workload, &mut |p| progress.update(p))
+                        .map_err(|e| Failure::Input(e.into()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Failure::Output(anyhow!("a simulation thread panicked")))))
+            .collect()
+    });
+    results.into_iter().collect()
+}

@@ -1,0 +1,169 @@
+//! The `fleetplane` binary as a user runs it: real process, real files, exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fleetplane(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fleetplane")).args(args).output().expect("fleetplane runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn mooncake() -> String {
+    tests::trace("mooncake-conversation.jsonl").display().to_string()
+}
+
+/// Runs and expects a bad-input failure (exit 2) whose message contains every `needle`.
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let o = fleetplane(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "exit code; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn simulate_compares_two_routers_side_by_side_and_writes_json_and_a_plot() {
+    let dir = tests::scratch_dir("simulate");
+    let json = dir.join("out.json");
+    let svg = dir.join("cdf.svg");
+    let o = fleetplane(&[
+        "simulate",
+        "--trace",
+        &mooncake(),
+        "--instances",
+        "4",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--router",
+        "round-robin,least-outstanding",
+        "--max-requests",
+        "600",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("seed=42"), "the seed is printed first: {out}");
+    assert!(out.contains("round-robin") && out.contains("least-outstanding"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["router"], "round-robin");
+    for key in ["requests", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "slo_attainment", "goodput_rps"] {
+        assert!(runs[1]["summary"].get(key).is_some(), "summary lacks {key}");
+    }
+    assert_eq!(runs[0]["summary"]["requests"], 600);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn a_scenario_file_gives_the_settings_and_flags_override_it() {
+    let dir = tests::scratch_dir("scenario");
+    let scenario = dir.join("s.toml");
+    std::fs::write(
+        &scenario,
+        format!(
+            "seed = 9\nrouters = [\"power-of-two\"]\n[fleet]\ninstances = 2\n[workload]\ntrace = \"{}\"\nmax_requests = 300\n",
+            mooncake()
+        ),
+    )
+    .unwrap();
+    let o = fleetplane(&["simulate", "--scenario", scenario.to_str().unwrap(), "--seed", "11"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("seed=11 | 2 x llama-3.1-8b"), "{out}");
+    assert!(out.contains("power-of-two"), "{out}");
+}
+
+#[test]
+fn the_shipped_examples_are_valid_scenarios() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let o = fleetplane(&["simulate", "--scenario", path.to_str().unwrap(), "--max-requests", "200"]);
+        assert!(o.status.success(), "{}: {}", path.display(), stderr(&o));
+    }
+}
+
+#[test]
+fn max_rate_finds_a_scale_per_router_and_writes_json() {
+    let dir = tests::scratch_dir("max-rate");
+    let json = dir.join("max.json");
+    let o = fleetplane(&[
+        "max-rate",
+        "--trace",
+        &mooncake(),
+        "--instances",
+        "2",
+        "--router",
+        "least-outstanding,round-robin",
+        "--max-requests",
+        "300",
+        "--target-attainment",
+        "0.9",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for run in v["runs"].as_array().unwrap() {
+        let scale = run["max_rate_scale"].as_f64().unwrap();
+        assert!(scale > 0.0, "{run}");
+        assert!(run["summary"]["slo_attainment"].as_f64().unwrap() >= 0.9, "{run}");
+    }
+}
+
+#[test]
+fn a_malformed_trace_line_is_named_with_file_and_line() {
+    let dir = tests::scratch_dir("bad-trace");
+    let trace = dir.join("bad.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1]}\n{\"timestamp\": 10, \"output_length\": 5, \"hash_ids\": [2]}\n",
+    )
+    .unwrap();
+    fails_with(&["simulate", "--trace", trace.to_str().unwrap()], &["bad.jsonl", "line 2", "input_length"]);
+}
+
+#[test]
+fn unknown_names_list_the_valid_ones() {
+    let t = mooncake();
+    fails_with(&["simulate", "--trace", &t, "--model", "gpt-5"], &["gpt-5", "llama-3.1-8b", "deepseek-v3"]);
+    fails_with(&["simulate", "--trace", &t, "--gpu", "tpu"], &["tpu", "h100", "b200"]);
+    fails_with(&["simulate", "--trace", &t, "--router", "fastest"], &["fastest", "round-robin", "power-of-two"]);
+    fails_with(&["simulate", "--trace", &t, "--format", "parquet"], &["parquet", "mooncake", "azure"]);
+}
+
+#[test]
+fn an_invalid_scenario_key_is_named() {
+    let dir = tests::scratch_dir("bad-scenario");
+    let scenario = dir.join("s.toml");
+    std::fs::write(&scenario, "[fleet]\ninstances = 2\nreplicas = 3\n").unwrap();
+    fails_with(&["simulate", "--scenario", scenario.to_str().unwrap()], &["s.toml", "replicas"]);
+}
+
+#[test]
+fn bad_numbers_and_missing_files_are_input_errors() {
+    let t = mooncake();
+    fails_with(&["simulate", "--trace", &t, "--rate-scale", "0"], &["rate_scale"]);
+    fails_with(&["simulate", "--trace", &t, "--instances", "0"], &["instances"]);
+    fails_with(&["simulate", "--trace", "/nonexistent/trace.jsonl"], &["/nonexistent/trace.jsonl"]);
+    fails_with(&["simulate"], &["trace"]);
+    fails_with(&["simulate", "--trace", &t, "--model", "llama-3.1-70b", "--gpu", "a100"], &["llama-3.1-70b"]);
+}
