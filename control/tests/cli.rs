@@ -110,7 +110,7 @@ fn max_rate_finds_a_scale_per_router_and_writes_json() {
         "--trace",
         &mooncake(),
         "--instances",
-        "2",
+        "8",
         "--router",
         "least-outstanding,round-robin",
         "--max-requests",

@@ -86,7 +86,8 @@ pub fn run(
             for c in commands.drain(..) {
                 fleet.apply(now, &c);
             }
-        } else if let Some(a) = next.take().filter(|a| t_fleet.is_none_or(|f| a.at <= f)) {
+        } else if t_arrival.is_some_and(|a| t_fleet.is_none_or(|f| a <= f)) {
+            let a = next.take().expect("an arrival is due");
             now = a.at;
             let request = Request {
                 id: RequestId(arrivals),
