@@ -3,25 +3,27 @@
 //! A node is a block whose KV is kept for reuse. Its children are the blocks that followed it
 //! in some prompt. Because every request that holds a node also holds all of its ancestors
 //! (a prefix is only usable whole), reference counts never increase towards the leaves, and
-//! the unreferenced nodes form whole subtrees at the bottom of the tree. Eviction therefore
-//! takes the least recently used unreferenced *leaf*, and the parent of an evicted leaf may
-//! become evictable in turn; every unreferenced node is reclaimable this way, which is why
-//! [`PrefixTree::unreferenced`] counts as free capacity.
+//! the unreferenced nodes form whole subtrees at the bottom of the tree: all of them can be
+//! reclaimed, leaf by leaf, which is why [`PrefixTree::unreferenced`] counts as free capacity.
+//!
+//! # Eviction order
+//!
+//! Unreferenced nodes sit in an intrusive LRU list, appended when their last reference goes.
+//! Releases walk a path from the deepest node up, and time never goes backwards, so a node is
+//! always appended after all of its unreferenced descendants: the list is ordered by last use
+//! and its head is always a leaf. Eviction takes the head, the least recently used
+//! unreferenced leaf, in O(1), touching only nodes it must touch anyway (no heap, no scan).
 //!
 //! | operation | cost |
 //! | --- | --- |
 //! | find a child | one hash-map probe |
 //! | ref / unref a path of n blocks | O(n) |
-//! | evict one leaf | O(log e), e = entries in the eviction heap |
-//!
-//! The eviction heap is lazy: an entry is checked when popped (node still alive, same
-//! generation, unreferenced, childless, same access time) and dropped if stale.
+//! | evict one leaf | O(1) |
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
-use rustc_hash::FxHashMap;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Index of a node in the tree's slab. `NodeId::ROOT` is the empty prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,6 +32,9 @@ pub struct NodeId(pub(crate) u32);
 impl NodeId {
     pub const ROOT: NodeId = NodeId(0);
 }
+
+/// End of the LRU list (the root is never in it, so its index can mark "none").
+const NIL: u32 = 0;
 
 #[derive(Clone, Debug)]
 struct Node {
@@ -40,8 +45,9 @@ struct Node {
     refs: u32,
     children: u32,
     last_access: Time,
-    /// Bumped when the slot is freed, so that stale heap entries are recognised.
-    generation: u32,
+    /// Neighbours in the LRU list while unreferenced (`NIL` at the ends).
+    prev: u32,
+    next: u32,
     alive: bool,
 }
 
@@ -53,12 +59,37 @@ pub enum KvEvent {
     Removed { hash: BlockHash },
 }
 
+/// Block hashes are already uniformly mixed 64-bit values: hashing them again only costs time.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct PrefixTree {
+    /// Slot 0 is the root; dead slots are reused through `free_slots`.
     nodes: Vec<Node>,
     free_slots: Vec<u32>,
-    children: FxHashMap<(NodeId, BlockHash), NodeId>,
-    evictable: BinaryHeap<Reverse<(Time, NodeId, u32)>>,
+    /// Every cached block by its hash. Hashes are chained (a hash names its whole prefix), so
+    /// the hash alone is the key; the parent is checked on lookup.
+    index: HashMap<BlockHash, NodeId, BuildHasherDefault<PassThrough>>,
+    /// Least recently released unreferenced node (evicted first), and the most recent.
+    lru_head: u32,
+    lru_tail: u32,
     unreferenced: u32,
     events: Option<Vec<KvEvent>>,
 }
@@ -78,14 +109,16 @@ impl PrefixTree {
             refs: 0,
             children: 0,
             last_access: Time::ZERO,
-            generation: 0,
+            prev: NIL,
+            next: NIL,
             alive: true,
         };
         PrefixTree {
             nodes: vec![root],
             free_slots: Vec::new(),
-            children: FxHashMap::default(),
-            evictable: BinaryHeap::new(),
+            index: HashMap::default(),
+            lru_head: NIL,
+            lru_tail: NIL,
             unreferenced: 0,
             events: None,
         }
@@ -104,11 +137,11 @@ impl PrefixTree {
 
     /// Cached blocks (nodes other than the root).
     pub fn len(&self) -> u32 {
-        self.children.len() as u32
+        self.index.len() as u32
     }
 
     pub fn is_empty(&self) -> bool {
-        self.children.is_empty()
+        self.index.is_empty()
     }
 
     /// Cached blocks no request holds: all of them can be evicted.
@@ -117,20 +150,21 @@ impl PrefixTree {
     }
 
     pub fn child(&self, parent: NodeId, hash: BlockHash) -> Option<NodeId> {
-        self.children.get(&(parent, hash)).copied()
+        self.index.get(&hash).copied().filter(|n| self.nodes[n.0 as usize].parent == parent)
     }
 
     pub fn block(&self, n: NodeId) -> BlockId {
         self.nodes[n.0 as usize].block
     }
 
-    /// Takes a reference on `n` (which must be a child of a node the caller already holds).
+    /// Takes a reference on `n` (a child of a node the caller already holds).
     pub fn acquire(&mut self, now: Time, n: NodeId) {
-        let node = &mut self.nodes[n.0 as usize];
-        debug_assert!(node.alive && n != NodeId::ROOT);
-        if node.refs == 0 {
+        debug_assert!(self.nodes[n.0 as usize].alive && n != NodeId::ROOT);
+        if self.nodes[n.0 as usize].refs == 0 {
             self.unreferenced -= 1;
+            self.unlink(n.0);
         }
+        let node = &mut self.nodes[n.0 as usize];
         node.refs += 1;
         node.last_access = now;
     }
@@ -138,12 +172,12 @@ impl PrefixTree {
     /// Adds `block` as the child of `parent` with content `hash`, held by the caller.
     /// The caller checked that no such child exists.
     pub fn insert(&mut self, now: Time, parent: NodeId, hash: BlockHash, block: BlockId) -> NodeId {
-        debug_assert!(self.child(parent, hash).is_none());
-        let node = Node { hash, parent, block, refs: 1, children: 0, last_access: now, generation: 0, alive: true };
+        debug_assert!(!self.index.contains_key(&hash), "block hashes must be chained");
+        let node =
+            Node { hash, parent, block, refs: 1, children: 0, last_access: now, prev: NIL, next: NIL, alive: true };
         let id = match self.free_slots.pop() {
             Some(slot) => {
-                let generation = self.nodes[slot as usize].generation;
-                self.nodes[slot as usize] = Node { generation, ..node };
+                self.nodes[slot as usize] = node;
                 NodeId(slot)
             }
             None => {
@@ -152,7 +186,7 @@ impl PrefixTree {
             }
         };
         self.nodes[parent.0 as usize].children += 1;
-        self.children.insert((parent, hash), id);
+        self.index.insert(hash, id);
         if let Some(ev) = &mut self.events {
             let parent_hash = (parent != NodeId::ROOT).then(|| self.nodes[parent.0 as usize].hash);
             ev.push(KvEvent::Stored { hash, parent: parent_hash });
@@ -171,10 +205,7 @@ impl PrefixTree {
             let parent = node.parent;
             if node.refs == 0 {
                 self.unreferenced += 1;
-                if node.children == 0 {
-                    let generation = node.generation;
-                    self.evictable.push(Reverse((now, n, generation)));
-                }
+                self.append(n.0);
             }
             n = parent;
         }
@@ -182,45 +213,49 @@ impl PrefixTree {
 
     /// Evicts the least recently used unreferenced leaf and returns its block.
     pub fn evict_one(&mut self) -> Option<BlockId> {
-        while let Some(Reverse((t, n, generation))) = self.evictable.pop() {
-            let node = &self.nodes[n.0 as usize];
-            let valid = node.alive
-                && node.generation == generation
-                && node.refs == 0
-                && node.children == 0
-                && node.last_access == t;
-            if !valid {
-                continue;
-            }
-            let (hash, parent, block) = (node.hash, node.parent, node.block);
-            self.children.remove(&(parent, hash));
-            let node = &mut self.nodes[n.0 as usize];
-            node.alive = false;
-            node.generation = node.generation.wrapping_add(1);
-            self.free_slots.push(n.0);
-            self.unreferenced -= 1;
-            if let Some(ev) = &mut self.events {
-                ev.push(KvEvent::Removed { hash });
-            }
-            let p = &mut self.nodes[parent.0 as usize];
-            p.children -= 1;
-            if parent != NodeId::ROOT && p.children == 0 && p.refs == 0 {
-                self.evictable.push(Reverse((p.last_access, parent, p.generation)));
-            }
-            self.compact_heap_if_stale();
-            return Some(block);
+        let n = self.lru_head;
+        if n == NIL {
+            return None;
         }
-        None
+        self.unlink(n);
+        let node = &mut self.nodes[n as usize];
+        debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
+        node.alive = false;
+        let (hash, parent, block) = (node.hash, node.parent, node.block);
+        self.index.remove(&hash);
+        self.free_slots.push(n);
+        self.unreferenced -= 1;
+        self.nodes[parent.0 as usize].children -= 1;
+        if let Some(ev) = &mut self.events {
+            ev.push(KvEvent::Removed { hash });
+        }
+        Some(block)
     }
 
-    /// Rebuilds the heap when stale entries dominate, so that it stays bounded by the tree.
-    fn compact_heap_if_stale(&mut self) {
-        if self.evictable.len() > 4 * (self.nodes.len() + 16) {
-            let nodes = &self.nodes;
-            self.evictable.retain(|Reverse((t, n, g))| {
-                let node = &nodes[n.0 as usize];
-                node.alive && node.generation == *g && node.refs == 0 && node.children == 0 && node.last_access == *t
-            });
+    fn append(&mut self, n: u32) {
+        let tail = self.lru_tail;
+        let node = &mut self.nodes[n as usize];
+        node.prev = tail;
+        node.next = NIL;
+        if tail == NIL {
+            self.lru_head = n;
+        } else {
+            self.nodes[tail as usize].next = n;
+        }
+        self.lru_tail = n;
+    }
+
+    fn unlink(&mut self, n: u32) {
+        let Node { prev, next, .. } = self.nodes[n as usize];
+        if prev == NIL {
+            self.lru_head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lru_tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
         }
     }
 
@@ -246,14 +281,32 @@ impl PrefixTree {
                 node.refs,
                 parent.refs
             );
-            assert_eq!(self.children.get(&(node.parent, node.hash)), Some(&NodeId(i as u32)), "node {i} not indexed");
+            assert_eq!(self.index.get(&node.hash), Some(&NodeId(i as u32)), "node {i} not indexed");
         }
         for (i, node) in self.nodes.iter().enumerate() {
             if node.alive {
                 assert_eq!(node.children, children[i], "child count of node {i}");
             }
         }
-        assert_eq!(self.children.len(), alive, "index size");
+        assert_eq!(self.index.len(), alive, "index size");
         assert_eq!(self.unreferenced, unreferenced, "unreferenced count");
+        // The LRU list holds exactly the unreferenced nodes, oldest first, each after all of
+        // its unreferenced descendants.
+        let (mut n, mut prev, mut listed, mut last) = (self.lru_head, NIL, 0, Time::ZERO);
+        let mut seen = vec![false; self.nodes.len()];
+        while n != NIL {
+            let node = &self.nodes[n as usize];
+            assert!(node.alive && node.refs == 0, "LRU node {n} is dead or referenced");
+            assert_eq!(node.prev, prev, "LRU back link of node {n}");
+            assert!(node.last_access >= last, "LRU list out of time order at node {n}");
+            assert!(!seen[node.parent.0 as usize], "node {n} listed after its parent");
+            seen[n as usize] = true;
+            last = node.last_access;
+            listed += 1;
+            prev = n;
+            n = node.next;
+        }
+        assert_eq!(self.lru_tail, prev, "LRU tail");
+        assert_eq!(listed, unreferenced, "LRU list length");
     }
 }
