@@ -56,7 +56,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(total_blocks: u32, block_size: u32) -> KvCache {
         assert!(block_size > 0, "block size must be positive");
-        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::new(), block_size }
+        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::with_capacity(total_blocks), block_size }
     }
 
     pub fn block_size(&self) -> u32 {
@@ -140,15 +140,12 @@ impl KvCache {
         let mut cursor = seq.cursor();
         let from = seq.tree_blocks as usize;
         for (&h, block) in hashes[from..upto].iter().zip(&mut seq.blocks[from..upto]) {
-            cursor = match self.tree.child(cursor, h) {
-                Some(existing) => {
-                    self.tree.acquire(now, existing);
-                    self.pool.push(*block);
-                    *block = self.tree.block(existing);
-                    existing
-                }
-                None => self.tree.insert(now, cursor, h, *block),
-            };
+            let (node, shared) = self.tree.share_or_insert(now, cursor, h, *block);
+            if shared {
+                self.pool.push(*block);
+                *block = self.tree.block(node);
+            }
+            cursor = node;
             seq.tree_blocks += 1;
             seq.node = Some(cursor);
         }

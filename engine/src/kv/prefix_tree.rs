@@ -14,9 +14,16 @@
 //! and its head is always a leaf. Eviction takes the head, the least recently used
 //! unreferenced leaf, in O(1), touching only nodes it must touch anyway (no heap, no scan).
 //!
+//! # Finding children
+//!
+//! Most nodes have one child (a prompt's blocks form a chain until it diverges from others),
+//! so a node keeps its only child inline, and only the children of branching nodes (and of
+//! the root) go into the hash index, keyed by (parent, hash). Caching, matching and evicting
+//! a chain therefore touch the nodes alone; the index is probed once per branch point.
+//!
 //! | operation | cost |
 //! | --- | --- |
-//! | find a child | one hash-map probe |
+//! | find a child | a look at the parent's only child, or one hash-map probe |
 //! | ref / unref a path of n blocks | O(n) |
 //! | evict one leaf | O(1) |
 
@@ -48,6 +55,10 @@ struct Node {
     /// Neighbours in the LRU list while unreferenced (`NIL` at the ends).
     prev: u32,
     next: u32,
+    /// The one child, when the node has exactly one and is not `branching`; else `NIL`.
+    only_child: u32,
+    /// The node's children are in the index (it has had two at once; the root always).
+    branching: bool,
     alive: bool,
 }
 
@@ -59,7 +70,8 @@ pub enum KvEvent {
     Removed { hash: BlockHash },
 }
 
-/// Block hashes are already uniformly mixed 64-bit values: hashing them again only costs time.
+/// Hasher of the index's (parent, hash) keys. Block hashes are already uniformly mixed, so
+/// the parent is folded in with one multiply and nothing is hashed again.
 #[derive(Default)]
 struct PassThrough(u64);
 
@@ -70,12 +82,16 @@ impl Hasher for PassThrough {
 
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
+            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(b);
         }
     }
 
+    fn write_u32(&mut self, v: u32) {
+        self.0 ^= u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
     fn write_u64(&mut self, v: u64) {
-        self.0 = v;
+        self.0 ^= v;
     }
 }
 
@@ -84,9 +100,10 @@ pub struct PrefixTree {
     /// Slot 0 is the root; dead slots are reused through `free_slots`.
     nodes: Vec<Node>,
     free_slots: Vec<u32>,
-    /// Every cached block by its hash. Hashes are chained (a hash names its whole prefix), so
-    /// the hash alone is the key; the parent is checked on lookup.
-    index: HashMap<BlockHash, NodeId, BuildHasherDefault<PassThrough>>,
+    /// Children of branching nodes, by (parent, hash).
+    index: HashMap<(NodeId, BlockHash), NodeId, BuildHasherDefault<PassThrough>>,
+    /// Cached blocks (live nodes other than the root).
+    cached: u32,
     /// Least recently released unreferenced node (evicted first), and the most recent.
     lru_head: u32,
     lru_tail: u32,
@@ -96,12 +113,13 @@ pub struct PrefixTree {
 
 impl Default for PrefixTree {
     fn default() -> Self {
-        PrefixTree::new()
+        PrefixTree::with_capacity(0)
     }
 }
 
 impl PrefixTree {
-    pub fn new() -> PrefixTree {
+    /// A tree for at most `blocks` cached blocks.
+    pub fn with_capacity(blocks: u32) -> PrefixTree {
         let root = Node {
             hash: BlockHash::ROOT,
             parent: NodeId::ROOT,
@@ -111,12 +129,17 @@ impl PrefixTree {
             last_access: Time::ZERO,
             prev: NIL,
             next: NIL,
+            only_child: NIL,
+            branching: true,
             alive: true,
         };
+        let mut nodes = Vec::with_capacity(blocks as usize + 1);
+        nodes.push(root);
         PrefixTree {
-            nodes: vec![root],
+            nodes,
             free_slots: Vec::new(),
             index: HashMap::default(),
+            cached: 0,
             lru_head: NIL,
             lru_tail: NIL,
             unreferenced: 0,
@@ -137,11 +160,11 @@ impl PrefixTree {
 
     /// Cached blocks (nodes other than the root).
     pub fn len(&self) -> u32 {
-        self.index.len() as u32
+        self.cached
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.cached == 0
     }
 
     /// Cached blocks no request holds: all of them can be evicted.
@@ -150,7 +173,12 @@ impl PrefixTree {
     }
 
     pub fn child(&self, parent: NodeId, hash: BlockHash) -> Option<NodeId> {
-        self.index.get(&hash).copied().filter(|n| self.nodes[n.0 as usize].parent == parent)
+        let p = &self.nodes[parent.0 as usize];
+        if p.branching {
+            self.index.get(&(parent, hash)).copied()
+        } else {
+            (p.only_child != NIL && self.nodes[p.only_child as usize].hash == hash).then_some(NodeId(p.only_child))
+        }
     }
 
     pub fn block(&self, n: NodeId) -> BlockId {
@@ -169,12 +197,27 @@ impl PrefixTree {
         node.last_access = now;
     }
 
-    /// Adds `block` as the child of `parent` with content `hash`, held by the caller.
-    /// The caller checked that no such child exists.
-    pub fn insert(&mut self, now: Time, parent: NodeId, hash: BlockHash, block: BlockId) -> NodeId {
-        debug_assert!(!self.index.contains_key(&hash), "block hashes must be chained");
-        let node =
-            Node { hash, parent, block, refs: 1, children: 0, last_access: now, prev: NIL, next: NIL, alive: true };
+    /// The child of `parent` with content `hash`, referenced for the caller: the cached one
+    /// if there is one (then `block` is not used; returns true), else `block` itself, inserted
+    /// (returns false). One index probe either way.
+    pub fn share_or_insert(&mut self, now: Time, parent: NodeId, hash: BlockHash, block: BlockId) -> (NodeId, bool) {
+        if let Some(existing) = self.child(parent, hash) {
+            self.acquire(now, existing);
+            return (existing, true);
+        }
+        let node = Node {
+            hash,
+            parent,
+            block,
+            refs: 1,
+            children: 0,
+            last_access: now,
+            prev: NIL,
+            next: NIL,
+            only_child: NIL,
+            branching: false,
+            alive: true,
+        };
         let id = match self.free_slots.pop() {
             Some(slot) => {
                 self.nodes[slot as usize] = node;
@@ -185,13 +228,27 @@ impl PrefixTree {
                 NodeId(self.nodes.len() as u32 - 1)
             }
         };
-        self.nodes[parent.0 as usize].children += 1;
-        self.index.insert(hash, id);
+        self.cached += 1;
+        let p = &mut self.nodes[parent.0 as usize];
+        p.children += 1;
+        if p.branching {
+            self.index.insert((parent, hash), id);
+        } else if p.only_child == NIL {
+            p.only_child = id.0;
+        } else {
+            // A second child: from now on this node's children live in the index.
+            let first = p.only_child;
+            p.only_child = NIL;
+            p.branching = true;
+            let first_hash = self.nodes[first as usize].hash;
+            self.index.insert((parent, first_hash), NodeId(first));
+            self.index.insert((parent, hash), id);
+        }
         if let Some(ev) = &mut self.events {
             let parent_hash = (parent != NodeId::ROOT).then(|| self.nodes[parent.0 as usize].hash);
             ev.push(KvEvent::Stored { hash, parent: parent_hash });
         }
-        id
+        (id, false)
     }
 
     /// Drops one reference on every node from `deepest` up to the root.
@@ -222,10 +279,19 @@ impl PrefixTree {
         debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
         node.alive = false;
         let (hash, parent, block) = (node.hash, node.parent, node.block);
-        self.index.remove(&hash);
         self.free_slots.push(n);
         self.unreferenced -= 1;
-        self.nodes[parent.0 as usize].children -= 1;
+        self.cached -= 1;
+        let p = &mut self.nodes[parent.0 as usize];
+        p.children -= 1;
+        if p.branching {
+            self.index.remove(&(parent, hash));
+            if p.children == 0 && parent != NodeId::ROOT {
+                p.branching = false;
+            }
+        } else {
+            p.only_child = NIL;
+        }
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::Removed { hash });
         }
@@ -264,6 +330,7 @@ impl PrefixTree {
         let mut children = vec![0u32; self.nodes.len()];
         let mut unreferenced = 0;
         let mut alive = 0;
+        let mut indexed = 0;
         for (i, node) in self.nodes.iter().enumerate().skip(1) {
             if !node.alive {
                 continue;
@@ -281,14 +348,21 @@ impl PrefixTree {
                 node.refs,
                 parent.refs
             );
-            assert_eq!(self.index.get(&node.hash), Some(&NodeId(i as u32)), "node {i} not indexed");
+            if parent.branching {
+                assert_eq!(self.index.get(&(node.parent, node.hash)), Some(&NodeId(i as u32)), "node {i} not indexed");
+                indexed += 1;
+            } else {
+                assert_eq!(parent.only_child, i as u32, "node {i} is not its parent's only child");
+            }
         }
         for (i, node) in self.nodes.iter().enumerate() {
             if node.alive {
                 assert_eq!(node.children, children[i], "child count of node {i}");
+                assert!(node.branching || node.children <= 1, "node {i} has children outside the index");
             }
         }
-        assert_eq!(self.index.len(), alive, "index size");
+        assert_eq!(self.index.len(), indexed, "index size");
+        assert_eq!(self.cached, alive, "cached count");
         assert_eq!(self.unreferenced, unreferenced, "unreferenced count");
         // The LRU list holds exactly the unreferenced nodes, oldest first, each after all of
         // its unreferenced descendants.
