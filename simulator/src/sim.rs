@@ -106,7 +106,7 @@ pub fn run(
                 first_rejection.get_or_insert_with(|| format!("{}: {reason}", request.id));
                 spare.push(request.block_hashes);
             }
-            if arrivals % PROGRESS_EVERY == 0 {
+            if arrivals.is_multiple_of(PROGRESS_EVERY) {
                 progress(Progress { arrivals, now });
             }
             let mut buf = spare.pop().unwrap_or_default();
