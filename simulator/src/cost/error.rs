@@ -15,6 +15,22 @@ pub struct UnknownName {
     pub valid: Vec<&'static str>,
 }
 
+impl UnknownName {
+    /// Finds the entry of `catalog` called `name`, or says which names there are.
+    pub(crate) fn lookup<T>(
+        catalog: &'static [T],
+        kind: &'static str,
+        name: &str,
+        name_of: fn(&T) -> &'static str,
+    ) -> Result<&'static T, UnknownName> {
+        catalog.iter().find(|e| name_of(e) == name).ok_or_else(|| UnknownName {
+            kind,
+            name: name.to_string(),
+            valid: catalog.iter().map(name_of).collect(),
+        })
+    }
+}
+
 /// Why a [`crate::cost::CostModel`] cannot be built.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CostError {

@@ -79,11 +79,7 @@ static GPUS: [GpuSpec; 4] = [
 
 /// Looks a GPU up by its catalog name.
 pub fn gpu_by_name(name: &str) -> Result<&'static GpuSpec, UnknownName> {
-    GPUS.iter().find(|g| g.name == name).ok_or_else(|| UnknownName {
-        kind: "gpu",
-        name: name.to_string(),
-        valid: gpu_names(),
-    })
+    UnknownName::lookup(&GPUS, "gpu", name, |g| g.name)
 }
 
 /// Catalog names, in catalog order.

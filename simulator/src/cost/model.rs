@@ -188,11 +188,7 @@ static MODELS: [ModelSpec; 4] = [
 
 /// Looks a model up by its catalog name.
 pub fn model_by_name(name: &str) -> Result<&'static ModelSpec, UnknownName> {
-    MODELS.iter().find(|m| m.name == name).ok_or_else(|| UnknownName {
-        kind: "model",
-        name: name.to_string(),
-        valid: model_names(),
-    })
+    UnknownName::lookup(&MODELS, "model", name, |m| m.name)
 }
 
 /// Catalog names, in catalog order.

@@ -14,7 +14,7 @@
 //! and i. Nothing is shared, so any cache hit in a run on this trace is a bug.
 
 use super::lines::Lines;
-use super::{scaled_time, Arrival, Workload, WorkloadError, WorkloadOptions};
+use super::{scaled_time, Arrival, ReadArrival, WorkloadError, WorkloadOptions};
 use engine::ids::mix64;
 use engine::BlockHash;
 use std::path::{Path, PathBuf};
@@ -38,8 +38,6 @@ pub(super) struct AzureTrace {
     prev_text: String,
     /// 0-based index of the next request.
     index: u64,
-    /// Set at the end or after an error.
-    done: bool,
 }
 
 impl AzureTrace {
@@ -69,7 +67,6 @@ impl AzureTrace {
             prev_us: i64::MIN,
             prev_text: String::new(),
             index: 0,
-            done: false,
         })
     }
 
@@ -125,16 +122,9 @@ impl AzureTrace {
     }
 }
 
-impl Workload for AzureTrace {
-    fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
-        if self.done {
-            return Ok(None);
-        }
-        let result = self.read(buf);
-        if !matches!(result, Ok(Some(_))) {
-            self.done = true;
-        }
-        result
+impl ReadArrival for AzureTrace {
+    fn read_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
+        self.read(buf)
     }
 }
 

@@ -208,8 +208,8 @@ pub fn open_trace(
 ) -> Result<Box<dyn Workload>, WorkloadError> {
     opts.validate()?;
     Ok(match format {
-        TraceFormat::Mooncake => Box::new(mooncake::MooncakeTrace::open(path, opts)?),
-        TraceFormat::Azure => Box::new(azure::AzureTrace::open(path, opts)?),
+        TraceFormat::Mooncake => Box::new(Fused::new(mooncake::MooncakeTrace::open(path, opts)?)),
+        TraceFormat::Azure => Box::new(Fused::new(azure::AzureTrace::open(path, opts)?)),
     })
 }
 
@@ -221,6 +221,37 @@ fn scaled_time(us: u64, rate_scale: f64) -> Time {
     } else {
         // `as` saturates: an absurdly small scale gives the last representable time, not a panic.
         Time((us as f64 / rate_scale).round() as u64)
+    }
+}
+
+/// A trace reader's one-arrival step, before fusing.
+trait ReadArrival {
+    fn read_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError>;
+}
+
+/// Ends a reader for good at its end or its first error: the error is reported once, and no
+/// line after a bad one is read.
+struct Fused<R> {
+    reader: R,
+    done: bool,
+}
+
+impl<R> Fused<R> {
+    fn new(reader: R) -> Fused<R> {
+        Fused { reader, done: false }
+    }
+}
+
+impl<R: ReadArrival + Send> Workload for Fused<R> {
+    fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
+        if self.done {
+            return Ok(None);
+        }
+        let result = self.reader.read_arrival(buf);
+        if !matches!(result, Ok(Some(_))) {
+            self.done = true;
+        }
+        result
     }
 }
 

@@ -25,7 +25,7 @@
 //! no allocation beyond the caller's `buf`.
 
 use super::lines::Lines;
-use super::{scaled_time, Arrival, Workload, WorkloadError, WorkloadOptions};
+use super::{scaled_time, Arrival, ReadArrival, WorkloadError, WorkloadOptions};
 use engine::ids::mix64;
 use engine::BlockHash;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -44,8 +44,6 @@ pub(super) struct MooncakeTrace {
     ids: Vec<u64>,
     /// The previous line's timestamp in ms, for the ordering check.
     prev_ms: Option<f64>,
-    /// Set at the end or after an error.
-    done: bool,
 }
 
 impl MooncakeTrace {
@@ -65,7 +63,6 @@ impl MooncakeTrace {
             rate_scale: opts.rate_scale,
             ids: Vec::new(),
             prev_ms: None,
-            done: false,
         })
     }
 
@@ -124,16 +121,9 @@ impl MooncakeTrace {
     }
 }
 
-impl Workload for MooncakeTrace {
-    fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
-        if self.done {
-            return Ok(None);
-        }
-        let result = self.read(buf);
-        if !matches!(result, Ok(Some(_))) {
-            self.done = true;
-        }
-        result
+impl ReadArrival for MooncakeTrace {
+    fn read_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
+        self.read(buf)
     }
 }
 
