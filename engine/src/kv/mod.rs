@@ -4,7 +4,7 @@
 //! | file | purpose |
 //! | --- | --- |
 //! | `pool.rs` | free physical blocks |
-//! | `prefix_tree.rs` | cached blocks keyed by chained hashes, reference counts, LRU leaf eviction |
+//! | `prefix_tree.rs` | radix tree of cached block runs keyed by chained hashes, reference counts, LRU leaf eviction |
 //! | `mod.rs` | [`KvCache`]: allocation, prefix matching and insertion through a sequence's cursor |
 //!
 //! A sequence's block table is split in two at `SeqKv::tree_blocks`: the blocks before it
@@ -56,7 +56,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(total_blocks: u32, block_size: u32) -> KvCache {
         assert!(block_size > 0, "block size must be positive");
-        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::with_capacity(total_blocks), block_size }
+        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::new(), block_size }
     }
 
     pub fn block_size(&self) -> u32 {
@@ -98,17 +98,11 @@ impl KvCache {
             return 0;
         }
         let limit = (max_blocks as usize).min(hashes.len());
-        let mut matched = 0;
-        let mut cursor = seq.cursor();
-        for &h in hashes.iter().take(limit).skip(seq.tree_blocks as usize) {
-            let Some(child) = self.tree.child(cursor, h) else {
-                break;
-            };
-            self.tree.acquire(now, child);
-            seq.blocks.push(self.tree.block(child));
-            cursor = child;
-            matched += 1;
+        let from = seq.tree_blocks as usize;
+        if from >= limit {
+            return 0;
         }
+        let (cursor, matched) = self.tree.match_path(now, seq.cursor(), &hashes[from..limit], &mut seq.blocks);
         seq.tree_blocks += matched;
         if matched > 0 {
             seq.node = Some(cursor);
@@ -137,18 +131,14 @@ impl KvCache {
     /// cached by another sequence is shared instead, and the private copy freed.
     pub fn commit(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], full_blocks: u32) {
         let upto = (full_blocks as usize).min(hashes.len()).min(seq.blocks.len());
-        let mut cursor = seq.cursor();
         let from = seq.tree_blocks as usize;
-        for (&h, block) in hashes[from..upto].iter().zip(&mut seq.blocks[from..upto]) {
-            let (node, shared) = self.tree.share_or_insert(now, cursor, h, *block);
-            if shared {
-                self.pool.push(*block);
-                *block = self.tree.block(node);
-            }
-            cursor = node;
-            seq.tree_blocks += 1;
-            seq.node = Some(cursor);
+        if from >= upto {
+            return;
         }
+        let cursor =
+            self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], &mut self.pool);
+        seq.tree_blocks = upto as u32;
+        seq.node = Some(cursor);
     }
 
     /// Gives back everything the sequence holds: private blocks to the pool, references on its

@@ -1,53 +1,63 @@
-//! A prefix tree of cached KV blocks, one node per full block, keyed by chained block hashes.
+//! A radix tree of cached KV blocks keyed by chained block hashes. A node is a *run* of
+//! blocks that are always cached, shared and released together; its children are the runs
+//! that followed it in some prompt.
 //!
-//! A node is a block whose KV is kept for reuse. Its children are the blocks that followed it
-//! in some prompt. Because every request that holds a node also holds all of its ancestors
-//! (a prefix is only usable whole), reference counts never increase towards the leaves, and
-//! the unreferenced nodes form whole subtrees at the bottom of the tree: all of them can be
-//! reclaimed, leaf by leaf, which is why [`PrefixTree::unreferenced`] counts as free capacity.
+//! Because every request that holds a node also holds all of its ancestors (a prefix is only
+//! usable whole), reference counts never increase towards the leaves, and the unreferenced
+//! nodes form whole subtrees at the bottom of the tree: all of their blocks can be reclaimed,
+//! leaf by leaf, which is why [`PrefixTree::unreferenced`] counts as free capacity.
+//!
+//! # Runs
+//!
+//! A prompt's blocks past the point where it diverges from every cached prompt form one run,
+//! extended in place chunk after chunk while its request is its only holder. A request that
+//! matches part of a run splits it in two (prefix, then the rest as its child), so that every
+//! holder of a node holds all of it. Caching, matching, releasing and evicting a prompt's
+//! private tail therefore visit one node, not one node per block: the blocks and hashes of a
+//! run lie side by side in memory.
 //!
 //! # Eviction order
 //!
 //! Unreferenced nodes sit in an intrusive LRU list, appended when their last reference goes.
 //! Releases walk a path from the deepest node up, and time never goes backwards, so a node is
-//! always appended after all of its unreferenced descendants: the list is ordered by last use
-//! and its head is always a leaf. Eviction takes the head, the least recently used
-//! unreferenced leaf, in O(1), touching only nodes it must touch anyway (no heap, no scan).
+//! always listed after all of its unreferenced descendants: the list is ordered by last use
+//! and its head is always a leaf. Eviction takes the last block of the head's run.
 //!
 //! # Finding children
 //!
-//! Most nodes have one child (a prompt's blocks form a chain until it diverges from others),
-//! so a node keeps its only child inline, and only the children of branching nodes (and of
-//! the root) go into the hash index, keyed by (parent, hash). Caching, matching and evicting
-//! a chain therefore touch the nodes alone; the index is probed once per branch point.
+//! Most nodes have at most one child, kept inline; only the children of branching nodes (and
+//! of the root) go into the hash index, keyed by (parent, first hash of the child's run).
 //!
 //! | operation | cost |
 //! | --- | --- |
 //! | find a child | a look at the parent's only child, or one hash-map probe |
-//! | ref / unref a path of n blocks | O(n) |
-//! | evict one leaf | O(1) |
+//! | match / hold / release a path | O(nodes on the path + blocks compared) |
+//! | evict one block | O(1) |
 
+use super::BlockPool;
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Index of a node in the tree's slab. `NodeId::ROOT` is the empty prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub(crate) u32);
 
 impl NodeId {
     pub const ROOT: NodeId = NodeId(0);
 }
 
-/// End of the LRU list (the root is never in it, so its index can mark "none").
+/// End of the LRU list and "no child" (the root is never in the list nor anyone's child).
 const NIL: u32 = 0;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Node {
-    hash: BlockHash,
     parent: NodeId,
-    block: BlockId,
+    /// The run: hashes and physical blocks, in prompt order (empty only for the root and for
+    /// dead slots, which keep their capacity for reuse).
+    hashes: Vec<BlockHash>,
+    blocks: Vec<BlockId>,
     /// Requests whose block table includes this node.
     refs: u32,
     children: u32,
@@ -60,6 +70,12 @@ struct Node {
     /// The node's children are in the index (it has had two at once; the root always).
     branching: bool,
     alive: bool,
+}
+
+impl Node {
+    fn len(&self) -> u32 {
+        self.blocks.len() as u32
+    }
 }
 
 /// A change to the set of cached blocks, in the shape of vLLM's KV events (stored with its
@@ -100,49 +116,34 @@ pub struct PrefixTree {
     /// Slot 0 is the root; dead slots are reused through `free_slots`.
     nodes: Vec<Node>,
     free_slots: Vec<u32>,
-    /// Children of branching nodes, by (parent, hash).
+    /// Children of branching nodes, by (parent, first hash of the child's run).
     index: HashMap<(NodeId, BlockHash), NodeId, BuildHasherDefault<PassThrough>>,
-    /// Cached blocks (live nodes other than the root).
+    /// Cached blocks, and those of them no request holds.
     cached: u32,
+    unreferenced: u32,
     /// Least recently released unreferenced node (evicted first), and the most recent.
     lru_head: u32,
     lru_tail: u32,
-    unreferenced: u32,
     events: Option<Vec<KvEvent>>,
 }
 
 impl Default for PrefixTree {
     fn default() -> Self {
-        PrefixTree::with_capacity(0)
+        PrefixTree::new()
     }
 }
 
 impl PrefixTree {
-    /// A tree for at most `blocks` cached blocks.
-    pub fn with_capacity(blocks: u32) -> PrefixTree {
-        let root = Node {
-            hash: BlockHash::ROOT,
-            parent: NodeId::ROOT,
-            block: BlockId(u32::MAX),
-            refs: 0,
-            children: 0,
-            last_access: Time::ZERO,
-            prev: NIL,
-            next: NIL,
-            only_child: NIL,
-            branching: true,
-            alive: true,
-        };
-        let mut nodes = Vec::with_capacity(blocks as usize + 1);
-        nodes.push(root);
+    pub fn new() -> PrefixTree {
+        let root = Node { branching: true, alive: true, ..Node::default() };
         PrefixTree {
-            nodes,
+            nodes: vec![root],
             free_slots: Vec::new(),
             index: HashMap::default(),
             cached: 0,
+            unreferenced: 0,
             lru_head: NIL,
             lru_tail: NIL,
-            unreferenced: 0,
             events: None,
         }
     }
@@ -158,7 +159,7 @@ impl PrefixTree {
         }
     }
 
-    /// Cached blocks (nodes other than the root).
+    /// Cached blocks.
     pub fn len(&self) -> u32 {
         self.cached
     }
@@ -172,130 +173,278 @@ impl PrefixTree {
         self.unreferenced
     }
 
-    pub fn child(&self, parent: NodeId, hash: BlockHash) -> Option<NodeId> {
-        let p = &self.nodes[parent.0 as usize];
+    fn node(&self, n: NodeId) -> &Node {
+        &self.nodes[n.0 as usize]
+    }
+
+    fn node_mut(&mut self, n: NodeId) -> &mut Node {
+        &mut self.nodes[n.0 as usize]
+    }
+
+    /// The child of `parent` whose run starts with `hash`.
+    fn child(&self, parent: NodeId, hash: BlockHash) -> Option<NodeId> {
+        let p = self.node(parent);
         if p.branching {
             self.index.get(&(parent, hash)).copied()
         } else {
-            (p.only_child != NIL && self.nodes[p.only_child as usize].hash == hash).then_some(NodeId(p.only_child))
+            (p.only_child != NIL && self.nodes[p.only_child as usize].hashes[0] == hash).then_some(NodeId(p.only_child))
         }
     }
 
-    pub fn block(&self, n: NodeId) -> BlockId {
-        self.nodes[n.0 as usize].block
+    /// Follows `hashes` down from `cursor` (the end of a path the caller holds), taking a
+    /// reference on every node it passes and appending their blocks to `table`. Stops where
+    /// the cache stops matching. Returns the new cursor and the number of blocks matched.
+    pub fn match_path(
+        &mut self,
+        now: Time,
+        mut cursor: NodeId,
+        hashes: &[BlockHash],
+        table: &mut Vec<BlockId>,
+    ) -> (NodeId, u32) {
+        let mut i = 0;
+        while i < hashes.len() {
+            let Some(c) = self.child(cursor, hashes[i]) else { break };
+            let c = self.take_common_prefix(c, &hashes[i..]);
+            self.acquire(now, c);
+            let node = self.node(c);
+            table.extend_from_slice(&node.blocks);
+            i += node.blocks.len();
+            cursor = c;
+        }
+        (cursor, i as u32)
     }
 
-    /// Takes a reference on `n` (a child of a node the caller already holds).
-    pub fn acquire(&mut self, now: Time, n: NodeId) {
-        debug_assert!(self.nodes[n.0 as usize].alive && n != NodeId::ROOT);
-        if self.nodes[n.0 as usize].refs == 0 {
-            self.unreferenced -= 1;
+    /// Splits `c` where its run stops agreeing with `hashes` (which agrees on the first
+    /// block), so that the returned node's run is exactly the common prefix.
+    fn take_common_prefix(&mut self, c: NodeId, hashes: &[BlockHash]) -> NodeId {
+        let run = &self.node(c).hashes;
+        let k = run.iter().zip(hashes).take_while(|(a, b)| a == b).count();
+        if k < run.len() {
+            self.split(c, k)
+        } else {
+            c
+        }
+    }
+
+    /// Cuts the first `k` blocks of `c`'s run into a new node placed between `c` and its
+    /// parent, and returns it. `c` keeps its id, its children, its holders (who now hold both
+    /// parts) and its place in the LRU list, so nothing that points at it changes.
+    fn split(&mut self, c: NodeId, k: usize) -> NodeId {
+        debug_assert!(k > 0 && k < self.node(c).hashes.len());
+        let slot = self.free_slots.pop();
+        let mut prefix = match slot {
+            Some(s) => std::mem::take(&mut self.nodes[s as usize]),
+            None => Node::default(),
+        };
+        let node = &mut self.nodes[c.0 as usize];
+        prefix.hashes.clear();
+        prefix.blocks.clear();
+        prefix.hashes.extend(node.hashes.drain(..k));
+        prefix.blocks.extend(node.blocks.drain(..k));
+        prefix.parent = node.parent;
+        prefix.refs = node.refs;
+        prefix.children = 1;
+        prefix.last_access = node.last_access;
+        prefix.only_child = c.0;
+        prefix.branching = false;
+        prefix.alive = true;
+        prefix.prev = NIL;
+        prefix.next = NIL;
+        let parent = node.parent;
+        let first = prefix.hashes[0];
+        let p = match slot {
+            Some(s) => {
+                self.nodes[s as usize] = prefix;
+                NodeId(s)
+            }
+            None => {
+                self.nodes.push(prefix);
+                NodeId(self.nodes.len() as u32 - 1)
+            }
+        };
+        self.node_mut(c).parent = p;
+        // The prefix takes `c`'s place under the parent: same parent, same first hash.
+        if self.node(parent).branching {
+            self.index.insert((parent, first), p);
+        } else {
+            self.node_mut(parent).only_child = p.0;
+        }
+        if self.node(p).refs == 0 {
+            self.insert_after(c.0, p.0);
+        }
+        p
+    }
+
+    /// Takes a reference on `n`, whose parent the caller holds.
+    fn acquire(&mut self, now: Time, n: NodeId) {
+        debug_assert!(self.node(n).alive && n != NodeId::ROOT);
+        if self.node(n).refs == 0 {
+            self.unreferenced -= self.node(n).len();
             self.unlink(n.0);
         }
-        let node = &mut self.nodes[n.0 as usize];
+        let node = self.node_mut(n);
         node.refs += 1;
         node.last_access = now;
     }
 
-    /// The child of `parent` with content `hash`, referenced for the caller: the cached one
-    /// if there is one (then `block` is not used; returns true), else `block` itself, inserted
-    /// (returns false). One index probe either way.
-    pub fn share_or_insert(&mut self, now: Time, parent: NodeId, hash: BlockHash, block: BlockId) -> (NodeId, bool) {
-        if let Some(existing) = self.child(parent, hash) {
-            self.acquire(now, existing);
-            return (existing, true);
+    /// Caches the blocks a sequence has just filled. `hashes` and `blocks` are the blocks
+    /// after `cursor` (the end of the path the sequence holds). Where another request cached
+    /// the same blocks meanwhile, they are shared: the sequence's copies go back to `pool`
+    /// and `blocks` is updated to the cached ones. Returns the new cursor.
+    pub fn commit(
+        &mut self,
+        now: Time,
+        mut cursor: NodeId,
+        hashes: &[BlockHash],
+        blocks: &mut [BlockId],
+        pool: &mut BlockPool,
+    ) -> NodeId {
+        debug_assert_eq!(hashes.len(), blocks.len());
+        let mut i = 0;
+        while i < hashes.len() {
+            if let Some(c) = self.child(cursor, hashes[i]) {
+                let c = self.take_common_prefix(c, &hashes[i..]);
+                self.acquire(now, c);
+                let cached = &self.nodes[c.0 as usize].blocks;
+                for (mine, &theirs) in blocks[i..i + cached.len()].iter_mut().zip(cached) {
+                    pool.push(*mine);
+                    *mine = theirs;
+                }
+                i += cached.len();
+                cursor = c;
+                continue;
+            }
+            self.emit_stored(cursor, &hashes[i..]);
+            let node = self.node(cursor);
+            let own_leaf = cursor != NodeId::ROOT && node.refs == 1 && node.children == 0;
+            if own_leaf {
+                // Only this sequence holds it and nothing follows it: grow the run in place.
+                let node = self.node_mut(cursor);
+                node.hashes.extend_from_slice(&hashes[i..]);
+                node.blocks.extend_from_slice(&blocks[i..]);
+                node.last_access = now;
+            } else {
+                cursor = self.new_child(now, cursor, &hashes[i..], &blocks[i..]);
+            }
+            self.cached += (hashes.len() - i) as u32;
+            break;
         }
-        let node = Node {
-            hash,
-            parent,
-            block,
-            refs: 1,
-            children: 0,
-            last_access: now,
-            prev: NIL,
-            next: NIL,
-            only_child: NIL,
-            branching: false,
-            alive: true,
+        cursor
+    }
+
+    fn emit_stored(&mut self, cursor: NodeId, hashes: &[BlockHash]) {
+        let Some(ev) = &mut self.events else { return };
+        let mut parent = (cursor != NodeId::ROOT).then(|| *self.nodes[cursor.0 as usize].hashes.last().expect("run"));
+        for &h in hashes {
+            ev.push(KvEvent::Stored { hash: h, parent });
+            parent = Some(h);
+        }
+    }
+
+    /// A new run under `parent`, held by the caller.
+    fn new_child(&mut self, now: Time, parent: NodeId, hashes: &[BlockHash], blocks: &[BlockId]) -> NodeId {
+        let slot = self.free_slots.pop();
+        let mut node = match slot {
+            Some(s) => std::mem::take(&mut self.nodes[s as usize]),
+            None => Node::default(),
         };
-        let id = match self.free_slots.pop() {
-            Some(slot) => {
-                self.nodes[slot as usize] = node;
-                NodeId(slot)
+        node.hashes.clear();
+        node.blocks.clear();
+        node.hashes.extend_from_slice(hashes);
+        node.blocks.extend_from_slice(blocks);
+        node.parent = parent;
+        node.refs = 1;
+        node.children = 0;
+        node.last_access = now;
+        node.prev = NIL;
+        node.next = NIL;
+        node.only_child = NIL;
+        node.branching = false;
+        node.alive = true;
+        let id = match slot {
+            Some(s) => {
+                self.nodes[s as usize] = node;
+                NodeId(s)
             }
             None => {
                 self.nodes.push(node);
                 NodeId(self.nodes.len() as u32 - 1)
             }
         };
-        self.cached += 1;
+        let first = hashes[0];
         let p = &mut self.nodes[parent.0 as usize];
         p.children += 1;
         if p.branching {
-            self.index.insert((parent, hash), id);
+            self.index.insert((parent, first), id);
         } else if p.only_child == NIL {
             p.only_child = id.0;
         } else {
             // A second child: from now on this node's children live in the index.
-            let first = p.only_child;
+            let other = p.only_child;
             p.only_child = NIL;
             p.branching = true;
-            let first_hash = self.nodes[first as usize].hash;
-            self.index.insert((parent, first_hash), NodeId(first));
-            self.index.insert((parent, hash), id);
+            let other_first = self.nodes[other as usize].hashes[0];
+            self.index.insert((parent, other_first), NodeId(other));
+            self.index.insert((parent, first), id);
         }
-        if let Some(ev) = &mut self.events {
-            let parent_hash = (parent != NodeId::ROOT).then(|| self.nodes[parent.0 as usize].hash);
-            ev.push(KvEvent::Stored { hash, parent: parent_hash });
-        }
-        (id, false)
+        id
     }
 
     /// Drops one reference on every node from `deepest` up to the root.
     pub fn release_path(&mut self, now: Time, deepest: NodeId) {
         let mut n = deepest;
         while n != NodeId::ROOT {
-            let node = &mut self.nodes[n.0 as usize];
+            let node = self.node_mut(n);
             debug_assert!(node.refs > 0, "releasing an unreferenced node");
             node.refs -= 1;
             node.last_access = now;
             let parent = node.parent;
             if node.refs == 0 {
-                self.unreferenced += 1;
+                self.unreferenced += self.node(n).len();
                 self.append(n.0);
             }
             n = parent;
         }
     }
 
-    /// Evicts the least recently used unreferenced leaf and returns its block.
+    /// Evicts the last block of the least recently used unreferenced leaf and returns it.
     pub fn evict_one(&mut self) -> Option<BlockId> {
         let n = self.lru_head;
         if n == NIL {
             return None;
         }
-        self.unlink(n);
         let node = &mut self.nodes[n as usize];
         debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
-        node.alive = false;
-        let (hash, parent, block) = (node.hash, node.parent, node.block);
-        self.free_slots.push(n);
+        let block = node.blocks.pop().expect("a live node has blocks");
+        let hash = node.hashes.pop().expect("a live node has blocks");
         self.unreferenced -= 1;
         self.cached -= 1;
-        let p = &mut self.nodes[parent.0 as usize];
-        p.children -= 1;
-        if p.branching {
-            self.index.remove(&(parent, hash));
-            if p.children == 0 && parent != NodeId::ROOT {
-                p.branching = false;
-            }
-        } else {
-            p.only_child = NIL;
-        }
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::Removed { hash });
         }
+        if self.nodes[n as usize].blocks.is_empty() {
+            self.remove_leaf(n, hash);
+        }
         Some(block)
+    }
+
+    /// Takes an emptied leaf whose run started with `first` out of the tree.
+    fn remove_leaf(&mut self, n: u32, first: BlockHash) {
+        self.unlink(n);
+        let node = &mut self.nodes[n as usize];
+        node.alive = false;
+        let parent = node.parent;
+        self.free_slots.push(n);
+        let p = &mut self.nodes[parent.0 as usize];
+        p.children -= 1;
+        if p.branching {
+            if p.children == 0 && parent != NodeId::ROOT {
+                p.branching = false;
+            }
+            self.index.remove(&(parent, first));
+        } else {
+            p.only_child = NIL;
+        }
     }
 
     fn append(&mut self, n: u32) {
@@ -311,8 +460,22 @@ impl PrefixTree {
         self.lru_tail = n;
     }
 
+    /// Puts `n` right after `at` in the LRU list (a split prefix goes just after its child).
+    fn insert_after(&mut self, at: u32, n: u32) {
+        let next = self.nodes[at as usize].next;
+        let node = &mut self.nodes[n as usize];
+        node.prev = at;
+        node.next = next;
+        self.nodes[at as usize].next = n;
+        if next == NIL {
+            self.lru_tail = n;
+        } else {
+            self.nodes[next as usize].prev = n;
+        }
+    }
+
     fn unlink(&mut self, n: u32) {
-        let Node { prev, next, .. } = self.nodes[n as usize];
+        let (prev, next) = (self.nodes[n as usize].prev, self.nodes[n as usize].next);
         if prev == NIL {
             self.lru_head = next;
         } else {
@@ -328,17 +491,17 @@ impl PrefixTree {
     /// Checks the tree's bookkeeping; panics with the broken rule.
     pub fn check_invariants(&self) {
         let mut children = vec![0u32; self.nodes.len()];
-        let mut unreferenced = 0;
-        let mut alive = 0;
-        let mut indexed = 0;
+        let (mut cached, mut unreferenced, mut unreferenced_nodes, mut indexed) = (0, 0, 0, 0);
         for (i, node) in self.nodes.iter().enumerate().skip(1) {
             if !node.alive {
                 continue;
             }
-            alive += 1;
+            assert!(!node.blocks.is_empty() && node.blocks.len() == node.hashes.len(), "node {i} has a bad run");
+            cached += node.len();
             children[node.parent.0 as usize] += 1;
             if node.refs == 0 {
-                unreferenced += 1;
+                unreferenced += node.len();
+                unreferenced_nodes += 1;
             }
             let parent = &self.nodes[node.parent.0 as usize];
             assert!(parent.alive, "node {i} has a dead parent");
@@ -349,7 +512,8 @@ impl PrefixTree {
                 parent.refs
             );
             if parent.branching {
-                assert_eq!(self.index.get(&(node.parent, node.hash)), Some(&NodeId(i as u32)), "node {i} not indexed");
+                let key = (node.parent, node.hashes[0]);
+                assert_eq!(self.index.get(&key), Some(&NodeId(i as u32)), "node {i} not indexed");
                 indexed += 1;
             } else {
                 assert_eq!(parent.only_child, i as u32, "node {i} is not its parent's only child");
@@ -362,7 +526,7 @@ impl PrefixTree {
             }
         }
         assert_eq!(self.index.len(), indexed, "index size");
-        assert_eq!(self.cached, alive, "cached count");
+        assert_eq!(self.cached, cached, "cached count");
         assert_eq!(self.unreferenced, unreferenced, "unreferenced count");
         // The LRU list holds exactly the unreferenced nodes, oldest first, each after all of
         // its unreferenced descendants.
@@ -381,6 +545,6 @@ impl PrefixTree {
             n = node.next;
         }
         assert_eq!(self.lru_tail, prev, "LRU tail");
-        assert_eq!(listed, unreferenced, "LRU list length");
+        assert_eq!(listed, unreferenced_nodes, "LRU list length");
     }
 }
