@@ -161,9 +161,15 @@ impl Instance {
     /// from the back of the running queue until it does. Returns false when `s` itself had
     /// to be preempted.
     fn reserve(&mut self, now: Time, s: u32, new_tokens: u32, budget: &mut Budget) -> bool {
+        let block_size = self.config.block_size;
         loop {
             let seq = self.slots[s as usize].as_mut().expect("slot is empty");
-            let need = self.kv.blocks_for(seq.kv_len + new_tokens).saturating_sub(seq.kv.blocks.len() as u32);
+            let tokens = seq.kv_len + new_tokens;
+            // Most decode steps fit in the last block: no division, no allocation.
+            if tokens <= seq.kv.blocks.len() as u32 * block_size {
+                return true;
+            }
+            let need = self.kv.blocks_for(tokens) - seq.kv.blocks.len() as u32;
             if self.kv.allocate(&mut seq.kv, need) {
                 return true;
             }
