@@ -48,6 +48,9 @@ impl NodeId {
     pub const ROOT: NodeId = NodeId(0);
 }
 
+/// Longest run whose buffers a dead slot keeps for reuse.
+const SPARE_RUN_CAPACITY: usize = 64;
+
 /// End of the LRU list and "no child" (the root is never in the list nor anyone's child).
 const NIL: u32 = 0;
 
@@ -433,6 +436,12 @@ impl PrefixTree {
         self.unlink(n);
         let node = &mut self.nodes[n as usize];
         node.alive = false;
+        // A dead slot keeps a small run's buffers for the next node, but not a long run's:
+        // otherwise every slot would come to hold the longest run it ever had.
+        if node.blocks.capacity() > SPARE_RUN_CAPACITY {
+            node.blocks = Vec::new();
+            node.hashes = Vec::new();
+        }
         let parent = node.parent;
         self.free_slots.push(n);
         let p = &mut self.nodes[parent.0 as usize];
