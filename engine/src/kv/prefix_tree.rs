@@ -234,11 +234,7 @@ impl PrefixTree {
     /// parts) and its place in the LRU list, so nothing that points at it changes.
     fn split(&mut self, c: NodeId, k: usize) -> NodeId {
         debug_assert!(k > 0 && k < self.node(c).hashes.len());
-        let slot = self.free_slots.pop();
-        let mut prefix = match slot {
-            Some(s) => std::mem::take(&mut self.nodes[s as usize]),
-            None => Node::default(),
-        };
+        let (slot, mut prefix) = self.take_slot();
         let node = &mut self.nodes[c.0 as usize];
         prefix.hashes.clear();
         prefix.blocks.clear();
@@ -255,16 +251,7 @@ impl PrefixTree {
         prefix.next = NIL;
         let parent = node.parent;
         let first = prefix.hashes[0];
-        let p = match slot {
-            Some(s) => {
-                self.nodes[s as usize] = prefix;
-                NodeId(s)
-            }
-            None => {
-                self.nodes.push(prefix);
-                NodeId(self.nodes.len() as u32 - 1)
-            }
-        };
+        let p = self.place(slot, prefix);
         self.node_mut(c).parent = p;
         // The prefix takes `c`'s place under the parent: same parent, same first hash.
         if self.node(parent).branching {
@@ -276,6 +263,27 @@ impl PrefixTree {
             self.insert_after(c.0, p.0);
         }
         p
+    }
+
+    /// A dead slot to reuse (with its node, whose run buffers keep their capacity), or none.
+    fn take_slot(&mut self) -> (Option<u32>, Node) {
+        let slot = self.free_slots.pop();
+        let node = slot.map(|s| std::mem::take(&mut self.nodes[s as usize])).unwrap_or_default();
+        (slot, node)
+    }
+
+    /// Puts `node` into the slot from [`PrefixTree::take_slot`], or a new one.
+    fn place(&mut self, slot: Option<u32>, node: Node) -> NodeId {
+        match slot {
+            Some(s) => {
+                self.nodes[s as usize] = node;
+                NodeId(s)
+            }
+            None => {
+                self.nodes.push(node);
+                NodeId(self.nodes.len() as u32 - 1)
+            }
+        }
     }
 
     /// Takes a reference on `n`, whose parent the caller holds.
@@ -346,11 +354,7 @@ impl PrefixTree {
 
     /// A new run under `parent`, held by the caller.
     fn new_child(&mut self, now: Time, parent: NodeId, hashes: &[BlockHash], blocks: &[BlockId]) -> NodeId {
-        let slot = self.free_slots.pop();
-        let mut node = match slot {
-            Some(s) => std::mem::take(&mut self.nodes[s as usize]),
-            None => Node::default(),
-        };
+        let (slot, mut node) = self.take_slot();
         node.hashes.clear();
         node.blocks.clear();
         node.hashes.extend_from_slice(hashes);
@@ -364,16 +368,7 @@ impl PrefixTree {
         node.only_child = NIL;
         node.branching = false;
         node.alive = true;
-        let id = match slot {
-            Some(s) => {
-                self.nodes[s as usize] = node;
-                NodeId(s)
-            }
-            None => {
-                self.nodes.push(node);
-                NodeId(self.nodes.len() as u32 - 1)
-            }
-        };
+        let id = self.place(slot, node);
         let first = hashes[0];
         let p = &mut self.nodes[parent.0 as usize];
         p.children += 1;

@@ -39,6 +39,23 @@ fn a_released_prompt_is_matched_by_the_next_request_with_the_same_prefix() {
 }
 
 #[test]
+fn a_prompt_diverging_inside_a_cached_run_shares_the_common_part_only() {
+    let mut kv = KvCache::new(16, 4);
+    let mut a = filled(&mut kv, 1, &hashes(&[1, 2, 3, 4]));
+    let mut b = SeqKv::default();
+    assert_eq!(kv.match_more(Time(2), &mut b, &hashes(&[1, 2, 9]), u32::MAX), 2);
+    assert_eq!(b.blocks[..], a.blocks[..2]);
+    kv.check_invariants(private(&[&a, &b]));
+    // Releasing the longer prompt leaves its tail evictable while the shared part is held.
+    kv.release(Time(3), &mut a);
+    assert_eq!(kv.used_blocks(), 2);
+    let mut c = SeqKv::default();
+    assert!(kv.allocate(&mut c, 14));
+    assert_eq!(kv.cached_blocks(), 2, "the unshared tail went first");
+    kv.check_invariants(private(&[&b, &c]));
+}
+
+#[test]
 fn matching_resumes_from_the_cursor_without_rescanning() {
     let mut kv = KvCache::new(16, 4);
     let hs = hashes(&[1, 2, 3, 4]);
