@@ -122,10 +122,6 @@ impl Instance {
         &self.kv
     }
 
-    pub fn kv_mut(&mut self) -> &mut KvCache {
-        &mut self.kv
-    }
-
     /// Largest request (prompt plus output) this instance can ever hold.
     pub fn capacity_tokens(&self) -> u64 {
         u64::from(self.config.total_blocks) * u64::from(self.config.block_size)

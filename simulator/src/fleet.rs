@@ -98,18 +98,6 @@ impl SimFleet {
         out.append(&mut self.finished);
     }
 
-    pub fn instance(&self, id: InstanceId) -> &Instance {
-        &self.instances[id.0 as usize].engine
-    }
-
-    pub fn len(&self) -> usize {
-        self.instances.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.instances.is_empty()
-    }
-
     /// Requests queued or running anywhere.
     pub fn in_flight(&self) -> usize {
         self.instances.iter().map(|i| i.engine.in_flight()).sum()
