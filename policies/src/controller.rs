@@ -13,7 +13,7 @@
 //! ChaCha generators seeded from the run's seed. The same inputs give the same decisions.
 
 use crate::fleet::{Command, FleetEvent};
-use crate::router::{Router, RouterConfig, Why};
+use crate::router::{CostHints, Router, RouterConfig, Why};
 use crate::view::{FleetView, InstanceState};
 use engine::{InstanceId, Request, Time};
 
@@ -22,6 +22,7 @@ pub struct ControllerConfig {
     pub router: RouterConfig,
     /// The run's seed; every random choice derives from it.
     pub seed: u64,
+    pub hints: CostHints,
 }
 
 /// Where a request goes and why.
@@ -50,7 +51,12 @@ pub struct Controller {
 
 impl Controller {
     pub fn new(config: &ControllerConfig) -> Controller {
-        Controller { router: config.router.build(config.seed), fleet: FleetView::default() }
+        Controller { router: config.router.build(config.seed, &config.hints), fleet: FleetView::default() }
+    }
+
+    /// Whether the fleet should publish KV events (the router reads the prefix index).
+    pub fn wants_kv_events(&self) -> bool {
+        self.router.wants_kv_events()
     }
 
     pub fn router_name(&self) -> &'static str {
@@ -65,7 +71,10 @@ impl Controller {
         match *event {
             FleetEvent::InstanceUp { instance, capacity_tokens } => self.fleet.up(instance, capacity_tokens),
             FleetEvent::InstanceDraining { instance } => self.set_state(instance, InstanceState::Draining),
-            FleetEvent::InstanceDown { instance } => self.set_state(instance, InstanceState::Down),
+            FleetEvent::InstanceDown { instance } => {
+                self.set_state(instance, InstanceState::Down);
+                self.fleet.index_mut().remove_instance(instance);
+            }
             FleetEvent::Load { instance, load } => {
                 if let Some(v) = self.fleet.get_mut(instance) {
                     v.load = load;
@@ -77,6 +86,7 @@ impl Controller {
                     v.in_flight = v.in_flight.saturating_sub(1);
                 }
             }
+            FleetEvent::Kv { instance, ref event } => self.fleet.index_mut().apply(instance, event),
         }
         self.router.on_event(event);
     }

@@ -1,6 +1,7 @@
 //! The boundary between the controller and a fleet backend.
 
 use crate::controller::Route;
+use engine::kv::KvEvent;
 use engine::{InstanceId, Load, Request, RequestId, Time};
 
 /// What a fleet tells the controller. Closed: a new kind of news must be handled everywhere.
@@ -16,6 +17,9 @@ pub enum FleetEvent {
     Load { instance: InstanceId, load: Load },
     /// A request left the instance after generating its output.
     RequestFinished { instance: InstanceId, request: RequestId },
+    /// A change to what the instance caches (or, for L3, to the shared store). Published only
+    /// when the controller asks for them ([`crate::Controller::wants_kv_events`]).
+    Kv { instance: InstanceId, event: KvEvent },
 }
 
 /// What the controller asks a fleet to do besides serving requests.

@@ -10,14 +10,17 @@
 //! | `fleet` | the [`Fleet`] trait, [`FleetEvent`] in, [`Command`] out |
 //! | `view` | [`FleetView`]: what the controller knows of each instance |
 //! | `controller` | [`Controller`]: admission, routing, accounting |
+//! | `prefix_index` | [`PrefixIndex`]: which instance caches which prefix, from KV events |
 //! | `router` | the [`Router`] trait, one file per router, and the registry |
 
 pub mod controller;
 pub mod fleet;
+pub mod prefix_index;
 pub mod router;
 pub mod view;
 
 pub use controller::{Controller, ControllerConfig, Reject, Route};
 pub use fleet::{Command, DispatchError, Fleet, FleetEvent};
-pub use router::{Pick, Router, RouterConfig, UnknownRouter, Why};
+pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};
+pub use router::{CostHints, Pick, Router, RouterConfig, UnknownRouter, Why};
 pub use view::{FleetView, InstanceState, InstanceView};

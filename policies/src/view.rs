@@ -1,6 +1,7 @@
 //! What the controller knows about each instance, built only from fleet events and its own
 //! routing decisions.
 
+use crate::prefix_index::PrefixIndex;
 use engine::{InstanceId, Load, Request};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,13 +39,24 @@ impl InstanceView {
     }
 }
 
-/// All instances, indexed by id.
+/// All instances, indexed by id, and what they cache.
 #[derive(Clone, Debug, Default)]
 pub struct FleetView {
     instances: Vec<InstanceView>,
+    index: PrefixIndex,
 }
 
 impl FleetView {
+    /// Which instance caches which prefix, as far as their KV events have told (empty unless
+    /// the router asked for KV events).
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    pub(crate) fn index_mut(&mut self) -> &mut PrefixIndex {
+        &mut self.index
+    }
+
     pub fn all(&self) -> &[InstanceView] {
         &self.instances
     }

@@ -57,7 +57,7 @@ pub fn run(
     mut workload: Box<dyn Workload>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunOutput, SimError> {
-    let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed });
+    let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints: policies::CostHints::default() });
     let executor = CostModelExecutor::new(config.cost.clone());
     let mut fleet = SimFleet::new(config.instances, &config.instance, executor);
     let mut metrics = Metrics::new(config.slo);

@@ -1,11 +1,20 @@
 //! The paged KV cache of one instance: a pool of fixed-size blocks, a prefix tree that keeps
-//! full prompt blocks for reuse, and a per-sequence cursor ([`SeqKv`]).
+//! full prompt blocks for reuse (L1), the lower tiers blocks are demoted to (L2 host memory,
+//! L3 shared store), and a per-sequence cursor ([`SeqKv`]).
 //!
 //! | file | purpose |
 //! | --- | --- |
 //! | `pool.rs` | free physical blocks |
 //! | `prefix_tree.rs` | radix tree of cached block runs keyed by chained hashes, reference counts, LRU leaf eviction |
-//! | `mod.rs` | [`KvCache`]: allocation, prefix matching and insertion through a sequence's cursor |
+//! | `tier.rs` | [`Tier`], [`KvEvent`], the hash-keyed LRU stores of L2 and L3 |
+//! | `mod.rs` | [`KvCache`]: allocation, prefix matching, insertion, demotion and promotion |
+//!
+//! # Tiers
+//!
+//! A block evicted from L1 is demoted to L2 (or straight to L3 when L2 is off), and from L2
+//! to L3. A prefix continues past L1 into blocks found in L2 or L3 ([`KvCache::peek_lower`]);
+//! admitting them ([`KvCache::promote`]) takes L1 blocks for them, moves them out of L2 and
+//! back into the tree, and the caller charges their load to the next iteration.
 //!
 //! A sequence's block table is split in two at `SeqKv::tree_blocks`: the blocks before it
 //! are tree nodes the sequence holds a reference on (matched from the cache, or its own full
@@ -19,9 +28,11 @@
 
 mod pool;
 mod prefix_tree;
+mod tier;
 
 pub use pool::BlockPool;
-pub use prefix_tree::{KvEvent, NodeId, PrefixTree};
+pub use prefix_tree::{Evicted, NodeId, PrefixTree};
+pub use tier::{BlockLru, KvEvent, SharedStore, Tier};
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -46,17 +57,73 @@ impl SeqKv {
     }
 }
 
+/// Blocks of a prefix found below L1, in order: `l2` then `l3` is a count per tier, not a
+/// split point (the two may interleave).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LowerHit {
+    pub l2: u32,
+    pub l3: u32,
+}
+
+impl LowerHit {
+    pub fn blocks(&self) -> u32 {
+        self.l2 + self.l3
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct KvCache {
     pool: BlockPool,
     tree: PrefixTree,
     block_size: u32,
+    l2: BlockLru,
+    l3: Option<SharedStore>,
+    /// Events of L2 and L3 (the tree keeps L1's), when recording.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl KvCache {
+    /// An L1-only cache.
     pub fn new(total_blocks: u32, block_size: u32) -> KvCache {
+        KvCache::with_tiers(total_blocks, block_size, 0, None)
+    }
+
+    /// A cache with `l2_blocks` of host memory (0: no L2) and, when given, the fleet's shared
+    /// L3 store.
+    pub fn with_tiers(total_blocks: u32, block_size: u32, l2_blocks: u32, l3: Option<SharedStore>) -> KvCache {
         assert!(block_size > 0, "block size must be positive");
-        KvCache { pool: BlockPool::new(total_blocks), tree: PrefixTree::new(), block_size }
+        KvCache {
+            pool: BlockPool::new(total_blocks),
+            tree: PrefixTree::new(),
+            block_size,
+            l2: BlockLru::new(l2_blocks),
+            l3,
+            events: None,
+        }
+    }
+
+    /// Starts recording [`KvEvent`]s of every tier; collect them with [`KvCache::drain_events`].
+    pub fn record_events(&mut self) {
+        self.tree.record_events();
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the recorded events into `out`: L1's, then the lower tiers'. Within a tier they
+    /// are in order, which is all an index needs (a block's tiers are indexed separately).
+    pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
+        self.tree.drain_events(out);
+        if let Some(ev) = &mut self.events {
+            out.append(ev);
+        }
+    }
+
+    /// Blocks held in host memory (L2).
+    pub fn l2_blocks(&self) -> u32 {
+        self.l2.len()
+    }
+
+    pub fn l2(&self) -> &BlockLru {
+        &self.l2
     }
 
     pub fn block_size(&self) -> u32 {
@@ -90,6 +157,12 @@ impl KvCache {
         &mut self.tree
     }
 
+    fn emit(&mut self, event: KvEvent) {
+        if let Some(ev) = &mut self.events {
+            ev.push(event);
+        }
+    }
+
     /// Extends the sequence's cached prefix from its cursor along `hashes`, taking at most
     /// `max_blocks` blocks in all. Only a sequence with no private blocks can match (a private
     /// block already occupies the next position). Returns the number of blocks newly matched.
@@ -119,10 +192,95 @@ impl KvCache {
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
-                None => self.tree.evict_one().expect("available blocks counted an unevictable node"),
+                None => {
+                    let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
+                    self.demote(e.hash, e.parent);
+                    e.block
+                }
             };
             seq.blocks.push(b);
         }
+        true
+    }
+
+    /// Keeps a block evicted from L1 in the next tier down that is on.
+    fn demote(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
+        if self.l2.capacity() == 0 {
+            self.store_l3(hash, parent);
+            return;
+        }
+        self.emit(KvEvent::Stored { tier: Tier::L2, hash, parent });
+        if let Some(out) = self.l2.insert(hash) {
+            self.emit(KvEvent::Removed { tier: Tier::L2, hash: out });
+            self.store_l3(out, None);
+        }
+    }
+
+    fn store_l3(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
+        let Some(l3) = &self.l3 else { return };
+        let mut store = l3.lock();
+        if store.capacity() == 0 || store.touch(hash) {
+            return;
+        }
+        let out = store.insert(hash);
+        drop(store);
+        self.emit(KvEvent::Stored { tier: Tier::L3, hash, parent });
+        if let Some(out) = out {
+            self.emit(KvEvent::Removed { tier: Tier::L3, hash: out });
+        }
+    }
+
+    /// How far the sequence's prefix continues below L1, from its cursor: blocks found in L2
+    /// or L3, in order, up to `max_blocks` blocks of prefix in all. Nothing when the sequence
+    /// has private blocks (as for [`KvCache::match_more`]).
+    pub fn peek_lower(&self, seq: &SeqKv, hashes: &[BlockHash], max_blocks: u32) -> LowerHit {
+        let mut hit = LowerHit::default();
+        if seq.private_blocks() > 0 || (self.l2.is_empty() && self.l3.is_none()) {
+            return hit;
+        }
+        let limit = (max_blocks as usize).min(hashes.len());
+        let from = seq.tree_blocks as usize;
+        if from >= limit {
+            return hit;
+        }
+        let l3 = self.l3.as_ref().map(SharedStore::lock);
+        for &h in &hashes[from..limit] {
+            if self.l2.contains(h) {
+                hit.l2 += 1;
+            } else if l3.as_ref().is_some_and(|s| s.contains(h)) {
+                hit.l3 += 1;
+            } else {
+                break;
+            }
+        }
+        hit
+    }
+
+    /// Loads the `hit` found by [`KvCache::peek_lower`] (nothing having changed since) into
+    /// L1: L1 blocks are taken for them, L2's copies are moved up, L3's stay shared, and the
+    /// blocks join the tree on the sequence's path. False, changing nothing, when L1 lacks
+    /// the blocks.
+    pub fn promote(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], hit: LowerHit) -> bool {
+        let n = hit.blocks();
+        if n == 0 {
+            return true;
+        }
+        if n > self.available_blocks() {
+            return false;
+        }
+        let from = seq.tree_blocks as usize;
+        // Out of L2 first, so that the demotions `allocate` causes cannot push them out.
+        let l3 = self.l3.clone();
+        for &h in &hashes[from..from + n as usize] {
+            if self.l2.remove(h) {
+                self.emit(KvEvent::Removed { tier: Tier::L2, hash: h });
+            } else if let Some(l3) = &l3 {
+                l3.lock().touch(h);
+            }
+        }
+        let ok = self.allocate(seq, n);
+        debug_assert!(ok, "available blocks were checked");
+        self.commit(now, seq, hashes, from as u32 + n);
         true
     }
 
@@ -159,6 +317,7 @@ impl KvCache {
     /// sequences hold.
     pub fn check_invariants(&self, private_blocks: u32) {
         self.tree.check_invariants();
+        self.l2.check_invariants();
         assert_eq!(
             self.pool.free_count() + self.tree.len() + private_blocks,
             self.pool.total(),

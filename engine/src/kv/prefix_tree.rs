@@ -34,6 +34,7 @@
 //! | match / hold / release a path | O(nodes on the path + blocks compared) |
 //! | evict one block | O(1) |
 
+use super::tier::{KvEvent, Tier};
 use super::BlockPool;
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -81,14 +82,6 @@ impl Node {
     }
 }
 
-/// A change to the set of cached blocks, in the shape of vLLM's KV events (stored with its
-/// parent, removed), for whoever indexes this instance's cache from outside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvEvent {
-    Stored { hash: BlockHash, parent: Option<BlockHash> },
-    Removed { hash: BlockHash },
-}
-
 /// Hasher of the index's (parent, hash) keys. Block hashes are already uniformly mixed, so
 /// the parent is folded in with one multiply and nothing is hashed again.
 #[derive(Default)]
@@ -112,6 +105,15 @@ impl Hasher for PassThrough {
     fn write_u64(&mut self, v: u64) {
         self.0 ^= v;
     }
+}
+
+/// A block taken out of the tree: its physical slot for reuse, and what it held (for a lower
+/// tier to keep).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    pub block: BlockId,
+    pub hash: BlockHash,
+    pub parent: Option<BlockHash>,
 }
 
 #[derive(Clone, Debug)]
@@ -347,7 +349,7 @@ impl PrefixTree {
         let Some(ev) = &mut self.events else { return };
         let mut parent = (cursor != NodeId::ROOT).then(|| *self.nodes[cursor.0 as usize].hashes.last().expect("run"));
         for &h in hashes {
-            ev.push(KvEvent::Stored { hash: h, parent });
+            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, parent });
             parent = Some(h);
         }
     }
@@ -406,7 +408,7 @@ impl PrefixTree {
     }
 
     /// Evicts the last block of the least recently used unreferenced leaf and returns it.
-    pub fn evict_one(&mut self) -> Option<BlockId> {
+    pub fn evict_one(&mut self) -> Option<Evicted> {
         let n = self.lru_head;
         if n == NIL {
             return None;
@@ -418,12 +420,17 @@ impl PrefixTree {
         self.unreferenced -= 1;
         self.cached -= 1;
         if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::Removed { hash });
+            ev.push(KvEvent::Removed { tier: Tier::L1, hash });
         }
-        if self.nodes[n as usize].blocks.is_empty() {
-            self.remove_leaf(n, hash);
-        }
-        Some(block)
+        let parent = match self.nodes[n as usize].hashes.last() {
+            Some(&p) => Some(p),
+            None => {
+                let parent = self.nodes[n as usize].parent;
+                self.remove_leaf(n, hash);
+                self.nodes[parent.0 as usize].hashes.last().copied()
+            }
+        };
+        Some(Evicted { block, hash, parent })
     }
 
     /// Takes an emptied leaf whose run started with `first` out of the tree.

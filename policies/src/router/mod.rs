@@ -26,6 +26,32 @@ pub trait Router {
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick>;
     /// Lifecycle news, for routers that keep state of their own.
     fn on_event(&mut self, _event: &FleetEvent) {}
+    /// Whether the router reads the global prefix index ([`FleetView::index`]): only then do
+    /// fleets publish KV events and the controller index them.
+    fn wants_kv_events(&self) -> bool {
+        false
+    }
+}
+
+/// What routers may know of the fleet's hardware, from its cost model: enough to turn
+/// tokens into predicted seconds. All rates are per instance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostHints {
+    /// Tokens per KV block (the granularity of the prefix index).
+    pub block_size: u32,
+    /// Prompt tokens one instance computes per second at a full batch.
+    pub prefill_tokens_per_s: f64,
+    /// Cached tokens per second loaded back from host memory (L2) into GPU memory.
+    pub l2_tokens_per_s: f64,
+    /// Cached tokens per second loaded from the shared store (L3).
+    pub l3_tokens_per_s: f64,
+}
+
+impl Default for CostHints {
+    /// Llama-3.1-8B on one H100 with PCIe Gen5 host memory and a 200 Gb/s shared store.
+    fn default() -> Self {
+        CostHints { block_size: 16, prefill_tokens_per_s: 40_000.0, l2_tokens_per_s: 400_000.0, l3_tokens_per_s: 200_000.0 }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -70,7 +96,7 @@ impl RouterConfig {
     }
 
     /// Builds the router; `seed` is the run's seed (routers that draw derive theirs from it).
-    pub fn build(self, seed: u64) -> Box<dyn Router> {
+    pub fn build(self, seed: u64, _hints: &CostHints) -> Box<dyn Router> {
         match self {
             RouterConfig::RoundRobin => Box::new(RoundRobin::default()),
             RouterConfig::LeastOutstanding => Box::new(LeastOutstanding),

@@ -15,7 +15,7 @@ fn request(prompt: u32, output: u32) -> Request {
 }
 
 fn controller(router: RouterConfig, capacities: &[u64]) -> Controller {
-    let mut c = Controller::new(&ControllerConfig { router, seed: 7 });
+    let mut c = Controller::new(&ControllerConfig { router, seed: 7, hints: CostHints::default() });
     for (i, &cap) in capacities.iter().enumerate() {
         c.on_event(Time::ZERO, &FleetEvent::InstanceUp { instance: InstanceId(i as u32), capacity_tokens: cap });
     }
