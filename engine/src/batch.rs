@@ -12,6 +12,9 @@ pub struct BatchEntry {
     pub new_tokens: u32,
     /// True while the sequence is (re)computing its prompt; false for a decode step.
     pub is_prefill: bool,
+    /// Cached tokens loaded into GPU memory for this entry from host memory (L2) and from
+    /// the shared store (L3) before its chunk can attend to them.
+    pub load_tokens: [u32; 2],
     /// This entry's block table is `Batch::block_tables[blocks.0..blocks.1]` when the executor
     /// asked for block tables (the cost model does not).
     pub blocks: (u32, u32),
@@ -28,6 +31,9 @@ pub struct BatchStats {
     pub decode_seqs: u32,
     /// Sum of the context lengths of the decode sequences: the KV bytes a decode step reads.
     pub decode_context_tokens: u64,
+    /// Tokens of KV loaded from L2 and from L3 during the iteration.
+    pub load_l2_tokens: u64,
+    pub load_l3_tokens: u64,
 }
 
 impl BatchStats {
@@ -46,6 +52,8 @@ impl BatchStats {
             self.prefill_tokens += n;
             // Token i of the chunk (0-based) attends to c + i + 1 positions.
             self.prefill_attention_pairs += n * c + n * (n + 1) / 2;
+            self.load_l2_tokens += u64::from(e.load_tokens[0]);
+            self.load_l3_tokens += u64::from(e.load_tokens[1]);
         } else {
             self.decode_seqs += 1;
             self.decode_context_tokens += u64::from(e.context_tokens) + 1;

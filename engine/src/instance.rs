@@ -16,7 +16,7 @@
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::ids::BlockId;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvEvent, SharedStore};
 use crate::request::{Finished, Request};
 use crate::sequence::Seq;
 use crate::time::{Dur, Time};
@@ -36,6 +36,9 @@ pub struct InstanceConfig {
     /// Share of blocks kept free when admitting new requests, so that running ones can grow
     /// a little before anyone is preempted (vLLM's watermark).
     pub admission_watermark: f64,
+    /// KV blocks of host memory (L2) that blocks evicted from GPU memory are demoted to;
+    /// 0 switches L2 off.
+    pub l2_blocks: u32,
 }
 
 impl Default for InstanceConfig {
@@ -46,6 +49,7 @@ impl Default for InstanceConfig {
             max_batch_tokens: 8192,
             max_seqs: 256,
             admission_watermark: 0.01,
+            l2_blocks: 0,
         }
     }
 }
@@ -97,8 +101,13 @@ pub struct Instance {
 
 impl Instance {
     pub fn new(config: InstanceConfig) -> Instance {
+        Instance::with_shared_store(config, None)
+    }
+
+    /// An instance whose evicted blocks go on to `l3`, the store its fleet shares (none: no L3).
+    pub fn with_shared_store(config: InstanceConfig, l3: Option<SharedStore>) -> Instance {
         Instance {
-            kv: KvCache::new(config.total_blocks, config.block_size),
+            kv: KvCache::with_tiers(config.total_blocks, config.block_size, config.l2_blocks, l3),
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -120,6 +129,16 @@ impl Instance {
 
     pub fn kv(&self) -> &KvCache {
         &self.kv
+    }
+
+    /// Starts recording the KV events of every tier, for a fleet that publishes them.
+    pub fn record_kv_events(&mut self) {
+        self.kv.record_events();
+    }
+
+    /// Moves the KV events recorded since the last call into `out`.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) {
+        self.kv.drain_events(out);
     }
 
     /// Largest request (prompt plus output) this instance can ever hold.

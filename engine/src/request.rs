@@ -27,6 +27,13 @@ impl Request {
     }
 }
 
+impl Finished {
+    /// Prompt tokens served from any tier of the cache.
+    pub fn cached_total(&self) -> u32 {
+        self.cached_tokens.iter().sum()
+    }
+}
+
 /// A request that left the instance, with its timeline.
 ///
 /// The request itself is handed back so that the caller can recycle its hash buffer.
@@ -38,8 +45,9 @@ pub struct Finished {
     pub first_token_at: Time,
     pub finished_at: Time,
     pub output_tokens: u32,
-    /// Prompt tokens served from the prefix cache instead of computed (token-weighted hit).
-    pub cached_tokens: u32,
+    /// Prompt tokens served from the prefix cache instead of computed (token-weighted hit),
+    /// by the tier they came from (indexed by [`crate::kv::Tier::index`]).
+    pub cached_tokens: [u32; 3],
     /// Times the request was preempted and its KV recomputed.
     pub preemptions: u32,
 }

@@ -7,8 +7,10 @@
 //! 2. **Continuing prefills**: running sequences still computing their prompt get the next
 //!    chunk, as large as the remaining budget allows, in order of admission.
 //! 3. **Admission**: waiting requests in FCFS order. The cached prefix is matched first (it
-//!    needs no compute), then the first chunk is allocated; admission stops at the first
-//!    request that does not fit (head of line) and keeps a watermark of free blocks.
+//!    needs no compute): in L1, then on into L2 and L3, whose blocks are loaded into L1 and
+//!    whose transfer is charged to the iteration that computes the chunk after them. Then the
+//!    first chunk is allocated; admission stops at the first request that does not fit (head
+//!    of line) and keeps a watermark of free blocks.
 //!
 //! When a running sequence needs a block and none is left, the most recently admitted running
 //! sequence is **preempted by recompute**: its blocks are released (its cached prompt blocks
@@ -18,6 +20,7 @@
 
 use crate::batch::BatchEntry;
 use crate::instance::Instance;
+use crate::kv::{LowerHit, Tier};
 use crate::time::Time;
 
 /// Budget left while a batch is being formed.
@@ -86,6 +89,10 @@ impl Instance {
                 continue;
             }
             self.match_cached_prefix(now, s);
+            let hit = self.peek_lower(s);
+            if hit.blocks() > 0 && hit.blocks() <= self.kv.available_blocks() {
+                self.load_lower(now, s, hit);
+            }
             let chunk = self.seq(s).prefill_left().min(budget.tokens);
             if chunk == 0 {
                 i += 1;
@@ -107,18 +114,21 @@ impl Instance {
                 break;
             };
             self.match_cached_prefix(now, s);
+            let hit = self.peek_lower(s);
+            let lower_tokens = hit.blocks() * self.config.block_size;
             let seq = self.seq(s);
-            let chunk = seq.prefill_left().min(budget.tokens);
-            let need = self.kv.blocks_for(seq.kv_len + chunk).saturating_sub(seq.kv.blocks.len() as u32);
-            if need + watermark > self.kv.available_blocks() && !self.running.is_empty() {
+            let chunk = (seq.prefill_left() - lower_tokens).min(budget.tokens);
+            let need =
+                self.kv.blocks_for(seq.kv_len + lower_tokens + chunk).saturating_sub(seq.kv.blocks.len() as u32);
+            let available = self.kv.available_blocks();
+            if need > available || (need + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);
                 break;
             }
+            self.load_lower(now, s, hit);
             let seq = self.slots[s as usize].as_mut().expect("waiting slot is empty");
-            if !self.kv.allocate(&mut seq.kv, need) {
-                self.unmatch(now, s);
-                break;
-            }
+            let ok = self.kv.allocate(&mut seq.kv, need - hit.blocks());
+            debug_assert!(ok, "the blocks were counted available");
             seq.admitted_at.get_or_insert(now);
             self.waiting.pop_front();
             self.running.push(s);
@@ -141,9 +151,40 @@ impl Instance {
         let tokens = matched * block_size;
         seq.kv_len += tokens;
         if seq.counts_hits() {
-            seq.cached_tokens += tokens;
+            seq.cached_tokens[Tier::L1.index()] += tokens;
         }
         self.prefill_tokens_left -= u64::from(tokens);
+    }
+
+    /// How far a prefilling sequence's prefix continues in L2 and L3 past what L1 matched.
+    fn peek_lower(&self, s: u32) -> LowerHit {
+        let seq = self.seq(s);
+        if seq.is_decoding() {
+            return LowerHit::default();
+        }
+        let max_blocks = (seq.prefill_len - 1) / self.config.block_size;
+        self.kv.peek_lower(&seq.kv, &seq.request.block_hashes, max_blocks)
+    }
+
+    /// Loads `hit` (from [`Instance::peek_lower`], L1 having room for it) into L1. The
+    /// tokens count as computed; their transfer is charged to the sequence's next chunk.
+    fn load_lower(&mut self, now: Time, s: u32, hit: LowerHit) {
+        if hit.blocks() == 0 {
+            return;
+        }
+        let block_size = self.config.block_size;
+        let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+        let ok = self.kv.promote(now, &mut seq.kv, &seq.request.block_hashes, hit);
+        debug_assert!(ok, "the blocks were counted available");
+        let (l2, l3) = (hit.l2 * block_size, hit.l3 * block_size);
+        seq.kv_len += l2 + l3;
+        seq.loading[0] += l2;
+        seq.loading[1] += l3;
+        if seq.counts_hits() {
+            seq.cached_tokens[Tier::L2.index()] += l2;
+            seq.cached_tokens[Tier::L3.index()] += l3;
+        }
+        self.prefill_tokens_left -= u64::from(l2 + l3);
     }
 
     /// Undoes the match of a request that could not be admitted after all.
@@ -152,7 +193,7 @@ impl Instance {
         self.kv.release(now, &mut seq.kv);
         self.prefill_tokens_left += u64::from(seq.kv_len);
         if seq.counts_hits() {
-            seq.cached_tokens -= seq.kv_len;
+            seq.cached_tokens = [0; 3];
         }
         seq.kv_len = 0;
     }
@@ -194,6 +235,7 @@ impl Instance {
         let before = seq.prefill_left();
         seq.prefill_len = seq.request.prompt_tokens + seq.generated;
         seq.kv_len = 0;
+        seq.loading = [0; 2];
         seq.in_batch = false;
         seq.preemptions += 1;
         self.prefill_tokens_left += u64::from(seq.prefill_left()) - u64::from(before);
@@ -203,11 +245,13 @@ impl Instance {
     fn push_entry(&mut self, s: u32, new_tokens: u32, is_prefill: bool) {
         let seq = self.slots[s as usize].as_mut().expect("slot is empty");
         seq.in_batch = true;
+        let load_tokens = if is_prefill { std::mem::take(&mut seq.loading) } else { [0; 2] };
         self.batch.entries.push(BatchEntry {
             request: seq.request.id,
             context_tokens: seq.kv_len,
             new_tokens,
             is_prefill,
+            load_tokens,
             blocks: (0, 0),
         });
         self.batch_slots.push(s);

@@ -16,7 +16,11 @@ pub(crate) struct Seq {
     pub generated: u32,
     pub admitted_at: Option<Time>,
     pub first_token_at: Option<Time>,
-    pub cached_tokens: u32,
+    /// Prompt tokens found cached, by tier.
+    pub cached_tokens: [u32; 3],
+    /// Tokens loaded from L2 and L3 for the next prefill chunk: their transfer is charged to
+    /// the iteration that computes it.
+    pub loading: [u32; 2],
     pub preemptions: u32,
     /// Scheduled in the batch being formed or executed.
     pub in_batch: bool,
@@ -32,7 +36,8 @@ impl Seq {
             generated: 0,
             admitted_at: None,
             first_token_at: None,
-            cached_tokens: 0,
+            cached_tokens: [0; 3],
+            loading: [0; 2],
             preemptions: 0,
             in_batch: false,
         }

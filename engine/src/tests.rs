@@ -1,6 +1,7 @@
 //! Scheduler behaviour, driven step by step with a fixed-duration executor.
 
 use crate::*;
+use crate::kv::SharedStore;
 use proptest::prelude::*;
 
 /// Every iteration takes 1 ms plus 1 µs per token: enough to order events.
@@ -13,7 +14,7 @@ impl Executor for Fixed {
 }
 
 fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
-    InstanceConfig { block_size: 4, total_blocks, max_batch_tokens, max_seqs: 64, admission_watermark: 0.0 }
+    InstanceConfig { block_size: 4, total_blocks, max_batch_tokens, max_seqs: 64, admission_watermark: 0.0, l2_blocks: 0 }
 }
 
 fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
@@ -75,8 +76,8 @@ fn the_second_request_with_a_shared_prefix_hits_the_cache() {
     let (mut done, _, now) = run(&mut inst, Time::ZERO);
     inst.enqueue(req(2, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
     done.extend(run(&mut inst, now).0);
-    assert_eq!(done[0].cached_tokens, 0);
-    assert_eq!(done[1].cached_tokens, 20, "five shared blocks of four tokens");
+    assert_eq!(done[0].cached_total(), 0);
+    assert_eq!(done[1].cached_total(), 20, "five shared blocks of four tokens");
 }
 
 #[test]
@@ -86,7 +87,7 @@ fn a_fully_cached_prompt_still_computes_its_last_token() {
     let (_, _, now) = run(&mut inst, Time::ZERO);
     inst.enqueue(req(2, 16, 1, &[1, 2, 3, 4])).unwrap();
     let (done, stats, _) = run(&mut inst, now);
-    assert_eq!(done[0].cached_tokens, 12);
+    assert_eq!(done[0].cached_total(), 12);
     assert_eq!(stats[0].prefill_tokens, 4);
 }
 
@@ -114,6 +115,26 @@ fn a_request_larger_than_the_whole_cache_is_refused() {
 }
 
 #[test]
+fn a_prefix_evicted_to_lower_tiers_is_loaded_back_and_its_transfer_charged() {
+    let l3 = SharedStore::new(64);
+    let mut inst = Instance::with_shared_store(InstanceConfig { l2_blocks: 2, ..config(8, 64) }, Some(l3.clone()));
+    let shared = [1, 2, 3, 4, 5];
+    inst.enqueue(req(1, 24, 1, &shared)).unwrap();
+    run(&mut inst, Time::ZERO);
+    // Another 24-token prompt needs six of the eight blocks: the first prompt's blocks go down.
+    inst.enqueue(req(2, 24, 1, &[])).unwrap();
+    run(&mut inst, Time(100));
+    assert!(inst.kv().l2_blocks() > 0 && l3.lock().len() > 0);
+    inst.enqueue(req(3, 24, 1, &shared)).unwrap();
+    let (done, stats, _) = run(&mut inst, Time(200));
+    let [l1, l2, l3_hit] = done[0].cached_tokens;
+    assert_eq!(l1 + l2 + l3_hit, 20, "five shared blocks of four tokens, from some tier");
+    assert!(l2 > 0 && l3_hit > 0, "found in L2 and L3: {:?}", done[0].cached_tokens);
+    assert_eq!((stats[0].load_l2_tokens, stats[0].load_l3_tokens), (u64::from(l2), u64::from(l3_hit)));
+    assert_eq!(stats[0].prefill_tokens, 4, "only the uncached last block is computed");
+}
+
+#[test]
 fn timestamps_of_a_finished_request_are_ordered() {
     let mut inst = Instance::new(config(64, 64));
     inst.enqueue(req(1, 10, 5, &[])).unwrap();
@@ -133,8 +154,11 @@ proptest! {
         reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3), 1..40),
         blocks in 40u32..80,
         budget in 4u32..64,
+        l2_blocks in 0u32..20,
+        l3_blocks in proptest::option::of(0u32..30),
     ) {
-        let mut inst = Instance::new(InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05 });
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks };
+        let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g))| {
             let shared = [g, g + 10, g + 20];
             let mut r = req(i as u64, p, o, &shared);
@@ -160,6 +184,7 @@ proptest! {
         prop_assert_eq!(done.len(), accepted);
         for f in &done {
             prop_assert_eq!(f.output_tokens, f.request.max_output_tokens.max(1));
+            prop_assert!(f.cached_total() < f.request.prompt_tokens, "the last prompt token is always computed");
         }
         prop_assert_eq!(inst.kv().available_blocks(), blocks);
     }

@@ -297,6 +297,15 @@ impl KvCache {
             self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], &mut self.pool);
         seq.tree_blocks = upto as u32;
         seq.node = Some(cursor);
+        // A block computed again while an old copy sits in L2 (it was not loaded: L1 lacked
+        // room then) supersedes that copy, so that no block is in both tiers.
+        if !self.l2.is_empty() {
+            for &h in &hashes[from..upto] {
+                if self.l2.remove(h) {
+                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: h });
+                }
+            }
+        }
     }
 
     /// Gives back everything the sequence holds: private blocks to the pool, references on its

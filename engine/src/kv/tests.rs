@@ -116,22 +116,67 @@ fn a_referenced_block_is_never_evicted_and_allocation_is_all_or_nothing() {
 #[test]
 fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
     let mut kv = KvCache::new(2, 1);
-    kv.tree_mut().record_events();
+    kv.record_events();
     let hs = hashes(&[1, 2]);
     let mut a = filled(&mut kv, 1, &hs);
     kv.release(Time(2), &mut a);
     let mut s = SeqKv::default();
     assert!(kv.allocate(&mut s, 1));
     let mut ev = Vec::new();
-    kv.tree_mut().drain_events(&mut ev);
+    kv.drain_events(&mut ev);
     assert_eq!(
         ev,
         [
-            KvEvent::Stored { hash: hs[0], parent: None },
-            KvEvent::Stored { hash: hs[1], parent: Some(hs[0]) },
-            KvEvent::Removed { hash: hs[1] },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[0], parent: None },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[1], parent: Some(hs[0]) },
+            KvEvent::Removed { tier: Tier::L1, hash: hs[1] },
         ]
     );
+}
+
+#[test]
+fn evicted_blocks_are_demoted_to_l2_then_l3_and_promoted_back_on_a_hit() {
+    let l3 = SharedStore::new(8);
+    let mut kv = KvCache::with_tiers(4, 1, 2, Some(l3.clone()));
+    kv.record_events();
+    let hs = hashes(&[1, 2, 3, 4]);
+    let mut a = filled(&mut kv, 1, &hs);
+    kv.release(Time(2), &mut a);
+    // A different prompt takes all four L1 blocks: the old ones go to L2, then L3.
+    let mut b = filled(&mut kv, 3, &hashes(&[9, 8, 7, 6]));
+    assert_eq!(kv.l2_blocks(), 2);
+    assert_eq!(l3.lock().len(), 2, "L2 overflowed into L3");
+    kv.release(Time(4), &mut b);
+    let mut c = SeqKv::default();
+    assert_eq!(kv.match_more(Time(5), &mut c, &hs, 4), 0, "nothing of it is left in L1");
+    let hit = kv.peek_lower(&c, &hs, 4);
+    assert_eq!(hit, LowerHit { l2: 2, l3: 2 });
+    assert!(kv.promote(Time(5), &mut c, &hs, hit));
+    assert_eq!((c.tree_blocks, c.private_blocks()), (4, 0));
+    assert_eq!(l3.lock().len(), 4, "L3 keeps its shared copies; two of L2's victims joined them");
+    let mut ev = Vec::new();
+    kv.drain_events(&mut ev);
+    let stored = |t: Tier| ev.iter().filter(|e| matches!(e, KvEvent::Stored { tier, .. } if *tier == t)).count();
+    assert_eq!((stored(Tier::L1), stored(Tier::L2), stored(Tier::L3)), (12, 8, 4));
+    kv.check_invariants(0);
+}
+
+/// What the events of one cache say it holds, tier by tier.
+#[derive(Default)]
+struct EventModel {
+    tiers: [std::collections::BTreeSet<BlockHash>; 3],
+}
+
+impl EventModel {
+    fn apply(&mut self, events: &[KvEvent]) {
+        for e in events {
+            match *e {
+                KvEvent::Stored { tier, hash, .. } => assert!(self.tiers[tier.index()].insert(hash), "{e:?} twice"),
+                KvEvent::Removed { tier, hash } => assert!(self.tiers[tier.index()].remove(&hash), "{e:?} unknown"),
+                KvEvent::Cleared => self.tiers[..2].iter_mut().for_each(|t| t.clear()),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -205,5 +250,56 @@ proptest! {
         }
         kv.check_invariants(0);
         prop_assert_eq!(kv.available_blocks(), 24);
+    }
+
+    /// With L2 and L3 on, and prefixes loaded back from them: no block is leaked, no block
+    /// of the instance is in L1 and L2 at once, and the events describe every tier exactly.
+    #[test]
+    fn tiers_never_hold_a_block_twice_and_events_describe_them(ops in proptest::collection::vec(op(), 1..200)) {
+        let l3 = SharedStore::new(10);
+        let mut kv = KvCache::with_tiers(16, 2, 6, Some(l3.clone()));
+        kv.record_events();
+        let mut model = EventModel::default();
+        let mut events = Vec::new();
+        let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
+        for (t, op) in ops.into_iter().enumerate() {
+            let now = Time(t as u64);
+            match op {
+                Op::Start { prefix, len } => {
+                    let keys: Vec<u64> = (0..u64::from(len)).map(|i| if i < 5 { u64::from(prefix) * 100 + i } else { t as u64 * 1000 + i }).collect();
+                    let hs = hashes(&keys);
+                    let mut s = SeqKv::default();
+                    kv.match_more(now, &mut s, &hs, u32::MAX);
+                    let hit = kv.peek_lower(&s, &hs, u32::MAX);
+                    let _ = kv.promote(now, &mut s, &hs, hit);
+                    seqs.push((s, hs));
+                }
+                Op::Grow { k, n } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let _ = kv.allocate(&mut seqs[i].0, u32::from(n));
+                }
+                Op::Commit { k } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let (s, hs) = &mut seqs[i];
+                    let full = s.blocks.len() as u32;
+                    kv.commit(now, s, hs, full);
+                }
+                Op::Release { k } if !seqs.is_empty() => {
+                    let i = k as usize % seqs.len();
+                    let (mut s, _) = seqs.swap_remove(i);
+                    kv.release(now, &mut s);
+                }
+                _ => {}
+            }
+            kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
+            events.clear();
+            kv.drain_events(&mut events);
+            model.apply(&events);
+            let [l1, l2, l3_model] = &model.tiers;
+            prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
+            prop_assert_eq!(l2, &kv.l2().iter().collect());
+            prop_assert_eq!(l3_model, &l3.lock().iter().collect());
+            prop_assert!(l1.is_disjoint(l2), "a block in L1 and L2 at once");
+        }
     }
 }

@@ -146,6 +146,16 @@ impl BlockLru {
         true
     }
 
+    /// The hashes held, least recently used first.
+    pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        let mut s = self.head;
+        std::iter::from_fn(move || {
+            let e = self.entries.get(s as usize)?;
+            s = e.next;
+            Some(e.hash)
+        })
+    }
+
     /// Drops everything.
     pub fn clear(&mut self) {
         self.slots.clear();
