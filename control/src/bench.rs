@@ -9,7 +9,7 @@ use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use simulator::scenario::{FleetSection, Scenario, WorkloadSection};
-use simulator::sim;
+use simulator::sim::{self, SimConfig};
 use simulator::workload::SyntheticConfig;
 use std::time::Instant;
 
@@ -45,10 +45,12 @@ pub fn run(args: Args) -> Result<(), Failure> {
         ..Scenario::default()
     };
     let settings = scenario.resolve().map_err(|e| Failure::Input(e.into()))?;
-    let router = settings.routers[0];
+    let run = &settings.routers[0];
     let workload = settings.open_workload(settings.rate_scale).map_err(|e| Failure::Input(e.into()))?;
     let started = Instant::now();
-    let out = sim::run(&settings.sim_config(router), workload, &mut |_| {}).map_err(|e| Failure::Input(e.into()))?;
+    // The infinite-cache bound would hold every distinct block of a million prompts.
+    let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(run) };
+    let out = sim::run(&config, workload, &mut |_| {}).map_err(|e| Failure::Input(e.into()))?;
     let wall_s = started.elapsed().as_secs_f64();
     let s = &out.summary;
     let simulated = s.requests + s.rejected;

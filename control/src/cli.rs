@@ -5,6 +5,7 @@ use crate::Failure;
 use anyhow::Context;
 use clap::Args;
 use simulator::scenario::{FleetSection, Scenario, Settings, SloSection, WorkloadSection};
+use simulator::tiers::KvSection;
 use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]
@@ -71,6 +72,23 @@ pub struct SimFlags {
     /// Token budget of one engine iteration (decode tokens plus prefill chunk) [default: 8192].
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<u32>,
+
+    /// KV tiers: l1 (GPU memory only), l1,l2 (plus host memory per instance) or l1,l2,l3
+    /// (plus a store shared by the fleet) [default: l1].
+    #[arg(long, value_name = "TIERS")]
+    pub kv_tiers: Option<String>,
+
+    /// Host memory for KV per instance (L2), in GiB [default: 128].
+    #[arg(long, value_name = "GIB")]
+    pub l2_gib: Option<f64>,
+
+    /// Size of the shared KV store (L3) for the whole fleet, in GiB [default: 4096].
+    #[arg(long, value_name = "GIB")]
+    pub l3_gib: Option<f64>,
+
+    /// Delay of KV events between an instance and the router, in ms [default: 5].
+    #[arg(long, value_name = "MS")]
+    pub kv_event_delay_ms: Option<f64>,
 }
 
 impl SimFlags {
@@ -95,6 +113,13 @@ impl SimFlags {
                 synthetic: None,
             },
             slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
+            kv: KvSection {
+                tiers: self.kv_tiers.clone(),
+                l2_gib: self.l2_gib,
+                l3_gib: self.l3_gib,
+                event_delay_ms: self.kv_event_delay_ms,
+                ..KvSection::default()
+            },
             cost: None,
         }
     }
@@ -115,8 +140,16 @@ pub fn describe(s: &Settings) -> String {
         simulator::scenario::WorkloadSource::Trace { path, .. } => path.display().to_string(),
         simulator::scenario::WorkloadSource::Synthetic(c) => format!("synthetic ({} requests)", c.requests),
     };
+    let block_tokens = u64::from(s.instance.block_size);
+    let mut tiers = String::new();
+    if s.instance.l2_blocks > 0 {
+        tiers += &format!(", L2 {} tokens per instance", u64::from(s.instance.l2_blocks) * block_tokens);
+    }
+    if let Some(l3) = s.tiers.l3_blocks {
+        tiers += &format!(", L3 {} tokens shared", u64::from(l3) * block_tokens);
+    }
     format!(
-        "seed={} | {} x {} on {} (TP {}), KV {} tokens per instance | {} at rate x{}{}",
+        "seed={} | {} x {} on {} (TP {}), KV {} tokens per instance{tiers} | {} at rate x{}{}",
         s.seed,
         s.instances,
         s.cost.model().name,

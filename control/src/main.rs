@@ -6,9 +6,13 @@
 //! | `simulate` | `fleetplane simulate`: routers side by side on the same arrivals |
 //! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
+//! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
+//! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `progress` | progress display on stderr for runs longer than a second |
 
 mod bench;
+mod bench_index;
+mod bench_matching;
 mod cli;
 mod max_rate;
 mod progress;
@@ -36,6 +40,12 @@ enum Command {
     /// Measure the simulator: a million synthetic requests on 64 instances; prints requests
     /// simulated per wall-clock second and peak memory.
     Bench(bench::Args),
+    /// Measure the KV cache's per-sequence cursor: a 128K-token prompt prefilled in 8K chunks,
+    /// matching and insertion resumed from the cursor vs rescanned from the root at every chunk.
+    BenchMatching(bench_matching::Args),
+    /// Measure the global prefix index: 1,000 instances and 10M indexed blocks; prints KV
+    /// events applied per second, query latency percentiles and bytes per block.
+    BenchIndex(bench_index::Args),
 }
 
 /// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
@@ -62,6 +72,8 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::MaxRate(args) => max_rate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchMatching(args) => bench_matching::run(args),
+        Command::BenchIndex(args) => bench_index::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

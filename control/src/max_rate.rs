@@ -10,10 +10,10 @@ use crate::cli::{describe, SimFlags};
 use crate::simulate::run_routers;
 use crate::Failure;
 use clap::Args as ClapArgs;
-use policies::RouterConfig;
+
 use simulator::metrics::Summary;
 use simulator::report::{max_rate_table, write_json, MaxRateReport, MaxRateRun};
-use simulator::scenario::Settings;
+use simulator::scenario::{RunSpec, Settings};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -44,11 +44,25 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let settings = args.flags.settings()?;
     println!("{} | target attainment {}", describe(&settings), args.target_attainment);
-    let mut runs = Vec::new();
-    for &router in &settings.routers {
-        let (max_rate_scale, summary) = search(&settings, router, args.target_attainment)?;
-        runs.push(MaxRateRun { router: router.name().to_string(), max_rate_scale, summary });
-    }
+    // One search per run, side by side (each bisection step is one simulation).
+    let results: Vec<Result<MaxRateRun, Failure>> = std::thread::scope(|scope| {
+        let settings = &settings;
+        let handles: Vec<_> = settings
+            .routers
+            .iter()
+            .map(|run| {
+                scope.spawn(move || {
+                    let (max_rate_scale, summary) = search(settings, run, args.target_attainment)?;
+                    Ok(MaxRateRun { router: run.label(), max_rate_scale, summary })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Failure::Output(anyhow::anyhow!("a search thread panicked")))))
+            .collect()
+    });
+    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     print!("{}", max_rate_table(&runs));
     if let Some(path) = &args.json {
         write_json(path, &MaxRateReport { runs }).map_err(|e| Failure::Output(e.into()))?;
@@ -56,20 +70,20 @@ pub fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-fn attainment_at(settings: &Settings, router: RouterConfig, scale: f64) -> Result<Summary, Failure> {
-    let mut out = run_routers(settings, &[router], scale)?;
+fn attainment_at(settings: &Settings, run: &RunSpec, scale: f64) -> Result<Summary, Failure> {
+    let mut out = run_routers(settings, std::slice::from_ref(run), scale)?;
     Ok(out.remove(0).summary)
 }
 
-fn search(settings: &Settings, router: RouterConfig, target: f64) -> Result<(f64, Summary), Failure> {
+fn search(settings: &Settings, run: &RunSpec, target: f64) -> Result<(f64, Summary), Failure> {
     let meets = |s: &Summary| s.slo_attainment >= target;
     let start = settings.rate_scale;
-    let first = attainment_at(settings, router, start)?;
+    let first = attainment_at(settings, run, start)?;
     let (mut low, mut high, mut best) = if meets(&first) {
         let (mut low, mut best) = (start, first);
         let mut high = None;
         for _ in 0..MAX_BRACKET_STEPS {
-            let s = attainment_at(settings, router, low * 2.0)?;
+            let s = attainment_at(settings, run, low * 2.0)?;
             if !meets(&s) {
                 high = Some(low * 2.0);
                 break;
@@ -84,7 +98,7 @@ fn search(settings: &Settings, router: RouterConfig, target: f64) -> Result<(f64
         let mut high = start;
         let mut found = None;
         for _ in 0..MAX_BRACKET_STEPS {
-            let s = attainment_at(settings, router, high / 2.0)?;
+            let s = attainment_at(settings, run, high / 2.0)?;
             if meets(&s) {
                 found = Some((high / 2.0, s));
                 break;
@@ -97,7 +111,7 @@ fn search(settings: &Settings, router: RouterConfig, target: f64) -> Result<(f64
     };
     while high / low > PRECISION {
         let mid = (low * high).sqrt();
-        let s = attainment_at(settings, router, mid)?;
+        let s = attainment_at(settings, run, mid)?;
         if meets(&s) {
             low = mid;
             best = s;

@@ -6,10 +6,10 @@ use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use indicatif::MultiProgress;
-use policies::RouterConfig;
+
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{comparison_table, write_json, Report, RunReport};
-use simulator::scenario::Settings;
+use simulator::scenario::{RunSpec, Settings};
 use simulator::sim::{self, RunOutput};
 use std::path::PathBuf;
 
@@ -37,7 +37,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
     }
     let runs: Vec<RunReport> =
-        outputs.iter().map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone() }).collect();
+        outputs.iter().map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone(), decisions: o.decisions.clone() }).collect();
     print!("{}", comparison_table(&runs));
     if let Some(path) = &args.json {
         write_json(path, &Report { runs }).map_err(|e| Failure::Output(e.into()))?;
@@ -54,17 +54,17 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 /// Runs each router on its own thread (runs share nothing; each re-reads the workload, so all
 /// see the same arrivals). Results come back in the order the routers were given.
-pub fn run_routers(settings: &Settings, routers: &[RouterConfig], rate_scale: f64) -> Result<Vec<RunOutput>, Failure> {
+pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) -> Result<Vec<RunOutput>, Failure> {
     let multi = MultiProgress::new();
     let results: Vec<Result<RunOutput, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = routers
             .iter()
-            .map(|&router| {
+            .map(|run| {
                 let multi = &multi;
                 scope.spawn(move || {
-                    let mut progress = RunProgress::new(multi, router.name());
+                    let mut progress = RunProgress::new(multi, &run.label());
                     let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
-                    sim::run(&settings.sim_config(router), workload, &mut |p| progress.update(p))
+                    sim::run(&settings.sim_config(run), workload, &mut |p| progress.update(p))
                         .map_err(|e| Failure::Input(e.into()))
                 })
             })

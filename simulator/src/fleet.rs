@@ -1,10 +1,15 @@
 //! The simulated fleet: real engine instances whose iterations take the time the cost model
 //! predicts, advanced by an event queue in virtual time.
+//!
+//! KV events, when the controller wants them, reach it `event_delay` after the iteration
+//! that caused them (the time a real event bus takes); every other event is immediate.
 
 use crate::cost::CostModelExecutor;
 use crate::queue::EventQueue;
-use engine::{Finished, Instance, InstanceConfig, InstanceId, Request, Time};
+use engine::kv::{KvEvent, SharedStore};
+use engine::{Dur, Finished, Instance, InstanceConfig, InstanceId, Request, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Route};
+use std::collections::VecDeque;
 
 /// Something that happens to one instance at a point in virtual time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,26 +35,47 @@ struct SimInstance {
     busy: bool,
 }
 
+/// How the fleet's KV tiers and events are set up.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvOptions {
+    /// Blocks of the shared L3 store; `None`: no L3.
+    pub l3_blocks: Option<u32>,
+    /// Publish KV events (only a router reading the prefix index needs them).
+    pub publish_events: bool,
+    pub event_delay: Dur,
+}
+
 pub struct SimFleet {
     instances: Vec<SimInstance>,
     executor: CostModelExecutor,
     queue: EventQueue<(InstanceId, Wake)>,
     events: Vec<FleetEvent>,
     finished: Vec<Finished>,
+    kv: KvOptions,
+    /// KV events on their way to the controller, in order of delivery time.
+    kv_in_flight: VecDeque<(Time, FleetEvent)>,
+    kv_scratch: Vec<KvEvent>,
 }
 
 impl SimFleet {
     /// A fleet of `count` identical instances, all serving from time zero.
-    pub fn new(count: u32, config: &InstanceConfig, executor: CostModelExecutor) -> SimFleet {
+    pub fn new(count: u32, config: &InstanceConfig, executor: CostModelExecutor, kv: KvOptions) -> SimFleet {
         let mut fleet = SimFleet {
             instances: Vec::with_capacity(count as usize),
             executor,
             queue: EventQueue::default(),
             events: Vec::new(),
             finished: Vec::new(),
+            kv,
+            kv_in_flight: VecDeque::new(),
+            kv_scratch: Vec::new(),
         };
+        let l3 = kv.l3_blocks.map(SharedStore::new);
         for i in 0..count {
-            let engine = Instance::new(config.clone());
+            let mut engine = Instance::with_shared_store(config.clone(), l3.clone());
+            if kv.publish_events {
+                engine.record_kv_events();
+            }
             let capacity_tokens = engine.capacity_tokens();
             fleet.instances.push(SimInstance { engine, state: State::Serving, busy: false });
             fleet.events.push(FleetEvent::InstanceUp { instance: InstanceId(i), capacity_tokens });
@@ -59,11 +85,25 @@ impl SimFleet {
 
     /// Time of the next thing the fleet will do on its own.
     pub fn next_time(&self) -> Option<Time> {
-        self.queue.peek_time()
+        let kv = self.kv_in_flight.front().map(|&(t, _)| t);
+        match (self.queue.peek_time(), kv) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Advances to the next fleet event; the caller checked that one is due at `next_time`.
+    /// KV events due at the same time as an iteration are delivered first.
     pub fn step(&mut self) -> Time {
+        if let Some(&(t, _)) = self.kv_in_flight.front() {
+            if self.queue.peek_time().is_none_or(|q| t <= q) {
+                while self.kv_in_flight.front().is_some_and(|&(d, _)| d == t) {
+                    let (_, e) = self.kv_in_flight.pop_front().expect("a front element");
+                    self.events.push(e);
+                }
+                return t;
+            }
+        }
         let (now, (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
         let inst = &mut self.instances[id.0 as usize];
         if wake == Wake::StepDone {
@@ -75,7 +115,25 @@ impl SimFleet {
             self.events.push(FleetEvent::Load { instance: id, load: inst.engine.load() });
         }
         self.start_step(now, id);
+        self.publish_kv(now, id);
         now
+    }
+
+    /// Sends the KV events instance `id` recorded on their way.
+    fn publish_kv(&mut self, now: Time, id: InstanceId) {
+        if !self.kv.publish_events {
+            return;
+        }
+        self.instances[id.0 as usize].engine.drain_kv_events(&mut self.kv_scratch);
+        let at = now + self.kv.event_delay;
+        for event in self.kv_scratch.drain(..) {
+            let e = FleetEvent::Kv { instance: id, event };
+            if at == now {
+                self.events.push(e);
+            } else {
+                self.kv_in_flight.push_back((at, e));
+            }
+        }
     }
 
     fn start_step(&mut self, now: Time, id: InstanceId) {

@@ -14,6 +14,7 @@
 //! | `metrics` | fixed-size histograms and the run summary |
 //! | `report`, `plot` | terminal tables, JSON, CDF charts |
 //! | `scenario` | scenario files, flag overlay, resolved settings |
+//! | `tiers` | the `[kv]` section: tiers on, their sizes and links, KV event delay |
 
 pub mod cost;
 pub mod fleet;
@@ -23,4 +24,5 @@ mod queue;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod tiers;
 pub mod workload;

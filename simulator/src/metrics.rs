@@ -96,6 +96,11 @@ pub struct Summary {
     pub throughput_tok_s: TokenThroughput,
     /// Prompt tokens served from the prefix cache over all prompt tokens (token-weighted).
     pub cache_hit_rate: f64,
+    /// `cache_hit_rate` split by the tier the cached tokens came from (the three add up to it).
+    pub hit_rate_by_tier: HitRateByTier,
+    /// The hit rate an infinite cache shared by the whole fleet would reach on the same
+    /// arrivals: the bound no placement can beat (`None` when not measured).
+    pub max_hit_rate: Option<f64>,
     /// GPUs times the span in hours.
     pub gpu_hours: f64,
     /// Dollars per million tokens, input and output together.
@@ -113,6 +118,38 @@ pub struct Summary {
     pub slo: Slo,
 }
 
+/// Token-weighted shares of prompt tokens served from each tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HitRateByTier {
+    pub l1: f64,
+    pub l2: f64,
+    pub l3: f64,
+}
+
+/// The hit rate of an infinite cache shared by every instance: each prompt's longest prefix
+/// already seen in any earlier prompt (at most all blocks but the one holding the last token,
+/// which is always computed), over all prompt tokens.
+#[derive(Clone, Debug, Default)]
+pub struct InfiniteCacheBound {
+    seen: rustc_hash::FxHashSet<engine::BlockHash>,
+    cached_tokens: u64,
+    prompt_tokens: u64,
+}
+
+impl InfiniteCacheBound {
+    pub fn observe(&mut self, r: &engine::Request, block_size: u32) {
+        let usable = ((r.prompt_tokens.saturating_sub(1)) / block_size) as usize;
+        let hit = r.block_hashes.iter().take(usable).take_while(|h| self.seen.contains(h)).count();
+        self.cached_tokens += hit as u64 * u64::from(block_size);
+        self.prompt_tokens += u64::from(r.prompt_tokens);
+        self.seen.extend(r.block_hashes.iter().skip(hit).copied());
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.cached_tokens as f64, self.prompt_tokens as f64)
+    }
+}
+
 /// Collects one run's metrics in fixed memory; see the module doc for the definitions.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -127,6 +164,7 @@ pub struct Metrics {
     input_tokens: u64,
     output_tokens: u64,
     cached_tokens: u64,
+    cached_by_tier: [u64; 3],
     preemptions: u64,
     /// Earliest arrival among finished requests; `None` until the first one.
     first_arrival: Option<Time>,
@@ -148,6 +186,7 @@ impl Metrics {
             input_tokens: 0,
             output_tokens: 0,
             cached_tokens: 0,
+            cached_by_tier: [0; 3],
             preemptions: 0,
             first_arrival: None,
             last_finish: None,
@@ -193,7 +232,10 @@ impl Metrics {
         self.finished += 1;
         self.input_tokens += u64::from(f.request.prompt_tokens);
         self.output_tokens += u64::from(f.output_tokens);
-        self.cached_tokens += u64::from(f.cached_tokens);
+        self.cached_tokens += u64::from(f.cached_total());
+        for (sum, &t) in self.cached_by_tier.iter_mut().zip(&f.cached_tokens) {
+            *sum += u64::from(t);
+        }
         self.preemptions += u64::from(f.preemptions);
         self.first_arrival = Some(self.first_arrival.map_or(arrival, |t| t.min(arrival)));
         self.last_finish = Some(self.last_finish.map_or(f.finished_at, |t| t.max(f.finished_at)));
@@ -230,6 +272,12 @@ impl Metrics {
                 output: ratio(self.output_tokens as f64, duration_s),
             },
             cache_hit_rate: ratio(self.cached_tokens as f64, self.input_tokens as f64),
+            hit_rate_by_tier: HitRateByTier {
+                l1: ratio(self.cached_by_tier[0] as f64, self.input_tokens as f64),
+                l2: ratio(self.cached_by_tier[1] as f64, self.input_tokens as f64),
+                l3: ratio(self.cached_by_tier[2] as f64, self.input_tokens as f64),
+            },
+            max_hit_rate: None,
             gpu_hours,
             cost_per_mtok: ratio(gpu_hours * cost.price_per_gpu_hour, total_mtok),
             duration_s,
@@ -369,7 +417,7 @@ mod tests {
             first_token_at: Time::from_millis(s.first_token_ms),
             finished_at: Time::from_millis(s.finished_ms),
             output_tokens: s.output_tokens,
-            cached_tokens: s.cached_tokens,
+            cached_tokens: [s.cached_tokens, 0, 0],
             preemptions: s.preemptions,
         }
     }

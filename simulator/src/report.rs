@@ -6,6 +6,7 @@
 //! aligned plain-text tables ([`comparison_table`], [`max_rate_table`]).
 
 use crate::metrics::Summary;
+use crate::sim::Decision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,9 @@ use std::path::{Path, PathBuf};
 pub struct RunReport {
     pub router: String,
     pub summary: Summary,
+    /// A sample of the router's decisions with their reasons.
+    #[serde(default)]
+    pub decisions: Vec<Decision>,
 }
 
 /// The runs of one comparison, in the order they were asked for.
@@ -78,6 +82,10 @@ const ROWS: &[Row] = &[
     Row { label: "input (tok/s)", value: |s| s.throughput_tok_s.input, decimals: 0 },
     Row { label: "output (tok/s)", value: |s| s.throughput_tok_s.output, decimals: 0 },
     Row { label: "cache hit (%)", value: |s| s.cache_hit_rate * 100.0, decimals: 1 },
+    Row { label: "  from L1 (%)", value: |s| s.hit_rate_by_tier.l1 * 100.0, decimals: 1 },
+    Row { label: "  from L2 (%)", value: |s| s.hit_rate_by_tier.l2 * 100.0, decimals: 1 },
+    Row { label: "  from L3 (%)", value: |s| s.hit_rate_by_tier.l3 * 100.0, decimals: 1 },
+    Row { label: "infinite-cache hit (%)", value: |s| s.max_hit_rate.unwrap_or(f64::NAN) * 100.0, decimals: 1 },
     Row { label: "GPU-hours (h)", value: |s| s.gpu_hours, decimals: 3 },
     Row { label: "cost ($/Mtok)", value: |s| s.cost_per_mtok, decimals: 3 },
     Row { label: "preemptions", value: |s| s.preemptions as f64, decimals: 0 },
@@ -196,7 +204,7 @@ mod tests {
     fn run(router: &str, goodput_rps: f64) -> RunReport {
         let mut summary = summary();
         summary.goodput_rps = goodput_rps;
-        RunReport { router: router.to_string(), summary }
+        RunReport { router: router.to_string(), summary, decisions: Vec::new() }
     }
 
     #[test]

@@ -19,6 +19,9 @@
 //! [slo]
 //! ttft_ms = 2000
 //! tpot_ms = 100
+//!
+//! [kv]                  # see `tiers.rs`
+//! tiers = "l1,l2,l3"
 //! ```
 //!
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
@@ -27,6 +30,7 @@
 use crate::cost::{gpu_by_name, model_by_name, CostError, CostModel, CostParams, Deployment, UnknownName};
 use crate::metrics::Slo;
 use crate::sim::SimConfig;
+use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
 use engine::InstanceConfig;
 use policies::{RouterConfig, UnknownRouter};
@@ -51,6 +55,9 @@ pub struct Scenario {
     pub workload: WorkloadSection,
     #[serde(default)]
     pub slo: SloSection,
+    /// KV tiers below GPU memory (see [`crate::tiers`]).
+    #[serde(default)]
+    pub kv: KvSection,
     /// Overrides of the cost model's efficiency factors and overheads.
     pub cost: Option<CostParams>,
 }
@@ -113,11 +120,31 @@ pub enum WorkloadSource {
     Synthetic(SyntheticConfig),
 }
 
+/// One run of a comparison: a router, on the scenario's KV tiers or on its own, written
+/// `name@l1+l2+l3` (so that an L1-only baseline and a tiered fleet run on the same arrivals).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    pub router: RouterConfig,
+    /// The tiers after `@`, as written (`None`: the scenario's).
+    pub tiers_override: Option<String>,
+    pub tiers: KvTiers,
+}
+
+impl RunSpec {
+    /// The run's name in tables and JSON.
+    pub fn label(&self) -> String {
+        match &self.tiers_override {
+            Some(t) => format!("{}@{t}", self.router),
+            None => self.router.to_string(),
+        }
+    }
+}
+
 /// A resolved, validated scenario.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub seed: u64,
-    pub routers: Vec<RouterConfig>,
+    pub routers: Vec<RunSpec>,
     pub instances: u32,
     pub instance: InstanceConfig,
     pub cost: CostModel,
@@ -125,6 +152,7 @@ pub struct Settings {
     pub rate_scale: f64,
     pub max_requests: Option<u64>,
     pub slo: Slo,
+    pub tiers: KvTiers,
 }
 
 impl Scenario {
@@ -177,16 +205,17 @@ impl Scenario {
                 ttft_ms: over.slo.ttft_ms.or(self.slo.ttft_ms),
                 tpot_ms: over.slo.tpot_ms.or(self.slo.tpot_ms),
             },
+            kv: self.kv.overlay(over.kv),
             cost: over.cost.or(self.cost),
         }
     }
 
     /// Fills defaults and checks every name and number.
     pub fn resolve(&self) -> Result<Settings, ScenarioError> {
-        let routers = match &self.routers {
-            None => vec![RouterConfig::LeastOutstanding],
+        let names = match &self.routers {
+            None => vec![RouterConfig::LeastOutstanding.name().to_string()],
             Some(names) if names.is_empty() => return Err(invalid("routers", "name at least one router")),
-            Some(names) => names.iter().map(|n| n.trim().parse()).collect::<Result<Vec<RouterConfig>, _>>()?,
+            Some(names) => names.clone(),
         };
         let f = &self.fleet;
         let instances = f.instances.unwrap_or(DEFAULT_INSTANCES);
@@ -210,12 +239,29 @@ impl Scenario {
         if max_seqs == 0 {
             return Err(invalid("fleet.max_seqs", "must be at least 1"));
         }
+        let tiers = self.kv.resolve(&cost, block_size)?;
+        let mut routers = Vec::with_capacity(names.len());
+        for spec in &names {
+            let (name, over) = match spec.trim().split_once('@') {
+                Some((n, t)) => (n, Some(t.to_string())),
+                None => (spec.trim(), None),
+            };
+            let router: RouterConfig = name.parse()?;
+            let run_tiers = match &over {
+                Some(t) => KvSection { tiers: Some(t.replace('+', ",")), ..self.kv.clone() }.resolve(&cost, block_size)?,
+                None => tiers,
+            };
+            routers.push(RunSpec { router, tiers_override: over, tiers: run_tiers });
+        }
+        // The links are the same for every run; only which tiers are on differs.
+        let cost = cost.with_links(tiers.links);
         let instance = InstanceConfig {
             block_size,
             total_blocks: cost.kv_blocks(block_size),
             max_batch_tokens,
             max_seqs,
             admission_watermark: defaults.admission_watermark,
+            l2_blocks: tiers.l2_blocks,
         };
         let w = &self.workload;
         let workload = match (&w.trace, &w.synthetic) {
@@ -255,19 +301,29 @@ impl Scenario {
             rate_scale,
             max_requests: w.max_requests,
             slo,
+            tiers,
         })
     }
 }
 
 impl Settings {
-    pub fn sim_config(&self, router: RouterConfig) -> SimConfig {
+    /// A run of `router` on the scenario's own tiers.
+    pub fn run_of(&self, router: RouterConfig) -> RunSpec {
+        RunSpec { router, tiers_override: None, tiers: self.tiers }
+    }
+
+    pub fn sim_config(&self, run: &RunSpec) -> SimConfig {
         SimConfig {
             seed: self.seed,
-            router,
+            label: run.label(),
+            router: run.router,
             instances: self.instances,
-            instance: self.instance.clone(),
+            instance: InstanceConfig { l2_blocks: run.tiers.l2_blocks, ..self.instance.clone() },
             cost: self.cost.clone(),
             slo: self.slo,
+            l3_blocks: run.tiers.l3_blocks,
+            event_delay: run.tiers.event_delay,
+            infinite_cache_bound: true,
         }
     }
 

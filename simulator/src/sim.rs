@@ -7,21 +7,68 @@
 //! arrive at the same microsecond share an iteration, as they would in a real engine.
 
 use crate::cost::{CostModel, CostModelExecutor};
-use crate::fleet::SimFleet;
-use crate::metrics::{FleetCost, Metrics, Slo, Summary};
+use crate::fleet::{KvOptions, SimFleet};
+use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, Summary};
 use crate::workload::{Workload, WorkloadError};
-use engine::{BlockHash, Finished, InstanceConfig, Request, RequestId, Time};
-use policies::{Controller, ControllerConfig, Fleet, FleetEvent, RouterConfig};
+use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
+use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig};
+use serde::{Deserialize, Serialize};
 
 /// Everything one run needs besides its workload.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub seed: u64,
+    /// The run's name in reports (the router's, or `router@tiers`).
+    pub label: String,
     pub router: RouterConfig,
     pub instances: u32,
     pub instance: InstanceConfig,
     pub cost: CostModel,
     pub slo: Slo,
+    /// Blocks of the fleet's shared L3 store; `None`: no L3 (L2 is in `instance`).
+    pub l3_blocks: Option<u32>,
+    /// How late KV events reach the controller.
+    pub event_delay: Dur,
+    /// Also measure the hit rate of an infinite shared cache (memory grows with the distinct
+    /// blocks of the workload).
+    pub infinite_cache_bound: bool,
+}
+
+/// One routing decision, kept for explanation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub request: RequestId,
+    pub at_s: f64,
+    pub prompt_tokens: u32,
+    pub instance: InstanceId,
+    /// The router's reason ([`policies::Why`]), as JSON.
+    pub why: serde_json::Value,
+}
+
+/// Requests between two sampled decisions, and the most kept.
+const DECISION_EVERY: u64 = 500;
+const DECISIONS_KEPT: usize = 24;
+
+/// What routers may assume of an instance's speed, from the cost model: prefill throughput
+/// at a full token budget, and KV load rates from the lower tiers.
+pub fn cost_hints(cost: &CostModel, instance: &InstanceConfig) -> CostHints {
+    let mut chunk = engine::BatchStats::default();
+    chunk.add(&engine::BatchEntry {
+        request: RequestId(0),
+        context_tokens: 0,
+        new_tokens: instance.max_batch_tokens,
+        is_prefill: true,
+        load_tokens: [0; 2],
+        blocks: (0, 0),
+    });
+    let bytes = cost.kv_bytes_per_token_per_gpu() as f64;
+    let links = cost.links();
+    CostHints {
+        block_size: instance.block_size,
+        prefill_tokens_per_s: f64::from(instance.max_batch_tokens) / cost.step_time(&chunk).as_secs_f64(),
+        l2_tokens_per_s: links.l2_bytes_per_s / bytes,
+        l3_tokens_per_s: links.l3_bytes_per_s / bytes,
+    }
 }
 
 /// How far a run has come, for a progress display.
@@ -40,6 +87,8 @@ pub struct RunOutput {
     pub tpot_cdf: Vec<(f64, f64)>,
     /// Why the first refused request was refused, if any was.
     pub first_rejection: Option<String>,
+    /// A sample of routing decisions with their reasons.
+    pub decisions: Vec<Decision>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +106,17 @@ pub fn run(
     mut workload: Box<dyn Workload>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<RunOutput, SimError> {
-    let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints: policies::CostHints::default() });
+    let hints = cost_hints(&config.cost, &config.instance);
+    let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
     let executor = CostModelExecutor::new(config.cost.clone());
-    let mut fleet = SimFleet::new(config.instances, &config.instance, executor);
+    let kv = KvOptions {
+        l3_blocks: config.l3_blocks,
+        publish_events: controller.wants_kv_events(),
+        event_delay: config.event_delay,
+    };
+    let mut fleet = SimFleet::new(config.instances, &config.instance, executor, kv);
+    let mut bound = config.infinite_cache_bound.then(InfiniteCacheBound::default);
+    let mut decisions = Vec::new();
     let mut metrics = Metrics::new(config.slo);
     let mut events: Vec<FleetEvent> = Vec::new();
     let mut finished: Vec<Finished> = Vec::new();
@@ -97,8 +154,22 @@ pub fn run(
                 block_hashes: a.block_hashes,
             };
             arrivals += 1;
+            if let Some(b) = &mut bound {
+                b.observe(&request, config.instance.block_size);
+            }
             let refused = match controller.route(now, &request) {
-                Ok(route) => fleet.dispatch(now, request, &route).err().map(|(e, r)| (e.to_string(), r)),
+                Ok(route) => {
+                    if request.id.0 % DECISION_EVERY == 0 && decisions.len() < DECISIONS_KEPT {
+                        decisions.push(Decision {
+                            request: request.id,
+                            at_s: now.as_secs_f64(),
+                            prompt_tokens: request.prompt_tokens,
+                            instance: route.prefill,
+                            why: serde_json::to_value(&route.why).unwrap_or_default(),
+                        });
+                    }
+                    fleet.dispatch(now, request, &route).err().map(|(e, r)| (e.to_string(), r))
+                }
                 Err(e) => Some((e.to_string(), request)),
             };
             if let Some((reason, request)) = refused {
@@ -131,11 +202,14 @@ pub fn run(
     progress(Progress { arrivals, now });
     let gpus = config.instances * config.cost.gpus();
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
+    let mut summary = metrics.summary(&cost);
+    summary.max_hit_rate = bound.map(|b| b.hit_rate());
     Ok(RunOutput {
-        router: config.router.name().to_string(),
-        summary: metrics.summary(&cost),
+        router: config.label.clone(),
+        summary,
         ttft_cdf: metrics.ttft_cdf(),
         tpot_cdf: metrics.tpot_cdf(),
         first_rejection,
+        decisions,
     })
 }

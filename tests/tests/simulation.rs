@@ -26,10 +26,10 @@ fn json_of(settings: &Settings) -> String {
     let runs = settings
         .routers
         .iter()
-        .map(|&r| {
+        .map(|r| {
             let w = settings.open_workload(settings.rate_scale).expect("trace opens");
             let out = sim::run(&settings.sim_config(r), w, &mut |_| {}).expect("run");
-            RunReport { router: out.router, summary: out.summary }
+            RunReport { router: out.router, summary: out.summary, decisions: out.decisions }
         })
         .collect();
     serde_json::to_string_pretty(&Report { runs }).expect("serializable")
@@ -67,7 +67,7 @@ fn a_synthetic_workload_replays_from_its_seed_and_changes_with_it() {
 #[test]
 fn every_request_of_the_trace_is_finished_or_refused_under_every_router() {
     let s = mooncake(2, 2000);
-    for &r in &s.routers {
+    for r in &s.routers {
         let w = s.open_workload(s.rate_scale).expect("trace opens");
         let out = sim::run(&s.sim_config(r), w, &mut |_| {}).expect("run");
         assert_eq!(out.summary.requests + out.summary.rejected, 2000, "{}", out.router);
@@ -79,7 +79,7 @@ fn every_request_of_the_trace_is_finished_or_refused_under_every_router() {
 fn load_aware_routing_beats_round_robin_on_a_loaded_fleet() {
     let s = mooncake(3, 3000);
     let w = |r| {
-        let out = sim::run(&s.sim_config(r), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run");
+        let out = sim::run(&s.sim_config(&s.run_of(r)), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run");
         out.summary.ttft_ms.mean
     };
     assert!(w(RouterConfig::LeastOutstanding) < w(RouterConfig::RoundRobin));
@@ -90,7 +90,7 @@ fn more_instances_give_lower_time_to_first_token() {
     let ttft = |n| {
         let s = mooncake(n, 1500);
         let out =
-            sim::run(&s.sim_config(RouterConfig::LeastOutstanding), s.open_workload(1.0).expect("trace"), &mut |_| {})
+            sim::run(&s.sim_config(&s.run_of(RouterConfig::LeastOutstanding)), s.open_workload(1.0).expect("trace"), &mut |_| {})
                 .expect("run");
         out.summary.ttft_ms.p90
     };

@@ -303,3 +303,57 @@ proptest! {
         }
     }
 }
+
+/// A long prompt prefilled chunk by chunk through the cursor: each chunk's `match_more` and
+/// `commit` take only the chunk's own blocks (in all, every block is matched or inserted
+/// exactly once, and each chunk stores exactly its new blocks), and the cache ends exactly as
+/// after one uninterrupted prefill: same blocks cached, same KV events, same blocks matched
+/// by a later identical prompt and by the cached prompt it diverged from.
+#[test]
+fn a_prompt_prefilled_in_chunks_touches_each_block_once_and_caches_what_one_commit_does() {
+    const BLOCKS: u32 = 40;
+    let prompt = hashes(&(0..u64::from(BLOCKS)).collect::<Vec<_>>());
+    // A cached prompt shares the first 10 blocks, so a chunk boundary can fall inside its run.
+    let other = hashes(&(0..10).chain(100..105).collect::<Vec<_>>());
+    let prefill = |chunk_blocks: u32| {
+        let mut kv = KvCache::new(64, 4);
+        let mut o = filled(&mut kv, 1, &other);
+        kv.release(Time(2), &mut o);
+        kv.record_events();
+        let mut s = SeqKv::default();
+        let (mut touched, mut end, mut t) = (0, 0, 3);
+        let mut events = Vec::new();
+        while end < BLOCKS {
+            end = (end + chunk_blocks).min(BLOCKS);
+            touched += kv.match_more(Time(t), &mut s, &prompt, end);
+            let need = end - s.blocks.len() as u32;
+            assert!(kv.allocate(&mut s, need));
+            let before = s.tree_blocks;
+            kv.commit(Time(t), &mut s, &prompt, end);
+            let inserted = s.tree_blocks - before;
+            touched += inserted;
+            assert_eq!(touched, end, "{chunk_blocks}-block chunks: the chunk ending at {end} went over earlier blocks");
+            let seen = events.len();
+            kv.drain_events(&mut events);
+            assert_eq!(events.len() - seen, inserted as usize, "{chunk_blocks}-block chunks: stored blocks");
+            kv.check_invariants(private(&[&s]));
+            t += 1;
+        }
+        let (table, cached) = (s.blocks.clone(), kv.cached_blocks());
+        kv.release(Time(t), &mut s);
+        kv.check_invariants(0);
+        // A walk that took references on the prefix again would leave it held.
+        assert_eq!(kv.available_blocks(), 64, "{chunk_blocks}-block chunks: blocks still held after release");
+        let mut later = SeqKv::default();
+        assert_eq!(kv.match_more(Time(t + 1), &mut later, &prompt, u32::MAX), BLOCKS);
+        let mut again = SeqKv::default();
+        kv.match_more(Time(t + 1), &mut again, &other, u32::MAX);
+        (table, cached, events, later.blocks, again.blocks)
+    };
+    let whole = prefill(BLOCKS);
+    assert_eq!(whole.1, BLOCKS + 5);
+    assert_eq!(whole.2.len(), (BLOCKS - 10) as usize, "the shared blocks are matched, not stored again");
+    for chunk_blocks in 1..BLOCKS {
+        assert_eq!(prefill(chunk_blocks), whole, "{chunk_blocks}-block chunks");
+    }
+}

@@ -4,13 +4,21 @@
 //! Each router lives in its own file with its rule at the top; [`RouterConfig`] is the
 //! registry that turns a name into one.
 
+mod cache_aware;
+mod dynamo_kv;
 mod least_outstanding;
+mod llm_d;
 mod power_of_two;
 mod round_robin;
+mod sglang_cache_aware;
 
+pub use cache_aware::CacheAware;
+pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use least_outstanding::LeastOutstanding;
+pub use llm_d::{LlmD, LlmDConfig};
 pub use power_of_two::PowerOfTwo;
 pub use round_robin::RoundRobin;
+pub use sglang_cache_aware::{SglangBranch, SglangCacheAware, SglangCacheAwareConfig};
 
 use crate::fleet::FleetEvent;
 use crate::view::FleetView;
@@ -60,8 +68,10 @@ pub struct Pick {
     pub why: Why,
 }
 
-/// The reason for a pick, kept so that a decision can be explained.
-#[derive(Clone, Debug, PartialEq)]
+/// The reason for a pick, kept so that a decision can be explained (and written to a run's
+/// JSON, tagged with the rule's name).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "rule", rename_all = "kebab-case")]
 pub enum Why {
     /// Next in turn.
     Turn,
@@ -69,6 +79,42 @@ pub enum Why {
     LeastOutstanding { outstanding_tokens: u64 },
     /// The less loaded of two instances drawn at random.
     PowerOfTwo { drawn: [InstanceId; 2], outstanding_tokens: [u64; 2] },
+    /// SGLang's cache-aware rule: the branch taken, the longest prefix remembered on a
+    /// candidate out of the request's blocks, and the spread of in-flight requests.
+    SglangCacheAware {
+        branch: SglangBranch,
+        matched_blocks: u32,
+        request_blocks: u32,
+        in_flight_min: u32,
+        in_flight_max: u32,
+    },
+    /// Dynamo's lowest cost `prefill_blocks + decode_blocks` (overlap weight 1), with the
+    /// blocks of the prompt the instance holds on its GPU.
+    DynamoKv { overlap_blocks: u32, prefill_blocks: f64, decode_blocks: u64, cost: f64 },
+    /// llm-d's highest weighted score `3 × prefix + 2 × queue + 2 × kv`, with the inputs
+    /// (prefix blocks matched in L1, L2, L3) and each scorer's score in [0, 1].
+    LlmD {
+        matched_blocks: [u32; 3],
+        waiting: u32,
+        kv_usage: f64,
+        prefix_score: f64,
+        queue_score: f64,
+        kv_score: f64,
+        score: f64,
+    },
+    /// Lowest predicted time to first token: the cached prefix found on the instance by
+    /// tier, and the terms of the prediction (`queue + max(prefill, load)`). `all_guarded`:
+    /// every candidate was hot or full, so the guard was waived.
+    CacheAware {
+        l1_tokens: u32,
+        l2_tokens: u32,
+        l3_tokens: u32,
+        queue_ms: f64,
+        prefill_ms: f64,
+        load_ms: f64,
+        predicted_ttft_ms: f64,
+        all_guarded: bool,
+    },
 }
 
 /// A router by name, and its settings: the factory of routers.
@@ -77,17 +123,32 @@ pub enum RouterConfig {
     RoundRobin,
     LeastOutstanding,
     PowerOfTwo,
+    SglangCacheAware,
+    DynamoKv,
+    LlmD,
+    CacheAware,
 }
 
 impl RouterConfig {
-    pub const ALL: [RouterConfig; 3] =
-        [RouterConfig::RoundRobin, RouterConfig::LeastOutstanding, RouterConfig::PowerOfTwo];
+    pub const ALL: [RouterConfig; 7] = [
+        RouterConfig::RoundRobin,
+        RouterConfig::LeastOutstanding,
+        RouterConfig::PowerOfTwo,
+        RouterConfig::SglangCacheAware,
+        RouterConfig::DynamoKv,
+        RouterConfig::LlmD,
+        RouterConfig::CacheAware,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             RouterConfig::RoundRobin => "round-robin",
             RouterConfig::LeastOutstanding => "least-outstanding",
             RouterConfig::PowerOfTwo => "power-of-two",
+            RouterConfig::SglangCacheAware => "sglang-cache-aware",
+            RouterConfig::DynamoKv => "dynamo-kv",
+            RouterConfig::LlmD => "llm-d",
+            RouterConfig::CacheAware => "cache-aware",
         }
     }
 
@@ -96,11 +157,20 @@ impl RouterConfig {
     }
 
     /// Builds the router; `seed` is the run's seed (routers that draw derive theirs from it).
-    pub fn build(self, seed: u64, _hints: &CostHints) -> Box<dyn Router> {
+    pub fn build(self, seed: u64, hints: &CostHints) -> Box<dyn Router> {
         match self {
             RouterConfig::RoundRobin => Box::new(RoundRobin::default()),
             RouterConfig::LeastOutstanding => Box::new(LeastOutstanding),
             RouterConfig::PowerOfTwo => Box::new(PowerOfTwo::new(engine::ids::derive_seed(seed, "power-of-two", 0))),
+            RouterConfig::SglangCacheAware => Box::new(SglangCacheAware::new(
+                SglangCacheAwareConfig::for_block_size(hints.block_size),
+                hints.block_size,
+            )),
+            RouterConfig::DynamoKv => Box::new(DynamoKv::new(DynamoKvConfig::default(), hints.block_size)),
+            RouterConfig::LlmD => {
+                Box::new(LlmD::new(LlmDConfig::default(), engine::ids::derive_seed(seed, "llm-d", 0)))
+            }
+            RouterConfig::CacheAware => Box::new(CacheAware::new(*hints)),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! One contract suite run over every router, then each router's own rule.
 
 use super::*;
-use crate::controller::{Controller, ControllerConfig, Reject};
-use engine::{InstanceId, Load, RequestId, Time};
+use crate::controller::{Controller, ControllerConfig, Reject, Route};
+use engine::kv::{KvEvent, Tier};
+use engine::{BlockHash, InstanceId, Load, RequestId, Time};
 
 fn request(prompt: u32, output: u32) -> Request {
     Request {
@@ -75,10 +76,16 @@ fn every_router_repeats_its_choices_for_the_same_seed() {
 fn router_names_round_trip_and_unknown_names_list_the_valid_ones() {
     for router in RouterConfig::ALL {
         assert_eq!(router.name().parse::<RouterConfig>(), Ok(router));
-        assert_eq!(router.build(1).name(), router.name());
+        assert_eq!(router.build(1, &CostHints::default()).name(), router.name());
     }
     let err = "fastest".parse::<RouterConfig>().unwrap_err().to_string();
-    assert_eq!(err, "unknown router `fastest` (valid: round-robin, least-outstanding, power-of-two)");
+    assert!(
+        err.starts_with("unknown router `fastest` (valid: round-robin, least-outstanding, power-of-two, "),
+        "{err}"
+    );
+    for name in ["sglang-cache-aware", "dynamo-kv", "llm-d"] {
+        assert!(err.contains(name), "{err}");
+    }
 }
 
 #[test]
@@ -116,4 +123,198 @@ fn power_of_two_sends_to_the_less_loaded_of_its_draw() {
         assert_eq!(route.prefill, best);
         report(&mut c, route.prefill.0, outstanding_tokens.iter().copied().min().unwrap_or(0));
     }
+}
+
+/// `n` chained block hashes whose contents are `seed * 1000 + j`: chains of the same seed
+/// share their prefix, chains of different seeds share nothing.
+fn chain(seed: u64, n: usize) -> Vec<BlockHash> {
+    let mut h = BlockHash::ROOT;
+    (0..n as u64)
+        .map(|j| {
+            h = h.chain(seed * 1000 + j);
+            h
+        })
+        .collect()
+}
+
+/// A request whose prompt is exactly `hashes.len()` blocks of the default block size.
+fn request_of(hashes: &[BlockHash]) -> Request {
+    let prompt = hashes.len() as u32 * CostHints::default().block_size;
+    Request { block_hashes: hashes.to_vec(), ..request(prompt, 10) }
+}
+
+/// `instance` tells the controller it now caches `hashes` in `tier`.
+fn store(c: &mut Controller, instance: u32, tier: Tier, hashes: &[BlockHash]) {
+    let mut parent = None;
+    for &hash in hashes {
+        let event = KvEvent::Stored { tier, hash, parent };
+        c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), event });
+        parent = Some(hash);
+    }
+}
+
+fn report_load(c: &mut Controller, instance: u32, load: Load) {
+    c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(instance), load });
+}
+
+fn sglang_why(route: &Route) -> (SglangBranch, u32, u32) {
+    let Why::SglangCacheAware { branch, matched_blocks, request_blocks, .. } = route.why else {
+        panic!("wrong reason: {:?}", route.why)
+    };
+    (branch, matched_blocks, request_blocks)
+}
+
+#[test]
+fn sglang_sends_a_match_above_30_percent_to_the_instance_it_remembers() {
+    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 4]);
+    let a = chain(1, 10);
+    assert_eq!(c.route(Time::ZERO, &request_of(&a)).unwrap().prefill, InstanceId(0), "a miss: least loaded");
+    assert_eq!(c.route(Time::ZERO, &request_of(&chain(2, 10))).unwrap().prefill, InstanceId(1));
+    // 4 of 10 blocks match instance 0: a hit, although 2 and 3 are idle.
+    let hit = [&a[..4], &chain(3, 6)].concat();
+    let route = c.route(Time::ZERO, &request_of(&hit)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
+    assert_eq!(sglang_why(&route), (SglangBranch::CacheHit, 4, 10));
+    // 3 of 10 is not above the threshold: the least loaded instance.
+    let miss = [&a[..3], &chain(4, 7)].concat();
+    let route = c.route(Time::ZERO, &request_of(&miss)).unwrap();
+    assert_eq!(route.prefill, InstanceId(2));
+    assert_eq!(sglang_why(&route), (SglangBranch::CacheMiss, 3, 10));
+}
+
+#[test]
+fn sglang_sends_to_the_least_loaded_once_the_spread_passes_64_and_half_the_minimum() {
+    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 4]);
+    let a = request_of(&chain(1, 8));
+    let picks: Vec<(u32, SglangBranch)> = (0..70)
+        .map(|_| {
+            let route = c.route(Time::ZERO, &a).unwrap();
+            (route.prefill.0, sglang_why(&route).0)
+        })
+        .collect();
+    use SglangBranch::*;
+    assert_eq!(picks[0], (0, CacheMiss));
+    assert!(picks[1..65].iter().all(|&p| p == (0, CacheHit)), "{picks:?}");
+    // 65 in flight on 0 and none elsewhere: 65 − 0 > 64 and 65 > 1.5 × 0.
+    assert_eq!(&picks[65..68], [(1, Imbalanced), (2, Imbalanced), (3, Imbalanced)]);
+    // Now min is 1: 65 − 1 = 64 is not above 64, so the match wins again (all four
+    // instances remember it; the lowest id takes it), which makes the spread 65 again.
+    assert_eq!(&picks[68..], [(0, CacheHit), (1, Imbalanced)]);
+    let route = c.route(Time::ZERO, &a).unwrap();
+    let Why::SglangCacheAware { in_flight_min, in_flight_max, .. } = route.why else { panic!("wrong reason") };
+    assert_eq!((route.prefill, in_flight_min, in_flight_max), (InstanceId(2), 1, 66));
+    // Finishing requests lowers the load the rule sees.
+    for _ in 0..60 {
+        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+    }
+    assert_eq!(sglang_why(&c.route(Time::ZERO, &a).unwrap()).0, CacheHit);
+}
+
+#[test]
+fn sglang_forgets_what_it_sent_to_an_instance_that_went_down() {
+    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 2]);
+    let a = request_of(&chain(1, 8));
+    assert_eq!(c.route(Time::ZERO, &a).unwrap().prefill, InstanceId(0));
+    c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(0) });
+    c.on_event(Time::ZERO, &FleetEvent::InstanceUp { instance: InstanceId(0), capacity_tokens: 100_000 });
+    c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+    let route = c.route(Time::ZERO, &a).unwrap();
+    assert_eq!((route.prefill, sglang_why(&route)), (InstanceId(0), (SglangBranch::CacheMiss, 0, 8)));
+}
+
+fn dynamo_why(route: &Route) -> (u32, f64, u64, f64) {
+    let Why::DynamoKv { overlap_blocks, prefill_blocks, decode_blocks, cost } = route.why else {
+        panic!("wrong reason: {:?}", route.why)
+    };
+    (overlap_blocks, prefill_blocks, decode_blocks, cost)
+}
+
+#[test]
+fn dynamo_prefers_a_big_gpu_overlap_to_an_idle_empty_instance() {
+    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    assert!(c.wants_kv_events());
+    let prompt = chain(1, 110);
+    store(&mut c, 0, Tier::L1, &prompt[..100]);
+    report_load(&mut c, 0, Load { kv_used_blocks: 20, kv_total_blocks: 1_000, ..Load::default() });
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    // 0: prefill 10 + decode (20 used + 10 new) = 40; 1: prefill 110 + decode 110 = 220.
+    assert_eq!(route.prefill, InstanceId(0));
+    assert_eq!(dynamo_why(&route), (100, 10.0, 30, 40.0));
+}
+
+#[test]
+fn dynamo_prefers_the_lighter_instance_when_the_overlap_is_small() {
+    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    let prompt = chain(1, 20);
+    store(&mut c, 0, Tier::L1, &prompt[..4]);
+    let busy = Load { kv_used_blocks: 200, kv_total_blocks: 1_000, prefill_tokens_left: 1_600, ..Load::default() };
+    report_load(&mut c, 0, busy);
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    // 0 would cost (1600 + 320 − 64) / 16 = 116 + (200 + 100 + 16) = 432; 1 costs 20 + 20.
+    assert_eq!(route.prefill, InstanceId(1));
+    assert_eq!(dynamo_why(&route), (0, 20.0, 20, 40.0));
+}
+
+#[test]
+fn dynamo_counts_what_it_sent_since_the_last_report_and_only_gpu_blocks_as_overlap() {
+    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    let prompt = chain(1, 10);
+    store(&mut c, 0, Tier::L2, &prompt);
+    let picks: Vec<u32> = (0..3).map(|_| c.route(Time::ZERO, &request_of(&prompt)).unwrap().prefill.0).collect();
+    // Equal costs go to 0; then 0 carries 10 + 10 blocks sent, so 1 is cheaper, then 0 again.
+    assert_eq!(picks, [0, 1, 0]);
+    assert_eq!(dynamo_why(&c.route(Time::ZERO, &request_of(&prompt)).unwrap()), (0, 20.0, 20, 40.0));
+    // A report replaces what was sent before it.
+    report_load(&mut c, 0, Load::default());
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!((route.prefill, dynamo_why(&route).3), (InstanceId(0), 20.0));
+}
+
+fn llm_d_scores(route: &Route) -> [f64; 4] {
+    let Why::LlmD { prefix_score, queue_score, kv_score, score, .. } = route.why else {
+        panic!("wrong reason: {:?}", route.why)
+    };
+    [prefix_score, queue_score, kv_score, score]
+}
+
+#[test]
+fn llm_d_weighs_prefix_3_queue_2_and_free_kv_2() {
+    // 0 holds the whole prompt but has 4 waiting (queue score 0); 1 is empty and idle
+    // (prefix 0, queue 1, kv 1: 4.0). 0 scores 3 + 0 + 2 × (1 − usage).
+    for (used_blocks, winner, score) in [(250, 0, 4.5), (750, 1, 4.0)] {
+        let mut c = controller(RouterConfig::LlmD, &[100_000; 2]);
+        assert!(c.wants_kv_events());
+        let prompt = chain(1, 8);
+        store(&mut c, 0, Tier::L1, &prompt);
+        let load = Load { waiting: 4, kv_used_blocks: used_blocks, kv_total_blocks: 1_000, ..Load::default() };
+        report_load(&mut c, 0, load);
+        report_load(&mut c, 1, Load { kv_total_blocks: 1_000, ..Load::default() });
+        let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+        assert_eq!(route.prefill, InstanceId(winner), "{used_blocks} blocks used");
+        assert_eq!(llm_d_scores(&route)[3], score);
+    }
+}
+
+#[test]
+fn llm_d_normalizes_queues_over_the_candidates_and_credits_host_blocks_at_0_8() {
+    let mut c = controller(RouterConfig::LlmD, &[100_000; 3]);
+    let prompt = chain(1, 10);
+    store(&mut c, 1, Tier::L2, &prompt[..5]);
+    for (i, waiting) in [(0, 4), (1, 6), (2, 8)] {
+        report_load(&mut c, i, Load { waiting, kv_total_blocks: 100, ..Load::default() });
+    }
+    // 0: 0 + 2 × 1 + 2 = 4; 1: 3 × 0.4 + 2 × 0.5 + 2 = 4.2; 2: 0 + 0 + 2 = 2.
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    let [prefix, queue, kv, score] = llm_d_scores(&route);
+    assert!((prefix - 0.4).abs() < 1e-12 && queue == 0.5 && kv == 1.0 && (score - 4.2).abs() < 1e-12);
+    let Why::LlmD { matched_blocks, waiting, .. } = route.why else { panic!("wrong reason") };
+    assert_eq!((matched_blocks, waiting), ([0, 5, 0], 6));
+}
+
+#[test]
+fn llm_d_breaks_ties_at_random_from_the_seed() {
+    let mut c = controller(RouterConfig::LlmD, &[100_000; 4]);
+    let picks: Vec<u32> = (0..12).map(|_| c.route(Time::ZERO, &request(100, 10)).unwrap().prefill.0).collect();
+    assert_eq!(picks, [2, 3, 2, 2, 3, 0, 3, 2, 1, 1, 0, 1]);
 }

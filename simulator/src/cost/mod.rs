@@ -26,6 +26,9 @@
 //!   efficiency.
 //! - **communication** = two ring all-reduces of tokens × hidden bf16 activations per layer,
 //!   each `2(tp − 1)/tp × bytes / NVLink bandwidth + latency`; zero at `tp` = 1.
+//! - **KV load-back** from L2 / L3 = tokens × KV bytes per token per GPU / link bandwidth
+//!   (+ the store's latency for L3), overlapped layer by layer with the step's compute: only
+//!   the first layer's share and the latency are exposed.
 //! - **KV capacity** = (GPU memory × utilization − weights / `tp` − activation reserve) /
 //!   KV bytes per token on one rank. GQA splits KV heads over ranks (one replicated head per
 //!   rank when there are fewer heads than ranks); MLA's latent is replicated on every rank,
@@ -48,4 +51,4 @@ pub use executor::CostModelExecutor;
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, Deployment};
-pub use roofline::{CostModel, StepBreakdown};
+pub use roofline::{CostModel, StepBreakdown, TierLinks};

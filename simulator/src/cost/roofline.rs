@@ -28,8 +28,29 @@ pub struct CostModel {
     gpu: &'static GpuSpec,
     deployment: Deployment,
     params: CostParams,
+    links: TierLinks,
     /// Derived once from the four above; private so that it cannot go stale.
     k: Coefficients,
+}
+
+/// The links KV is loaded back over from the lower tiers, per GPU (each rank loads its own
+/// shard over its own PCIe link and NIC, in parallel).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierLinks {
+    /// Host memory (L2) to GPU, bytes per second.
+    pub l2_bytes_per_s: f64,
+    /// Shared store (L3) to GPU, bytes per second.
+    pub l3_bytes_per_s: f64,
+    /// Fixed latency of a load from L3, seconds.
+    pub l3_latency_s: f64,
+}
+
+impl Default for TierLinks {
+    /// PCIe Gen5 x16 at its practical ~50 GB/s; a 200 Gb/s RDMA NIC per GPU (25 GB/s) with
+    /// 100 µs to reach the store.
+    fn default() -> Self {
+        TierLinks { l2_bytes_per_s: 50e9, l3_bytes_per_s: 25e9, l3_latency_s: 100e-6 }
+    }
 }
 
 /// Batch-independent factors, in seconds per unit of work on one GPU.
@@ -68,13 +89,20 @@ pub struct StepBreakdown {
     pub memory_s: f64,
     pub comm_s: f64,
     pub overhead_s: f64,
+    /// Loading cached KV from L2 and L3 into GPU memory.
+    pub load_s: f64,
+    /// The part of `load_s` no compute hides: the first layer's share, and the L3 latency.
+    pub load_exposed_s: f64,
 }
 
 impl StepBreakdown {
     /// Compute and memory traffic overlap (the slower one bounds the step); communication
-    /// and the fixed overhead do not.
+    /// and the fixed overhead do not. KV loads overlap layer by layer, as engines with
+    /// layer-wise loading do (LMCache, SGLang HiCache): layer l + 1 loads while layer l
+    /// computes, so only the first layer's load (and the store's latency) is exposed.
     pub fn total_s(&self) -> f64 {
-        self.overhead_s + self.compute_s.max(self.memory_s) + self.comm_s
+        let hidden_load = self.load_s - self.load_exposed_s;
+        self.overhead_s + self.load_exposed_s + self.compute_s.max(self.memory_s).max(hidden_load) + self.comm_s
     }
 
     pub fn is_compute_bound(&self) -> bool {
@@ -112,7 +140,34 @@ impl CostModel {
         let kv_bytes_per_token = kv_bytes_per_token_per_rank(model, deployment.tp);
         let k = Coefficients::derive(model, gpu, deployment.tp, &params, kv_bytes_per_token)
             .with_capacity((available_bytes - weight_bytes_per_gpu) / kv_bytes_per_token);
-        Ok(CostModel { model, gpu, deployment, params, k })
+        Ok(CostModel { model, gpu, deployment, params, links: TierLinks::default(), k })
+    }
+
+    /// The same model with other links to the lower KV tiers.
+    pub fn with_links(self, links: TierLinks) -> CostModel {
+        CostModel { links, ..self }
+    }
+
+    pub fn links(&self) -> TierLinks {
+        self.links
+    }
+
+    /// Bytes of KV one token occupies on one GPU of the instance.
+    pub fn kv_bytes_per_token_per_gpu(&self) -> u64 {
+        kv_bytes_per_token_per_rank(self.model, self.deployment.tp)
+    }
+
+    /// Seconds to load `l2_tokens` from host memory and `l3_tokens` from the shared store,
+    /// and the part of it no compute can hide.
+    fn load_time(&self, l2_tokens: u64, l3_tokens: u64) -> (f64, f64) {
+        if l2_tokens == 0 && l3_tokens == 0 {
+            return (0.0, 0.0);
+        }
+        let bytes = self.kv_bytes_per_token_per_gpu() as f64;
+        let l = self.links;
+        let latency = if l3_tokens > 0 { l.l3_latency_s } else { 0.0 };
+        let transfer = l2_tokens as f64 * bytes / l.l2_bytes_per_s + l3_tokens as f64 * bytes / l.l3_bytes_per_s;
+        (transfer + latency, transfer / f64::from(self.model.layers) + latency)
     }
 
     pub fn model(&self) -> &'static ModelSpec {
@@ -163,11 +218,14 @@ impl CostModel {
         let kv_tokens = s.decode_context_tokens as f64 + prefill_read + tokens;
         let memory_s = weights_s + k.kv_s_per_token * kv_tokens;
 
+        let (load_s, load_exposed_s) = self.load_time(s.load_l2_tokens, s.load_l3_tokens);
         StepBreakdown {
             compute_s,
             memory_s,
             comm_s: k.comm_s_per_step + k.comm_s_per_token * tokens,
             overhead_s: k.overhead_s,
+            load_s,
+            load_exposed_s,
         }
     }
 
@@ -300,7 +358,14 @@ mod tests {
     }
 
     fn entry(i: u32, context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
-        BatchEntry { request: RequestId(u64::from(i)), context_tokens, new_tokens, is_prefill, blocks: (0, 0) }
+        BatchEntry {
+            request: RequestId(u64::from(i)),
+            context_tokens,
+            new_tokens,
+            is_prefill,
+            load_tokens: [0; 2],
+            blocks: (0, 0),
+        }
     }
 
     #[test]
@@ -312,6 +377,27 @@ mod tests {
         let ratio = step_s / ideal_s;
         assert!((0.8..1.2).contains(&ratio), "step {step_s} s, ideal {ideal_s} s, ratio {ratio}");
         assert!(!c.step_breakdown(&decode(1, 128)).is_compute_bound());
+    }
+
+    #[test]
+    fn kv_loaded_back_is_hidden_behind_compute_but_for_its_first_layer() {
+        let c = cost("llama-3.1-8b", "h100", 1);
+        let chunk = prefill(512, 8192);
+        let mut loaded = chunk;
+        // 8K tokens of 128 KiB from host memory at 50 GB/s: 21.5 ms, of which 1/32 exposed.
+        loaded.load_l2_tokens = 8192;
+        let (plain, with_load) = (c.step_breakdown(&chunk), c.step_breakdown(&loaded));
+        let load_s = 8192.0 * 131_072.0 / 50e9;
+        assert!((with_load.load_s - load_s).abs() < 1e-9);
+        assert!(with_load.load_s > plain.compute_s, "this load is longer than the chunk's compute");
+        let expected = plain.overhead_s + load_s / 32.0 + (load_s * 31.0 / 32.0) + plain.comm_s;
+        assert!((with_load.total_s() - expected).abs() < 1e-9);
+        // A small load hides entirely behind a long chunk except its first layer.
+        let mut small = prefill(8192, 0);
+        small.load_l3_tokens = 1024;
+        let b = c.step_breakdown(&small);
+        let exposed = 1024.0 * 131_072.0 / 25e9 / 32.0 + 100e-6;
+        assert!((b.total_s() - c.step_breakdown(&prefill(8192, 0)).total_s() - exposed).abs() < 1e-9);
     }
 
     #[test]

@@ -1,0 +1,513 @@
+//! `fleetplane bench-index`: how fast the global prefix index applies KV events and answers
+//! routing queries, and how much memory it takes, on one core.
+//!
+//! The fleet is synthetic and seeded (ChaCha8), so a run replays from its flags:
+//!
+//! - two fleet-wide prompts (64-128 blocks) held in L1 by every instance;
+//! - groups of 25 instances, each with two system prompts (32-192 blocks, following a
+//!   fleet-wide one) held in L1 by every member;
+//! - conversations (histories of 50-800 blocks after a group prompt) until the index holds
+//!   `--blocks` blocks: each on 1-3 instances of its group (L1 prefix, sometimes an L2 tail),
+//!   30% with a tail in the shared L3 store, 10% in L3 only.
+//!
+//! Phases, each timed on the index calls alone (event generation is outside the clock):
+//!
+//! 1. build: the events that create the fleet above, stored runs in chain order;
+//! 2. churn: a steady-state stream: new turns (L2 promoted back to L1, recomputed blocks and
+//!    new blocks stored), leaf evictions (L1 to L2 demotions, L2 to L3), replication of a
+//!    conversation to another instance, and retirement of whole conversations;
+//! 3. queries: prompts of Mooncake-like length (60% continue a conversation, 25% start a new
+//!    one after a group prompt, 15% share nothing), each timed alone with `Instant`: one
+//!    `match_prefix` plus the pick of the instance with the longest cached prefix.
+
+use crate::Failure;
+use anyhow::anyhow;
+use clap::Args as ClapArgs;
+use engine::kv::{KvEvent, Tier};
+use engine::{BlockHash, InstanceId};
+use policies::{PrefixIndex, PrefixMatches};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::{Duration, Instant};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Engine instances.
+    #[arg(long, default_value_t = 1_000)]
+    pub instances: u32,
+
+    /// Distinct blocks to index before measuring.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub blocks: u64,
+
+    /// Events of the steady-state churn phase.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub events: u64,
+
+    /// Queries to time.
+    #[arg(long, default_value_t = 200_000)]
+    pub queries: u64,
+
+    /// Seed of the synthetic fleet.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+const GROUP_SIZE: u32 = 25;
+/// Events generated ahead of being applied, so that generation stays off the clock.
+const CHUNK_EVENTS: usize = 1 << 20;
+/// Largest L2 tail a conversation replica keeps before its oldest L2 blocks go to L3.
+const L2_TAIL_BLOCKS: u32 = 96;
+
+/// One instance's replica of a conversation: history blocks `[0, l1)` in L1, `[l1, l2)` in L2
+/// (a prefix in the fast tier and the demoted part after it, as an engine's LRU leaves it).
+#[derive(Clone, Copy, Debug)]
+struct Replica {
+    instance: u32,
+    l1: u32,
+    l2: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Conversation {
+    group: u32,
+    /// Index into `Fleet::prompts`: the group prompt this history follows.
+    prompt: usize,
+    history: Vec<BlockHash>,
+    replicas: Vec<Replica>,
+    /// History blocks `[lo, hi)` in the shared L3 store.
+    l3: (u32, u32),
+}
+
+/// The generator's model of what every instance holds, kept so that the events it emits are
+/// the ones a real fleet would (no removal of a block that is not there).
+struct Fleet {
+    rng: ChaCha8Rng,
+    instances: u32,
+    /// Full chains (fleet-wide part included) of the group prompts, and their groups.
+    prompts: Vec<(u32, Vec<BlockHash>)>,
+    /// Length of the fleet-wide part of each group prompt (already stored by everyone).
+    prompt_shared: Vec<usize>,
+    conversations: Vec<Conversation>,
+    events: Vec<(InstanceId, KvEvent)>,
+}
+
+fn fresh(rng: &mut ChaCha8Rng, parent: BlockHash) -> BlockHash {
+    parent.chain(rng.random::<u64>())
+}
+
+impl Fleet {
+    fn groups(&self) -> u32 {
+        self.instances.div_ceil(GROUP_SIZE)
+    }
+
+    fn members(&self, group: u32) -> std::ops::Range<u32> {
+        group * GROUP_SIZE..((group + 1) * GROUP_SIZE).min(self.instances)
+    }
+
+    fn stored(&mut self, instance: u32, tier: Tier, hash: BlockHash, parent: Option<BlockHash>) {
+        self.events.push((InstanceId(instance), KvEvent::Stored { tier, hash, parent }));
+    }
+
+    fn removed(&mut self, instance: u32, tier: Tier, hash: BlockHash) {
+        self.events.push((InstanceId(instance), KvEvent::Removed { tier, hash }));
+    }
+
+    /// Parent of history block `p` of conversation `c`.
+    fn parent(&self, c: usize, p: u32) -> BlockHash {
+        let conv = &self.conversations[c];
+        if p == 0 {
+            *self.prompts[conv.prompt].1.last().expect("prompts are not empty")
+        } else {
+            conv.history[p as usize - 1]
+        }
+    }
+
+    /// Fleet-wide prompts on every instance, then group prompts on their members.
+    fn build_prompts(&mut self) {
+        let mut globals = Vec::new();
+        for _ in 0..2 {
+            let len = self.rng.random_range(64..=128);
+            let mut chain = Vec::with_capacity(len);
+            let mut h = BlockHash::ROOT;
+            for _ in 0..len {
+                h = fresh(&mut self.rng, h);
+                chain.push(h);
+            }
+            for i in 0..self.instances {
+                for (k, &h) in chain.iter().enumerate() {
+                    let parent = k.checked_sub(1).map(|k| chain[k]);
+                    self.stored(i, Tier::L1, h, parent);
+                }
+            }
+            globals.push(chain);
+        }
+        for g in 0..self.groups() {
+            for _ in 0..2 {
+                let mut chain = globals[self.rng.random_range(0..globals.len())].clone();
+                let shared = chain.len();
+                let len = self.rng.random_range(32..=192);
+                for _ in 0..len {
+                    let h = fresh(&mut self.rng, *chain.last().expect("not empty"));
+                    chain.push(h);
+                }
+                for i in self.members(g) {
+                    for k in shared..chain.len() {
+                        self.stored(i, Tier::L1, chain[k], Some(chain[k - 1]));
+                    }
+                }
+                self.prompts.push((g, chain));
+                self.prompt_shared.push(shared);
+            }
+        }
+    }
+
+    /// A new conversation with its events; returns the distinct blocks it adds.
+    fn new_conversation(&mut self) -> u64 {
+        let prompt = self.rng.random_range(0..self.prompts.len());
+        let group = self.prompts[prompt].0;
+        let len = self.rng.random_range(50..=800u32);
+        let mut history = Vec::with_capacity(len as usize);
+        let mut h = *self.prompts[prompt].1.last().expect("not empty");
+        for _ in 0..len {
+            h = fresh(&mut self.rng, h);
+            history.push(h);
+        }
+        let members = self.members(group);
+        let mut replicas: Vec<Replica> = Vec::new();
+        let l3_only = self.rng.random_bool(0.1);
+        if !l3_only {
+            let n = 1 + u32::from(self.rng.random_bool(0.4)) + u32::from(self.rng.random_bool(0.1));
+            while (replicas.len() as u32) < n.min(members.len() as u32) {
+                let instance = self.rng.random_range(members.clone());
+                if replicas.iter().any(|c| c.instance == instance) {
+                    continue;
+                }
+                let (l1, l2) = if replicas.is_empty() && self.rng.random_bool(0.8) {
+                    (len, len)
+                } else {
+                    let l1 = self.rng.random_range(len / 4..=len);
+                    (l1, self.rng.random_range(l1..=len))
+                };
+                replicas.push(Replica { instance, l1, l2 });
+            }
+        }
+        let l3 = if l3_only {
+            (0, len)
+        } else if self.rng.random_bool(0.3) {
+            (self.rng.random_range(0..len), len)
+        } else {
+            (0, 0)
+        };
+        self.conversations.push(Conversation { group, prompt, history, replicas: replicas.clone(), l3 });
+        let c = self.conversations.len() - 1;
+        for replica in replicas {
+            for p in 0..replica.l2 {
+                let tier = if p < replica.l1 { Tier::L1 } else { Tier::L2 };
+                let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
+                self.stored(replica.instance, tier, h, Some(parent));
+            }
+        }
+        let by = members.start;
+        for p in l3.0..l3.1 {
+            let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
+            self.stored(by, Tier::L3, h, Some(parent));
+        }
+        u64::from(len)
+    }
+
+    /// One steady-state step; `grow` says whether the index is below its target size.
+    fn churn_step(&mut self, grow: bool) {
+        if self.conversations.is_empty() {
+            self.new_conversation();
+            return;
+        }
+        let c = self.rng.random_range(0..self.conversations.len());
+        let r = self.rng.random::<f64>();
+        if r < 0.4 {
+            self.turn(c);
+        } else if r < 0.8 {
+            self.evict(c);
+        } else if r < 0.9 {
+            self.replicate(c);
+        } else {
+            self.retire(c);
+            if grow {
+                self.new_conversation();
+            }
+        }
+    }
+
+    /// A new turn served by the conversation's first replica: its L2 tail is promoted back to
+    /// L1, what it lost is recomputed, and 8-64 new blocks are stored.
+    fn turn(&mut self, c: usize) {
+        if self.conversations[c].replicas.is_empty() {
+            let members = self.members(self.conversations[c].group);
+            let instance = self.rng.random_range(members);
+            self.conversations[c].replicas.push(Replica { instance, l1: 0, l2: 0 });
+        }
+        let Replica { instance, l1, l2 } = self.conversations[c].replicas[0];
+        for p in l1..l2 {
+            let h = self.conversations[c].history[p as usize];
+            self.removed(instance, Tier::L2, h);
+            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+        }
+        let len = self.conversations[c].history.len() as u32;
+        for p in l2..len {
+            let h = self.conversations[c].history[p as usize];
+            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+        }
+        let k = self.rng.random_range(8..=64u32);
+        for _ in 0..k {
+            let parent = *self.conversations[c].history.last().expect("not empty");
+            let h = fresh(&mut self.rng, parent);
+            self.conversations[c].history.push(h);
+            self.stored(instance, Tier::L1, h, Some(parent));
+        }
+        let len = self.conversations[c].history.len() as u32;
+        self.conversations[c].replicas[0] = Replica { instance, l1: len, l2: len };
+    }
+
+    /// 8-64 leaf blocks of one replica leave L1 for L2; L2 beyond its budget goes to L3.
+    fn evict(&mut self, c: usize) {
+        let n = self.conversations[c].replicas.len();
+        if n == 0 {
+            return;
+        }
+        let k = self.rng.random_range(0..n);
+        let mut replica = self.conversations[c].replicas[k];
+        let evict = self.rng.random_range(8..=64u32).min(replica.l1);
+        for _ in 0..evict {
+            let p = replica.l1 - 1;
+            let h = self.conversations[c].history[p as usize];
+            self.removed(replica.instance, Tier::L1, h);
+            self.stored(replica.instance, Tier::L2, h, Some(self.parent(c, p)));
+            replica.l1 = p;
+        }
+        while replica.l2 - replica.l1 > L2_TAIL_BLOCKS {
+            let p = replica.l2 - 1;
+            let h = self.conversations[c].history[p as usize];
+            self.removed(replica.instance, Tier::L2, h);
+            let (lo, hi) = self.conversations[c].l3;
+            if lo == hi {
+                self.conversations[c].l3 = (p, p + 1);
+                self.stored(replica.instance, Tier::L3, h, None);
+            } else if p + 1 == lo {
+                self.conversations[c].l3.0 = p;
+                self.stored(replica.instance, Tier::L3, h, None);
+            } else if p == hi {
+                self.conversations[c].l3.1 = p + 1;
+                self.stored(replica.instance, Tier::L3, h, None);
+            }
+            replica.l2 = p;
+        }
+        self.conversations[c].replicas[k] = replica;
+    }
+
+    /// Another instance of the group loads a prefix of the conversation into L1.
+    fn replicate(&mut self, c: usize) {
+        let conv = &self.conversations[c];
+        if conv.replicas.len() >= 3 {
+            return;
+        }
+        let instance = self.rng.random_range(self.members(conv.group));
+        if conv.replicas.iter().any(|x| x.instance == instance) {
+            return;
+        }
+        let len = conv.history.len() as u32;
+        let m = self.rng.random_range(1..=len);
+        for p in 0..m {
+            let h = self.conversations[c].history[p as usize];
+            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+        }
+        self.conversations[c].replicas.push(Replica { instance, l1: m, l2: m });
+    }
+
+    /// The conversation leaves every tier, leaves first.
+    fn retire(&mut self, c: usize) {
+        let conv = self.conversations.swap_remove(c);
+        for replica in &conv.replicas {
+            for p in (replica.l1..replica.l2).rev() {
+                self.removed(replica.instance, Tier::L2, conv.history[p as usize]);
+            }
+            for p in (0..replica.l1).rev() {
+                self.removed(replica.instance, Tier::L1, conv.history[p as usize]);
+            }
+        }
+        let by = self.members(conv.group).start;
+        for p in (conv.l3.0..conv.l3.1).rev() {
+            self.removed(by, Tier::L3, conv.history[p as usize]);
+        }
+    }
+
+    /// A prompt into `out`; returns whether it continues a known conversation.
+    fn query(&mut self, out: &mut Vec<BlockHash>) {
+        out.clear();
+        let r = self.rng.random::<f64>();
+        let mut last = BlockHash::ROOT;
+        if r < 0.85 && !self.conversations.is_empty() {
+            let c = self.rng.random_range(0..self.conversations.len());
+            let conv = &self.conversations[c];
+            let prompt = &self.prompts[conv.prompt].1;
+            out.extend_from_slice(prompt);
+            if r < 0.6 {
+                out.extend_from_slice(&conv.history);
+            }
+            last = *out.last().expect("not empty");
+        }
+        let new = if r < 0.6 {
+            self.rng.random_range(8..=64)
+        } else if r < 0.85 {
+            self.rng.random_range(50..=800)
+        } else {
+            self.rng.random_range(50..=1000)
+        };
+        for _ in 0..new {
+            last = fresh(&mut self.rng, last);
+            out.push(last);
+        }
+    }
+}
+
+/// Applies the events buffered so far, timed; returns how many.
+fn apply(index: &mut PrefixIndex, events: &mut Vec<(InstanceId, KvEvent)>, spent: &mut Duration) -> u64 {
+    let started = Instant::now();
+    for (instance, event) in events.iter() {
+        index.apply(*instance, event);
+    }
+    *spent += started.elapsed();
+    let n = events.len() as u64;
+    events.clear();
+    n
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    if args.instances == 0 || args.blocks == 0 {
+        return Err(Failure::Input(anyhow!("--instances and --blocks must be positive")));
+    }
+    eprintln!("seed {} instances {} blocks {}", args.seed, args.instances, args.blocks);
+    let mut fleet = Fleet {
+        rng: ChaCha8Rng::seed_from_u64(args.seed),
+        instances: args.instances,
+        prompts: Vec::new(),
+        prompt_shared: Vec::new(),
+        conversations: Vec::new(),
+        events: Vec::with_capacity(CHUNK_EVENTS + (1 << 16)),
+    };
+    let mut index = PrefixIndex::new();
+
+    let mut build_spent = Duration::ZERO;
+    let mut build_events = 0;
+    fleet.build_prompts();
+    let mut distinct: u64 = fleet.prompts.iter().zip(&fleet.prompt_shared).map(|(p, &s)| (p.1.len() - s) as u64).sum();
+    while distinct < args.blocks {
+        distinct += fleet.new_conversation();
+        if fleet.events.len() >= CHUNK_EVENTS {
+            build_events += apply(&mut index, &mut fleet.events, &mut build_spent);
+        }
+    }
+    build_events += apply(&mut index, &mut fleet.events, &mut build_spent);
+    let built_blocks = index.blocks();
+
+    let mut churn_spent = Duration::ZERO;
+    let mut churn_events = 0;
+    let mut kinds = [0u64; 6];
+    while churn_events < args.events {
+        let grow = (index.blocks() as u64) < args.blocks;
+        while fleet.events.len() < CHUNK_EVENTS.min((args.events - churn_events) as usize) {
+            fleet.churn_step(grow);
+        }
+        for (_, e) in &fleet.events {
+            match *e {
+                KvEvent::Stored { tier, .. } => kinds[tier.index()] += 1,
+                KvEvent::Removed { tier, .. } => kinds[3 + tier.index()] += 1,
+                KvEvent::Cleared => {}
+            }
+        }
+        churn_events += apply(&mut index, &mut fleet.events, &mut churn_spent);
+    }
+
+    let mut matches = PrefixMatches::default();
+    let mut prompt = Vec::new();
+    let mut latencies_ns = Vec::with_capacity(args.queries as usize);
+    let (mut prompt_blocks, mut best_blocks, mut hits) = (0u64, 0u64, 0u64);
+    let mut query_spent = Duration::ZERO;
+    for _ in 0..args.queries {
+        fleet.query(&mut prompt);
+        let started = Instant::now();
+        index.match_prefix(&prompt, &mut matches);
+        if std::env::var_os("ONLY_MATCH").is_some() { let elapsed = started.elapsed(); query_spent += elapsed; latencies_ns.push(elapsed.as_nanos() as u64); continue; }
+        let best = matches.iter().max_by_key(|&(i, m)| (m.total(), std::cmp::Reverse(i.0)));
+        let elapsed = started.elapsed();
+        query_spent += elapsed;
+        latencies_ns.push(elapsed.as_nanos() as u64);
+        let best = best.map_or(matches.shared(), |(_, m)| m).total().max(matches.shared().total());
+        prompt_blocks += prompt.len() as u64;
+        best_blocks += u64::from(best);
+        hits += u64::from(best > 0);
+    }
+    latencies_ns.sort_unstable();
+    let pct = |q: f64| -> f64 {
+        if latencies_ns.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies_ns.len() as f64 * q).ceil() as usize).clamp(1, latencies_ns.len()) - 1;
+        latencies_ns[i] as f64 / 1000.0
+    };
+
+    let blocks = index.blocks();
+    let heap = index.heap_bytes();
+    let peak_mib = peak_rss_kib().map(|k| format!("{:.0}", k as f64 / 1024.0)).unwrap_or_else(|| "n/a".into());
+    let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    println!("| instances | blocks indexed (after build / at end) | index MiB | bytes per block | peak RSS MiB |");
+    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| {} | {built_blocks} / {blocks} | {:.0} | {:.1} | {peak_mib} |",
+        args.instances,
+        heap as f64 / (1 << 20) as f64,
+        heap as f64 / blocks.max(1) as f64
+    );
+    println!();
+    println!("| phase | events | s (index only) | events/s |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| build (stored runs in chain order) | {build_events} | {:.2} | {:.0} |",
+        build_spent.as_secs_f64(),
+        rate(build_events, build_spent)
+    );
+    println!(
+        "| churn (stored L1/L2/L3 {}/{}/{}, removed {}/{}/{}) | {churn_events} | {:.2} | {:.0} |",
+        kinds[0],
+        kinds[1],
+        kinds[2],
+        kinds[3],
+        kinds[4],
+        kinds[5],
+        churn_spent.as_secs_f64(),
+        rate(churn_events, churn_spent)
+    );
+    println!();
+    println!("| queries | mean prompt blocks | mean best match | hit | queries/s | P50 µs | P99 µs | P99.9 µs | max µs |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let q = args.queries.max(1) as f64;
+    println!(
+        "| {} | {:.0} | {:.0} | {:.1}% | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} |",
+        args.queries,
+        prompt_blocks as f64 / q,
+        best_blocks as f64 / q,
+        100.0 * hits as f64 / q,
+        rate(args.queries, query_spent),
+        pct(0.5),
+        pct(0.99),
+        pct(0.999),
+        pct(1.0)
+    );
+    Ok(())
+}
+
+/// Peak resident set size of this process (Linux's VmHWM), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
