@@ -114,6 +114,16 @@ impl Instance {
                 break;
             };
             self.match_cached_prefix(now, s);
+            // Blocks loaded from L2 or L3 take L1 blocks too, so a request that cannot be
+            // admitted without them cannot be with them: skip the lower tiers' lookups then.
+            let seq = self.seq(s);
+            let at_least = self.kv.blocks_for(seq.kv_len + seq.prefill_left().min(budget.tokens));
+            let at_least = at_least.saturating_sub(seq.kv.blocks.len() as u32);
+            let available = self.kv.available_blocks();
+            if at_least > available || (at_least + watermark > available && !self.running.is_empty()) {
+                self.unmatch(now, s);
+                break;
+            }
             let hit = self.peek_lower(s);
             let lower_tokens = hit.blocks() * self.config.block_size;
             let seq = self.seq(s);

@@ -73,6 +73,8 @@ const TRANSITION_BITS: u32 = 12;
 /// Compacting a segment rewrites its live blocks' map entries, so it waits until at least
 /// this many, and half of the segment, are dead.
 const COMPACT_MIN_DEAD: u32 = 16;
+/// Blocks a query compares at once while it follows a run.
+const RUN_STRIDE: usize = 8;
 
 /// A holder is `instance << 1 | 1 if L2`: sorted, an instance's L1 entry comes before its L2
 /// one, which is how the best tier wins.
@@ -162,6 +164,8 @@ impl Segment {
 struct State {
     /// Sorted holders (see [`holder`]).
     holders: Vec<u32>,
+    /// Some instance is listed twice (L1 and L2), which the query must skip.
+    twice: bool,
     in_l3: bool,
     /// [`holder_fp`] summed over `holders`, plus `L3_FP` if in L3: the intern key.
     fp: u64,
@@ -175,6 +179,13 @@ struct State {
 impl State {
     fn is_empty(&self) -> bool {
         self.holders.is_empty() && !self.in_l3
+    }
+
+    fn set_holders(&mut self, holders: Vec<u32>, in_l3: bool) {
+        self.twice = holders.windows(2).any(|w| w[0] >> 1 == w[1] >> 1);
+        self.fp = holders.iter().fold(if in_l3 { L3_FP } else { 0 }, |fp, &h| fp.wrapping_add(holder_fp(h)));
+        self.holders = holders;
+        self.in_l3 = in_l3;
     }
 }
 
@@ -210,6 +221,9 @@ pub struct PrefixIndex {
     last: Option<(BlockHash, Loc)>,
     /// Scratch for forming holder sets.
     scratch: Vec<u32>,
+    /// One more than the largest instance id ever stored as a holder: the size of a query's
+    /// per-instance table.
+    instances: u32,
 }
 
 impl Default for PrefixIndex {
@@ -231,6 +245,7 @@ impl PrefixIndex {
             pending: None,
             last: None,
             scratch: Vec::new(),
+            instances: 0,
         }
     }
 
@@ -369,6 +384,7 @@ impl PrefixIndex {
                 Err(p) => {
                     self.scratch.insert(p, h);
                     fp = fp.wrapping_add(holder_fp(h));
+                    self.instances = self.instances.max((h >> 1) + 1);
                 }
             },
             Change::Remove(h) => match self.scratch.binary_search(&h) {
@@ -407,7 +423,9 @@ impl PrefixIndex {
             }
         };
         let s = &mut self.states[id as usize];
-        (s.holders, s.in_l3, s.fp, s.refs) = (holders, in_l3, fp, 0);
+        s.set_holders(holders, in_l3);
+        s.refs = 0;
+        debug_assert_eq!(s.fp, fp);
         self.intern.entry(fp).or_insert(id);
         id
     }
@@ -494,8 +512,9 @@ impl PrefixIndex {
             if self.intern.get(&s.fp) == Some(&(id as u32)) {
                 self.intern.remove(&s.fp);
             }
-            s.holders.retain(|&h| h != l1 && h != l2);
-            s.fp = s.holders.iter().fold(if s.in_l3 { L3_FP } else { 0 }, |fp, &h| fp.wrapping_add(holder_fp(h)));
+            let mut holders = std::mem::take(&mut s.holders);
+            holders.retain(|&h| h != l1 && h != l2);
+            s.set_holders(holders, s.in_l3);
             s.gen = s.gen.wrapping_add(1);
             if s.is_empty() {
                 emptied[id] = true;
@@ -527,7 +546,7 @@ impl PrefixIndex {
 
     /// The longest cached prefix of `hashes` on every instance, by tier, into `out`.
     pub fn match_prefix(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
-        out.start();
+        out.start(self.instances);
         let n = hashes.len();
         let mut j = 0;
         'walk: while j < n {
@@ -540,6 +559,12 @@ impl PrefixIndex {
                 let max = (seg.hashes.len() - i).min(n - j);
                 let (seg_hashes, seg_states, want) = (&seg.hashes[i..i + max], &seg.states[i..i + max], &hashes[j..j + max]);
                 let mut len = 1;
+                while len + RUN_STRIDE <= max
+                    && seg_states[len..len + RUN_STRIDE].iter().all(|&s| s == state)
+                    && seg_hashes[len..len + RUN_STRIDE] == want[len..len + RUN_STRIDE]
+                {
+                    len += RUN_STRIDE;
+                }
                 while len < max && seg_states[len] == state && seg_hashes[len] == want[len] {
                     len += 1;
                 }
@@ -601,7 +626,8 @@ struct Slot {
     /// Non-L3 runs this instance held (it is alive while this equals the number of non-L3
     /// runs so far).
     confirmed: u32,
-    m: TierMatch,
+    /// Blocks from L1 and from L2.
+    blocks: [u32; 2],
 }
 
 /// The result of [`PrefixIndex::match_prefix`], reused across queries so that matching does
@@ -624,11 +650,14 @@ pub struct PrefixMatches {
 }
 
 impl PrefixMatches {
-    fn start(&mut self) {
+    fn start(&mut self, instances: u32) {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.slots.iter_mut().for_each(|s| s.epoch = 0);
             self.epoch = 1;
+        }
+        if self.slots.len() < instances as usize {
+            self.slots.resize(instances as usize, Slot::default());
         }
         self.touched.clear();
         self.misses.clear();
@@ -639,38 +668,46 @@ impl PrefixMatches {
     /// when no instance's prefix goes past its start.
     fn visit(&mut self, state: &State, at: u32, len: u32) -> bool {
         let c = self.misses.len() as u32;
+        let confirmed = if state.in_l3 { c } else { c + 1 };
+        let epoch = self.epoch;
         let mut survived = false;
-        let mut prev = u32::MAX;
-        for &h in &state.holders {
-            let instance = h >> 1;
-            if instance == prev {
-                // Its L2 copy, after its L1 one: the block counts in L1.
-                continue;
+        if self.touched.is_empty() && !state.twice {
+            // Nobody touched yet (so no run has been missed either): every holder is alive,
+            // and its slot is stale.
+            debug_assert_eq!(c, 0);
+            self.touched.reserve(state.holders.len());
+            for &h in &state.holders {
+                // Arithmetic rather than an indexed store, which the slot's write would have
+                // to wait for (a store-forwarding stall per holder).
+                let l2 = h & 1;
+                let blocks = [len * (1 - l2), len * l2];
+                self.slots[(h >> 1) as usize] = Slot { epoch, confirmed, blocks };
+                self.touched.push(h >> 1);
             }
-            prev = instance;
-            let i = instance as usize;
-            if self.slots.len() <= i {
-                self.slots.resize(i + 1, Slot::default());
-            }
-            let slot = &mut self.slots[i];
-            if slot.epoch != self.epoch {
-                if c != 0 {
+            survived = !state.holders.is_empty();
+        } else {
+            let mut prev = u32::MAX;
+            for &h in &state.holders {
+                let instance = h >> 1;
+                if state.twice && instance == prev {
+                    // Its L2 copy, after its L1 one: the block counts in L1.
                     continue;
                 }
-                *slot = Slot { epoch: self.epoch, ..Slot::default() };
-                self.touched.push(instance);
-            } else if slot.confirmed != c {
-                continue;
+                prev = instance;
+                let slot = &mut self.slots[instance as usize];
+                if slot.epoch != epoch {
+                    if c != 0 {
+                        continue;
+                    }
+                    *slot = Slot { epoch, confirmed: 0, blocks: [0; 2] };
+                    self.touched.push(instance);
+                } else if slot.confirmed != c {
+                    continue;
+                }
+                slot.blocks[(h & 1) as usize] += len;
+                slot.confirmed = confirmed;
+                survived = true;
             }
-            if h & 1 == 0 {
-                slot.m.l1 += len;
-            } else {
-                slot.m.l2 += len;
-            }
-            if !state.in_l3 {
-                slot.confirmed = c + 1;
-            }
-            survived = true;
         }
         if state.in_l3 {
             return true;
@@ -683,7 +720,8 @@ impl PrefixMatches {
     pub fn get(&self, instance: InstanceId) -> TierMatch {
         let s = self.slots.get(instance.0 as usize).filter(|s| s.epoch == self.epoch).copied().unwrap_or_default();
         let depth = self.misses.get(s.confirmed as usize).copied().unwrap_or(self.end);
-        TierMatch { l3: depth - s.m.l1 - s.m.l2, ..s.m }
+        let [l1, l2] = s.blocks;
+        TierMatch { l1, l2, l3: depth - l1 - l2 }
     }
 
     /// The instances with at least one block of their prefix in L1 or L2, and their matches,

@@ -99,7 +99,8 @@ pub struct Summary {
     /// `cache_hit_rate` split by the tier the cached tokens came from (the three add up to it).
     pub hit_rate_by_tier: HitRateByTier,
     /// The hit rate an infinite cache shared by the whole fleet would reach on the same
-    /// arrivals: the bound no placement can beat (`None` when not measured).
+    /// arrivals: the bound no placement can beat (absent when not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_hit_rate: Option<f64>,
     /// GPUs times the span in hours.
     pub gpu_hours: f64,

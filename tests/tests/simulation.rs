@@ -5,6 +5,7 @@ use policies::RouterConfig;
 use simulator::report::{Report, RunReport};
 use simulator::scenario::{FleetSection, Scenario, Settings, WorkloadSection};
 use simulator::sim;
+use simulator::tiers::KvSection;
 use simulator::workload::SyntheticConfig;
 
 fn mooncake(instances: u32, max_requests: u64) -> Settings {
@@ -95,4 +96,55 @@ fn more_instances_give_lower_time_to_first_token() {
         out.summary.ttft_ms.p90
     };
     assert!(ttft(8) < ttft(2));
+}
+
+fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> Settings {
+    Scenario {
+        routers: Some(routers.iter().map(|s| s.to_string()).collect()),
+        fleet: FleetSection { instances: Some(instances), ..FleetSection::default() },
+        workload: WorkloadSection {
+            trace: Some(tests::trace(trace)),
+            max_requests: Some(max_requests),
+            ..WorkloadSection::default()
+        },
+        kv: KvSection { tiers: Some("l1,l2,l3".into()), l2_gib: Some(16.0), l3_gib: Some(256.0), ..KvSection::default() },
+        ..Scenario::default()
+    }
+    .resolve()
+    .expect("valid scenario")
+}
+
+fn summaries(s: &Settings) -> Vec<simulator::metrics::Summary> {
+    s.routers
+        .iter()
+        .map(|r| sim::run(&s.sim_config(r), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run").summary)
+        .collect()
+}
+
+#[test]
+fn tiered_kv_with_cache_aware_routing_nears_the_infinite_cache_bound() {
+    let s = tiered(4, 3000, "mooncake-conversation.jsonl", &["least-outstanding@l1", "cache-aware"]);
+    let [l1_only, tiered] = <[_; 2]>::try_from(summaries(&s)).expect("two runs");
+    let by_tier = |x: &simulator::metrics::Summary| x.hit_rate_by_tier.l1 + x.hit_rate_by_tier.l2 + x.hit_rate_by_tier.l3;
+    for x in [&l1_only, &tiered] {
+        assert!((by_tier(x) - x.cache_hit_rate).abs() < 1e-9, "tiers add up to the hit rate");
+        assert!(x.cache_hit_rate <= x.max_hit_rate.expect("measured") + 1e-9, "no run beats the bound");
+    }
+    assert_eq!(l1_only.hit_rate_by_tier.l2 + l1_only.hit_rate_by_tier.l3, 0.0, "L1-only uses no lower tier");
+    assert!(tiered.hit_rate_by_tier.l2 > 0.0 && tiered.hit_rate_by_tier.l3 > 0.0);
+    assert!(
+        tiered.cache_hit_rate > l1_only.cache_hit_rate + 0.10,
+        "hit rate {} vs {}",
+        tiered.cache_hit_rate,
+        l1_only.cache_hit_rate
+    );
+    assert!(tiered.ttft_ms.mean < l1_only.ttft_ms.mean);
+}
+
+#[test]
+fn cache_aware_routing_does_not_lose_where_nothing_is_shared() {
+    let s = tiered(3, 3000, "azure-llm-2023-conv.csv", &["least-outstanding", "cache-aware"]);
+    let [lo, ca] = <[_; 2]>::try_from(summaries(&s)).expect("two runs");
+    assert_eq!(ca.cache_hit_rate, 0.0);
+    assert!(ca.ttft_ms.mean <= lo.ttft_ms.mean * 1.05, "{} vs {}", ca.ttft_ms.mean, lo.ttft_ms.mean);
 }

@@ -32,7 +32,7 @@ mod tier;
 
 pub use pool::BlockPool;
 pub use prefix_tree::{Evicted, NodeId, PrefixTree};
-pub use tier::{BlockLru, KvEvent, SharedStore, Tier};
+pub use tier::{BlockLru, KvEvent, Put, SharedStore, Tier};
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -218,15 +218,15 @@ impl KvCache {
 
     fn store_l3(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
         let Some(l3) = &self.l3 else { return };
-        let mut store = l3.lock();
-        if store.capacity() == 0 || store.touch(hash) {
-            return;
-        }
-        let out = store.insert(hash);
-        drop(store);
-        self.emit(KvEvent::Stored { tier: Tier::L3, hash, parent });
-        if let Some(out) = out {
-            self.emit(KvEvent::Removed { tier: Tier::L3, hash: out });
+        let put = l3.lock().put(hash);
+        if let Put::Added { evicted } = put {
+            if evicted == Some(hash) {
+                return; // a store of no capacity
+            }
+            self.emit(KvEvent::Stored { tier: Tier::L3, hash, parent });
+            if let Some(out) = evicted {
+                self.emit(KvEvent::Removed { tier: Tier::L3, hash: out });
+            }
         }
     }
 

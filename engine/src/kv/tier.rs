@@ -58,6 +58,15 @@ pub enum KvEvent {
     Cleared,
 }
 
+/// What [`BlockLru::put`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// The hash was there: now the most recently used.
+    Refreshed,
+    /// The hash is new; `evicted` made room for it.
+    Added { evicted: Option<BlockHash> },
+}
+
 /// End of the LRU list.
 const NIL: u32 = u32::MAX;
 
@@ -106,29 +115,40 @@ impl BlockLru {
     /// least recently used hash makes room and is returned. A store of capacity zero keeps
     /// nothing and hands `hash` straight back.
     pub fn insert(&mut self, hash: BlockHash) -> Option<BlockHash> {
+        match self.put(hash) {
+            Put::Refreshed => None,
+            Put::Added { evicted } => evicted,
+        }
+    }
+
+    /// Like [`BlockLru::insert`], telling a refresh from an addition (only an addition is news
+    /// for an index).
+    pub fn put(&mut self, hash: BlockHash) -> Put {
         if self.capacity == 0 {
-            return Some(hash);
+            return Put::Added { evicted: Some(hash) };
         }
-        if let Some(&s) = self.slots.get(&hash) {
-            self.unlink(s);
-            self.push_back(s);
-            return None;
+        // Make room first, so that one probe of the map finds or places `hash`.
+        let evicted = if self.len() >= self.capacity && !self.contains(hash) { self.pop_front() } else { None };
+        let next = if self.free.is_empty() { self.entries.len() as u32 } else { self.free[self.free.len() - 1] };
+        match self.slots.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let s = *o.get();
+                self.unlink(s);
+                self.push_back(s);
+                Put::Refreshed
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(next);
+                let entry = Entry { hash, prev: NIL, next: NIL };
+                if self.free.pop().is_some() {
+                    self.entries[next as usize] = entry;
+                } else {
+                    self.entries.push(entry);
+                }
+                self.push_back(next);
+                Put::Added { evicted }
+            }
         }
-        let evicted = if self.len() >= self.capacity { self.pop_front() } else { None };
-        let entry = Entry { hash, prev: NIL, next: NIL };
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.entries[s as usize] = entry;
-                s
-            }
-            None => {
-                self.entries.push(entry);
-                self.entries.len() as u32 - 1
-            }
-        };
-        self.slots.insert(hash, s);
-        self.push_back(s);
-        evicted
     }
 
     /// Marks `hash` as just used; false when it is not here.
