@@ -36,8 +36,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
             eprintln!("warning: {}: {} requests refused; first: {why}", o.router, o.summary.rejected);
         }
     }
-    let runs: Vec<RunReport> =
-        outputs.iter().map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone(), decisions: o.decisions.clone() }).collect();
+    let runs: Vec<RunReport> = outputs
+        .iter()
+        .map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone(), decisions: o.decisions.clone() })
+        .collect();
     print!("{}", comparison_table(&runs));
     if let Some(path) = &args.json {
         write_json(path, &Report { runs }).map_err(|e| Failure::Output(e.into()))?;

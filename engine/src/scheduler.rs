@@ -128,8 +128,7 @@ impl Instance {
             let lower_tokens = hit.blocks() * self.config.block_size;
             let seq = self.seq(s);
             let chunk = (seq.prefill_left() - lower_tokens).min(budget.tokens);
-            let need =
-                self.kv.blocks_for(seq.kv_len + lower_tokens + chunk).saturating_sub(seq.kv.blocks.len() as u32);
+            let need = self.kv.blocks_for(seq.kv_len + lower_tokens + chunk).saturating_sub(seq.kv.blocks.len() as u32);
             let available = self.kv.available_blocks();
             if need > available || (need + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);

@@ -1,7 +1,7 @@
 //! Scheduler behaviour, driven step by step with a fixed-duration executor.
 
-use crate::*;
 use crate::kv::SharedStore;
+use crate::*;
 use proptest::prelude::*;
 
 /// Every iteration takes 1 ms plus 1 µs per token: enough to order events.
@@ -14,7 +14,14 @@ impl Executor for Fixed {
 }
 
 fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
-    InstanceConfig { block_size: 4, total_blocks, max_batch_tokens, max_seqs: 64, admission_watermark: 0.0, l2_blocks: 0 }
+    InstanceConfig {
+        block_size: 4,
+        total_blocks,
+        max_batch_tokens,
+        max_seqs: 64,
+        admission_watermark: 0.0,
+        l2_blocks: 0,
+    }
 }
 
 fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
@@ -124,7 +131,7 @@ fn a_prefix_evicted_to_lower_tiers_is_loaded_back_and_its_transfer_charged() {
     // Another 24-token prompt needs six of the eight blocks: the first prompt's blocks go down.
     inst.enqueue(req(2, 24, 1, &[])).unwrap();
     run(&mut inst, Time(100));
-    assert!(inst.kv().l2_blocks() > 0 && l3.lock().len() > 0);
+    assert!(inst.kv().l2_blocks() > 0 && !l3.lock().is_empty());
     inst.enqueue(req(3, 24, 1, &shared)).unwrap();
     let (done, stats, _) = run(&mut inst, Time(200));
     let [l1, l2, l3_hit] = done[0].cached_tokens;

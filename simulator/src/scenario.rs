@@ -248,7 +248,9 @@ impl Scenario {
             };
             let router: RouterConfig = name.parse()?;
             let run_tiers = match &over {
-                Some(t) => KvSection { tiers: Some(t.replace('+', ",")), ..self.kv.clone() }.resolve(&cost, block_size)?,
+                Some(t) => {
+                    KvSection { tiers: Some(t.replace('+', ",")), ..self.kv.clone() }.resolve(&cost, block_size)?
+                }
                 None => tiers,
             };
             routers.push(RunSpec { router, tiers_override: over, tiers: run_tiers });

@@ -80,7 +80,8 @@ fn every_request_of_the_trace_is_finished_or_refused_under_every_router() {
 fn load_aware_routing_beats_round_robin_on_a_loaded_fleet() {
     let s = mooncake(3, 3000);
     let w = |r| {
-        let out = sim::run(&s.sim_config(&s.run_of(r)), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run");
+        let out = sim::run(&s.sim_config(&s.run_of(r)), s.open_workload(1.0).expect("trace opens"), &mut |_| {})
+            .expect("run");
         out.summary.ttft_ms.mean
     };
     assert!(w(RouterConfig::LeastOutstanding) < w(RouterConfig::RoundRobin));
@@ -90,9 +91,12 @@ fn load_aware_routing_beats_round_robin_on_a_loaded_fleet() {
 fn more_instances_give_lower_time_to_first_token() {
     let ttft = |n| {
         let s = mooncake(n, 1500);
-        let out =
-            sim::run(&s.sim_config(&s.run_of(RouterConfig::LeastOutstanding)), s.open_workload(1.0).expect("trace"), &mut |_| {})
-                .expect("run");
+        let out = sim::run(
+            &s.sim_config(&s.run_of(RouterConfig::LeastOutstanding)),
+            s.open_workload(1.0).expect("trace"),
+            &mut |_| {},
+        )
+        .expect("run");
         out.summary.ttft_ms.p90
     };
     assert!(ttft(8) < ttft(2));
@@ -107,7 +111,12 @@ fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> S
             max_requests: Some(max_requests),
             ..WorkloadSection::default()
         },
-        kv: KvSection { tiers: Some("l1,l2,l3".into()), l2_gib: Some(16.0), l3_gib: Some(256.0), ..KvSection::default() },
+        kv: KvSection {
+            tiers: Some("l1,l2,l3".into()),
+            l2_gib: Some(16.0),
+            l3_gib: Some(256.0),
+            ..KvSection::default()
+        },
         ..Scenario::default()
     }
     .resolve()
@@ -117,7 +126,9 @@ fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> S
 fn summaries(s: &Settings) -> Vec<simulator::metrics::Summary> {
     s.routers
         .iter()
-        .map(|r| sim::run(&s.sim_config(r), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run").summary)
+        .map(|r| {
+            sim::run(&s.sim_config(r), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run").summary
+        })
         .collect()
 }
 
@@ -125,7 +136,8 @@ fn summaries(s: &Settings) -> Vec<simulator::metrics::Summary> {
 fn tiered_kv_with_cache_aware_routing_nears_the_infinite_cache_bound() {
     let s = tiered(4, 3000, "mooncake-conversation.jsonl", &["least-outstanding@l1", "cache-aware"]);
     let [l1_only, tiered] = <[_; 2]>::try_from(summaries(&s)).expect("two runs");
-    let by_tier = |x: &simulator::metrics::Summary| x.hit_rate_by_tier.l1 + x.hit_rate_by_tier.l2 + x.hit_rate_by_tier.l3;
+    let by_tier =
+        |x: &simulator::metrics::Summary| x.hit_rate_by_tier.l1 + x.hit_rate_by_tier.l2 + x.hit_rate_by_tier.l3;
     for x in [&l1_only, &tiered] {
         assert!((by_tier(x) - x.cache_hit_rate).abs() < 1e-9, "tiers add up to the hit rate");
         assert!(x.cache_hit_rate <= x.max_hit_rate.expect("measured") + 1e-9, "no run beats the bound");

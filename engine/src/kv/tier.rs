@@ -52,8 +52,15 @@ impl fmt::Display for Tier {
 /// events of its L1 and L2, and of the L3 changes it causes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
-    Stored { tier: Tier, hash: BlockHash, parent: Option<BlockHash> },
-    Removed { tier: Tier, hash: BlockHash },
+    Stored {
+        tier: Tier,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+    },
+    Removed {
+        tier: Tier,
+        hash: BlockHash,
+    },
     /// The instance dropped everything in its own tiers (L1 and L2).
     Cleared,
 }

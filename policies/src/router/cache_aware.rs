@@ -80,7 +80,8 @@ impl CacheAware {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
             prefill_s: uncached_tokens as f64 / h.prefill_tokens_per_s,
-            load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
+            load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
+                + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
             uncached_tokens,
         }
     }
@@ -113,7 +114,8 @@ impl Router for CacheAware {
     }
 
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick> {
-        let (count, in_flight) = fleet.candidates(request).fold((0u32, 0u64), |(n, f), v| (n + 1, f + u64::from(v.in_flight)));
+        let (count, in_flight) =
+            fleet.candidates(request).fold((0u32, 0u64), |(n, f), v| (n + 1, f + u64::from(v.in_flight)));
         if count == 0 {
             return None;
         }

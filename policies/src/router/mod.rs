@@ -58,7 +58,12 @@ pub struct CostHints {
 impl Default for CostHints {
     /// Llama-3.1-8B on one H100 with PCIe Gen5 host memory and a 200 Gb/s shared store.
     fn default() -> Self {
-        CostHints { block_size: 16, prefill_tokens_per_s: 40_000.0, l2_tokens_per_s: 400_000.0, l3_tokens_per_s: 200_000.0 }
+        CostHints {
+            block_size: 16,
+            prefill_tokens_per_s: 40_000.0,
+            l2_tokens_per_s: 400_000.0,
+            l3_tokens_per_s: 200_000.0,
+        }
     }
 }
 

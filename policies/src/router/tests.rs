@@ -318,3 +318,55 @@ fn llm_d_breaks_ties_at_random_from_the_seed() {
     let picks: Vec<u32> = (0..12).map(|_| c.route(Time::ZERO, &request(100, 10)).unwrap().prefill.0).collect();
     assert_eq!(picks, [2, 3, 2, 2, 3, 0, 3, 2, 1, 1, 0, 1]);
 }
+
+fn cache_aware_why(route: &Route) -> (u32, u32, u32, f64) {
+    match route.why {
+        Why::CacheAware { l1_tokens, l2_tokens, l3_tokens, predicted_ttft_ms, .. } => {
+            (l1_tokens, l2_tokens, l3_tokens, predicted_ttft_ms)
+        }
+        ref other => panic!("not a cache-aware reason: {other:?}"),
+    }
+}
+
+#[test]
+fn cache_aware_weighs_a_cached_prefix_against_the_queue_in_predicted_seconds() {
+    // Default hints: 40,000 prompt tokens/s; L2 loads 400,000 tokens/s; L3 200,000.
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 3]);
+    assert!(c.wants_kv_events());
+    let prompt = chain(1, 250); // 4,000 tokens: 100 ms to compute from scratch
+    store(&mut c, 0, Tier::L1, &prompt[..200]);
+    store(&mut c, 1, Tier::L2, &prompt[..249]);
+    // 0 has 40 ms of queued prefill: 40 + 50 tokens × 16 / 40k = 40 + 20 = 60 ms.
+    report(&mut c, 0, 1_600);
+    // 1 loads 3,984 tokens from L2 (10 ms) while computing 16 (0.4 ms): 10 ms. 2: 100 ms.
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    assert_eq!(cache_aware_why(&route), (0, 3_984, 0, 10.0));
+    // The uncached 16 tokens now count as routed to 1; a bigger queue there tips it to 0.
+    report(&mut c, 1, 4_000);
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
+    assert_eq!(cache_aware_why(&route), (3_200, 0, 0, 60.0));
+}
+
+#[test]
+fn cache_aware_passes_over_a_hot_instance_however_much_it_caches() {
+    // Only instance 0 holds 2,000-token requests; all four hold the cached 896-token one.
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000, 1_000, 1_000, 1_000]);
+    let prompt = chain(2, 56);
+    store(&mut c, 0, Tier::L1, &prompt[..55]);
+    let big = request(2_000, 1);
+    let cached_goes_to = |c: &mut Controller, in_flight_on_0: u32| {
+        while c.fleet().get(InstanceId(0)).unwrap().in_flight < in_flight_on_0 {
+            assert_eq!(c.route(Time::ZERO, &big).unwrap().prefill, InstanceId(0));
+        }
+        // Nothing queued as far as the report says: only the in-flight count differs.
+        report(c, 0, 0);
+        let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: route.prefill, request: RequestId(0) });
+        route.prefill
+    };
+    // Hot above 2 × mean + 8: 16 of 16 in flight is not (2 × 4 + 8 = 16), 17 is.
+    assert_eq!(cached_goes_to(&mut c, 16), InstanceId(0));
+    assert_eq!(cached_goes_to(&mut c, 17), InstanceId(1));
+}
