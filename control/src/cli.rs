@@ -39,8 +39,10 @@ pub struct SimFlags {
     #[arg(long, value_name = "N")]
     pub tp: Option<u32>,
 
-    /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two
-    /// [default: least-outstanding]. Each runs on the same arrivals.
+    /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two,
+    /// cache-aware, sglang-cache-aware, dynamo-kv, llm-d [default: least-outstanding]. Each
+    /// runs on the same arrivals. `NAME@l1` (or `@l1+l2`, ...) runs it on other KV tiers than
+    /// --kv-tiers, e.g. an L1-only baseline beside a tiered fleet.
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub router: Option<Vec<String>>,
 
