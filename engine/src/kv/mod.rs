@@ -203,17 +203,17 @@ impl KvCache {
         true
     }
 
-    /// Keeps a block evicted from L1 in the next tier down that is on.
+    /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it
+    /// through to the shared store (L3), so that every instance can find it there at once,
+    /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
     fn demote(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
-        if self.l2.capacity() == 0 {
-            self.store_l3(hash, parent);
-            return;
+        if self.l2.capacity() > 0 {
+            self.emit(KvEvent::Stored { tier: Tier::L2, hash, parent });
+            if let Some(out) = self.l2.insert(hash) {
+                self.emit(KvEvent::Removed { tier: Tier::L2, hash: out });
+            }
         }
-        self.emit(KvEvent::Stored { tier: Tier::L2, hash, parent });
-        if let Some(out) = self.l2.insert(hash) {
-            self.emit(KvEvent::Removed { tier: Tier::L2, hash: out });
-            self.store_l3(out, None);
-        }
+        self.store_l3(hash, parent);
     }
 
     fn store_l3(&mut self, hash: BlockHash, parent: Option<BlockHash>) {

@@ -135,17 +135,18 @@ fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
 }
 
 #[test]
-fn evicted_blocks_are_demoted_to_l2_then_l3_and_promoted_back_on_a_hit() {
+fn evicted_blocks_go_to_l2_and_through_to_l3_and_are_promoted_back_on_a_hit() {
     let l3 = SharedStore::new(8);
     let mut kv = KvCache::with_tiers(4, 1, 2, Some(l3.clone()));
     kv.record_events();
     let hs = hashes(&[1, 2, 3, 4]);
     let mut a = filled(&mut kv, 1, &hs);
     kv.release(Time(2), &mut a);
-    // A different prompt takes all four L1 blocks: the old ones go to L2, then L3.
+    // A different prompt takes all four L1 blocks: the old ones go to L2 (which keeps the
+    // last two) and through to L3.
     let mut b = filled(&mut kv, 3, &hashes(&[9, 8, 7, 6]));
     assert_eq!(kv.l2_blocks(), 2);
-    assert_eq!(l3.lock().len(), 2, "L2 overflowed into L3");
+    assert_eq!(l3.lock().len(), 4, "written through to L3");
     kv.release(Time(4), &mut b);
     let mut c = SeqKv::default();
     assert_eq!(kv.match_more(Time(5), &mut c, &hs, 4), 0, "nothing of it is left in L1");
@@ -153,11 +154,11 @@ fn evicted_blocks_are_demoted_to_l2_then_l3_and_promoted_back_on_a_hit() {
     assert_eq!(hit, LowerHit { l2: 2, l3: 2 });
     assert!(kv.promote(Time(5), &mut c, &hs, hit));
     assert_eq!((c.tree_blocks, c.private_blocks()), (4, 0));
-    assert_eq!(l3.lock().len(), 4, "L3 keeps its shared copies; two of L2's victims joined them");
+    assert_eq!(l3.lock().len(), 8, "L3 keeps its shared copies; the second prompt's joined them");
     let mut ev = Vec::new();
     kv.drain_events(&mut ev);
     let stored = |t: Tier| ev.iter().filter(|e| matches!(e, KvEvent::Stored { tier, .. } if *tier == t)).count();
-    assert_eq!((stored(Tier::L1), stored(Tier::L2), stored(Tier::L3)), (12, 8, 4));
+    assert_eq!((stored(Tier::L1), stored(Tier::L2), stored(Tier::L3)), (12, 8, 8));
     kv.check_invariants(0);
 }
 

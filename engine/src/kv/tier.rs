@@ -2,10 +2,12 @@
 //! whole fleet (L3), both hash-keyed LRU sets of blocks, and the KV events every tier
 //! publishes.
 //!
-//! L1 is the prefix tree in GPU memory. A block evicted from L1 is demoted to L2; one evicted
-//! from L2 to L3; one evicted from L3 is gone. L1 and L2 of one instance are exclusive (a hit
-//! in L2 moves the block up to L1). L3 is shared: loading a block from it leaves it there for
-//! the other instances, so it is inclusive of what instances hold.
+//! L1 is the prefix tree in GPU memory. A block evicted from L1 is demoted to L2 and written
+//! through to L3 (the fleet's shared store, as in Mooncake's architecture: host memory caches
+//! the store, it does not stand in front of it); L2's and L3's victims are gone. L1 and L2 of
+//! one instance are exclusive (a hit in L2 moves the block up to L1). L3 is shared: loading a
+//! block from it leaves it there for the other instances, so it is inclusive of what
+//! instances hold.
 
 use crate::ids::BlockHash;
 use rustc_hash::FxHashMap;

@@ -7,12 +7,16 @@
 //! queue_s(i)  = (prefill tokens left in i's report + prefill routed to i since) / R
 //! suffix_s(i) = (prompt − cached prefix on i, all tiers) / R
 //! load_s(i)   = L2 tokens on i / R_L2 + L3 tokens / R_L3
-//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i))
+//! kv_s(i)     = KV_WEIGHT × tokens of KV i's requests hold / R
+//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i)) + kv_s(i)
 //! ```
 //!
 //! `R` is the instance's prefill rate and `R_L2`, `R_L3` its load rates from the lower tiers
 //! ([`CostHints`]); the load overlaps the suffix's compute (layer-wise loading), hence the max.
 //! The prefill routed since the report counts only the uncached tokens this router predicted.
+//! `kv_s` is not time the request waits but the load the instance has taken on: without it,
+//! an instance holding a hot conversation keeps winning on prefix until its decodes fill
+//! its KV and preempt (measured on the Mooncake trace: docs/KV-TIERS.md).
 //!
 //! Guard against piling onto one hot instance: the prediction only sees prefill. An
 //! instance whose requests in flight exceed `HOT_FACTOR` × the fleet's mean plus
@@ -33,6 +37,8 @@ pub const HOT_FACTOR: f64 = 2.0;
 pub const HOT_SLACK: f64 = 8.0;
 /// KV use (with the request's blocks) above which an instance is passed over.
 pub const KV_HIGH: f64 = 0.95;
+/// Weight of the KV held by an instance's requests, in prefill-seconds per token.
+pub const KV_WEIGHT: f64 = 0.25;
 
 #[derive(Debug)]
 pub struct CacheAware {
@@ -49,12 +55,14 @@ struct Estimate {
     queue_s: f64,
     prefill_s: f64,
     load_s: f64,
+    /// The KV-held term: see the module doc.
+    kv_s: f64,
     uncached_tokens: u64,
 }
 
 impl Estimate {
     fn ttft_s(&self) -> f64 {
-        self.queue_s + self.prefill_s.max(self.load_s)
+        self.queue_s + self.prefill_s.max(self.load_s) + self.kv_s
     }
 }
 
@@ -76,12 +84,17 @@ impl CacheAware {
         let cached = (u64::from(m.total()) * bs).min(prompt.saturating_sub(1));
         let uncached_tokens = prompt - cached;
         let queued = v.load.prefill_tokens_left + self.pending(v);
+        // The KV its requests hold, as prefill-seconds: they are work the instance has taken
+        // on (Dynamo counts them as decode blocks, beside prefill blocks), and what drives it
+        // to preemption if it keeps winning on prefix.
+        let kv_s = (u64::from(v.load.kv_used_blocks) * bs) as f64 / h.prefill_tokens_per_s * KV_WEIGHT;
         Estimate {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
             prefill_s: uncached_tokens as f64 / h.prefill_tokens_per_s,
             load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
                 + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
+            kv_s,
             uncached_tokens,
         }
     }
@@ -149,6 +162,7 @@ impl Router for CacheAware {
                 queue_ms: ms(e.queue_s),
                 prefill_ms: ms(e.prefill_s),
                 load_ms: ms(e.load_s),
+                kv_ms: ms(e.kv_s),
                 predicted_ttft_ms: ms(e.ttft_s()),
                 all_guarded: guarded,
             },

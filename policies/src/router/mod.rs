@@ -108,7 +108,7 @@ pub enum Why {
         score: f64,
     },
     /// Lowest predicted time to first token: the cached prefix found on the instance by
-    /// tier, and the terms of the prediction (`queue + max(prefill, load)`). `all_guarded`:
+    /// tier, and the terms of the prediction (`queue + max(prefill, load) + kv`). `all_guarded`:
     /// every candidate was hot or full, so the guard was waived.
     CacheAware {
         l1_tokens: u32,
@@ -117,6 +117,7 @@ pub enum Why {
         queue_ms: f64,
         prefill_ms: f64,
         load_ms: f64,
+        kv_ms: f64,
         predicted_ttft_ms: f64,
         all_guarded: bool,
     },
