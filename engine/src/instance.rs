@@ -39,6 +39,46 @@ pub struct InstanceConfig {
     /// KV blocks of host memory (L2) that blocks evicted from GPU memory are demoted to;
     /// 0 switches L2 off.
     pub l2_blocks: u32,
+    /// How prefill chunks are shared among the prompts being computed.
+    pub prefill: PrefillPolicy,
+}
+
+/// How the scheduler shares the token budget among prompts being computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum PrefillPolicy {
+    /// In order of admission: a long prompt takes the whole budget chunk after chunk.
+    #[default]
+    Fcfs,
+    Fair(FairPrefill),
+}
+
+/// Chunk-level fair prefill (the seed's long-input scheduling):
+///
+/// - a prompt with at most `chunk_tokens` left to compute is **short** and goes first, FCFS,
+///   from running and waiting requests alike (a long one waiting does not block it);
+/// - while any long prompt is pending, shorts leave it at least `long_min_tokens` of every
+///   iteration's budget, so long prompts always progress;
+/// - long prompts are served in turn; when another long one is pending, each may compute
+///   at most its **quota** before yielding at the chunk boundary: it keeps the KV it has
+///   computed and goes to the back of the turn, and its next quota is `quota_growth` times
+///   larger. The first quota is `quota_kv_share` of the instance's KV tokens.
+///
+/// Bound on a long prompt's wait: once admitted, it finishes its prefill within
+/// `(its tokens + the long prefill tokens admitted before it) / long_min_tokens` iterations,
+/// since long prompts together get at least `long_min_tokens` of each iteration and turns
+/// only reorder them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FairPrefill {
+    pub chunk_tokens: u32,
+    pub quota_kv_share: f64,
+    pub quota_growth: f64,
+    pub long_min_tokens: u32,
+}
+
+impl Default for FairPrefill {
+    fn default() -> Self {
+        FairPrefill { chunk_tokens: 8192, quota_kv_share: 0.02, quota_growth: 2.0, long_min_tokens: 1024 }
+    }
 }
 
 impl Default for InstanceConfig {
@@ -50,6 +90,7 @@ impl Default for InstanceConfig {
             max_seqs: 256,
             admission_watermark: 0.01,
             l2_blocks: 0,
+            prefill: PrefillPolicy::Fcfs,
         }
     }
 }
@@ -97,6 +138,8 @@ pub struct Instance {
     stepping: bool,
     pub(crate) prefill_tokens_left: u64,
     pub(crate) decode_tokens_left: u64,
+    /// Last turn handed out to a prefill (fair prefill's rotation).
+    pub(crate) next_turn: u64,
 }
 
 impl Instance {
@@ -120,6 +163,7 @@ impl Instance {
             stepping: false,
             prefill_tokens_left: 0,
             decode_tokens_left: 0,
+            next_turn: 0,
         }
     }
 

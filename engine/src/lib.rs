@@ -18,7 +18,7 @@ pub mod time;
 pub use batch::{Batch, BatchEntry, BatchStats};
 pub use executor::{Executor, ExecutorError, StepOutput};
 pub use ids::{BlockHash, BlockId, InstanceId, RequestId};
-pub use instance::{Instance, InstanceConfig, Load, Rejected};
+pub use instance::{FairPrefill, Instance, InstanceConfig, Load, PrefillPolicy, Rejected};
 pub use request::{Finished, Request};
 pub use time::{Dur, Time};
 

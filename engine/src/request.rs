@@ -50,4 +50,6 @@ pub struct Finished {
     pub cached_tokens: [u32; 3],
     /// Times the request was preempted and its KV recomputed.
     pub preemptions: u32,
+    /// Times its prefill yielded to others at a chunk boundary (fair prefill), keeping its KV.
+    pub yields: u32,
 }

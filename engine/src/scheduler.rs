@@ -19,7 +19,8 @@
 //! again. A victim already placed in this batch is taken out of it.
 
 use crate::batch::BatchEntry;
-use crate::instance::Instance;
+use crate::instance::{FairPrefill, Instance, PrefillPolicy};
+use crate::sequence::Seq;
 use crate::kv::{LowerHit, Tier};
 use crate::time::Time;
 
@@ -45,14 +46,41 @@ impl Budget {
     }
 }
 
+/// Which prefills a scheduling pass serves.
+#[derive(Clone, Copy)]
+enum Class {
+    Any,
+    /// Those with at most this many prompt tokens left to compute.
+    AtMost(u32),
+}
+
+impl Class {
+    fn admits(self, seq: &Seq) -> bool {
+        match self {
+            Class::Any => true,
+            Class::AtMost(n) => seq.prefill_left() <= n,
+        }
+    }
+}
+
+/// The quota of a long prefill after `yields` yields: `base × growth^yields` tokens.
+fn quota(base: f64, growth: f64, yields: u32) -> u32 {
+    (base * growth.powi(yields.min(64) as i32)).min(f64::from(u32::MAX)) as u32
+}
+
 impl Instance {
     pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool) {
         self.batch.clear();
         self.batch_slots.clear();
         let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
         self.schedule_decodes(now, &mut budget);
-        self.schedule_running_prefills(now, &mut budget);
-        self.admit_waiting(now, &mut budget);
+        match self.config.prefill {
+            PrefillPolicy::Fcfs => {
+                self.schedule_running_prefills(now, &mut budget, Class::Any);
+                self.admit_waiting(now, &mut budget, Class::Any);
+            }
+            PrefillPolicy::Fair(fair) => self.schedule_fair(now, &mut budget, &fair),
+        }
         for e in &self.batch.entries {
             self.batch.stats.add(e);
         }
@@ -79,12 +107,65 @@ impl Instance {
         }
     }
 
-    fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget) {
+    /// Fair chunked prefill (see [`FairPrefill`]): short prompts first, FCFS, leaving
+    /// `long_min_tokens` to the long ones when any is pending; then the long ones in turn,
+    /// each up to its quota when another long one waits for the budget.
+    fn schedule_fair(&mut self, now: Time, budget: &mut Budget, fair: &FairPrefill) {
+        let chunk = fair.chunk_tokens;
+        let is_long = |seq: &Seq| seq.prefill_left() > chunk;
+        let running_longs = self.running.iter().filter(|&&s| self.seq(s).is_prefilling() && is_long(self.seq(s))).count();
+        let waiting_longs = self.waiting.iter().filter(|&&s| is_long(self.seq(s))).count();
+        let reserve = if running_longs + waiting_longs > 0 { fair.long_min_tokens.min(budget.tokens) } else { 0 };
+        budget.tokens -= reserve;
+        self.schedule_running_prefills(now, budget, Class::AtMost(chunk));
+        self.admit_waiting(now, budget, Class::AtMost(chunk));
+        budget.tokens += reserve;
+
+        let mut longs: Vec<u32> = self.running.iter().copied().filter(|&s| self.seq(s).is_prefilling()).collect();
+        longs.sort_by_key(|&s| self.seq(s).turn);
+        let contended = longs.len() + waiting_longs > 1;
+        let quota_base = (f64::from(self.kv.total_blocks()) * f64::from(self.config.block_size) * fair.quota_kv_share)
+            .max(f64::from(self.config.block_size));
+        for s in longs {
+            if !budget.open() {
+                break;
+            }
+            // An earlier long one's reservation may have preempted this one.
+            if !self.running.contains(&s) || self.seq(s).in_batch {
+                continue;
+            }
+            self.match_cached_prefix(now, s);
+            let seq = self.seq_mut(s);
+            if seq.quota_left == 0 {
+                seq.quota_left = quota(quota_base, fair.quota_growth, seq.yields);
+            }
+            let cap = if contended { seq.quota_left } else { u32::MAX };
+            let n = seq.prefill_left().min(budget.tokens).min(cap);
+            if n == 0 || !self.reserve(now, s, n, budget) {
+                continue;
+            }
+            self.push_entry(s, n, true);
+            budget.take(n);
+            let next_turn = self.next_turn + 1;
+            let seq = self.slots[s as usize].as_mut().expect("slot is empty");
+            seq.quota_left = seq.quota_left.saturating_sub(n);
+            if seq.quota_left == 0 && seq.prefill_left() > n {
+                // Quota spent at a chunk boundary: keep the KV, go to the back of the turn,
+                // come back with a larger quota.
+                seq.yields += 1;
+                seq.turn = next_turn;
+                self.next_turn = next_turn;
+            }
+        }
+        self.admit_waiting(now, budget, Class::Any);
+    }
+
+    fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget, class: Class) {
         let mut i = 0;
         while i < self.running.len() && budget.open() {
             let s = self.running[i];
             let seq = self.seq(s);
-            if seq.in_batch || seq.is_decoding() {
+            if seq.in_batch || seq.is_decoding() || !class.admits(seq) {
                 i += 1;
                 continue;
             }
@@ -107,12 +188,19 @@ impl Instance {
         }
     }
 
-    fn admit_waiting(&mut self, now: Time, budget: &mut Budget) {
+    /// Admits waiting requests of `class` in FCFS order, until one does not fit (head of line
+    /// within the class).
+    fn admit_waiting(&mut self, now: Time, budget: &mut Budget, class: Class) {
         let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+        let mut at = 0;
         while budget.open() {
-            let Some(&s) = self.waiting.front() else {
+            let Some(&s) = self.waiting.get(at) else {
                 break;
             };
+            if !class.admits(self.seq(s)) {
+                at += 1;
+                continue;
+            }
             self.match_cached_prefix(now, s);
             // Blocks loaded from L2 or L3 take L1 blocks too, so a request that cannot be
             // admitted without them cannot be with them: skip the lower tiers' lookups then.
@@ -139,7 +227,9 @@ impl Instance {
             let ok = self.kv.allocate(&mut seq.kv, need - hit.blocks());
             debug_assert!(ok, "the blocks were counted available");
             seq.admitted_at.get_or_insert(now);
-            self.waiting.pop_front();
+            self.next_turn += 1;
+            seq.turn = self.next_turn;
+            self.waiting.remove(at);
             self.running.push(s);
             self.push_entry(s, chunk, true);
             budget.take(chunk);

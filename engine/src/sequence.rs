@@ -24,6 +24,11 @@ pub(crate) struct Seq {
     pub preemptions: u32,
     /// Scheduled in the batch being formed or executed.
     pub in_batch: bool,
+    /// Fair prefill: place in the turn of long prefills (lower goes first), prompt tokens it
+    /// may still compute before yielding (0: a new quota is due), and yields so far.
+    pub turn: u64,
+    pub quota_left: u32,
+    pub yields: u32,
 }
 
 impl Seq {
@@ -40,11 +45,18 @@ impl Seq {
             loading: [0; 2],
             preemptions: 0,
             in_batch: false,
+            turn: 0,
+            quota_left: 0,
+            yields: 0,
         }
     }
 
     pub fn is_decoding(&self) -> bool {
         self.kv_len >= self.prefill_len
+    }
+
+    pub fn is_prefilling(&self) -> bool {
+        !self.is_decoding()
     }
 
     /// Output tokens the request wants; at least one (the token its prefill samples).
@@ -75,6 +87,7 @@ impl Seq {
             output_tokens: self.generated,
             cached_tokens: self.cached_tokens,
             preemptions: self.preemptions,
+            yields: self.yields,
             request: self.request,
         };
         (finished, self.kv.blocks)

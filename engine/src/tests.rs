@@ -21,6 +21,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         max_seqs: 64,
         admission_watermark: 0.0,
         l2_blocks: 0,
+        prefill: PrefillPolicy::Fcfs,
     }
 }
 
@@ -141,6 +142,85 @@ fn a_prefix_evicted_to_lower_tiers_is_loaded_back_and_its_transfer_charged() {
     assert_eq!(stats[0].prefill_tokens, 4, "only the uncached last block is computed");
 }
 
+fn fair(chunk_tokens: u32, quota_kv_share: f64, long_min_tokens: u32) -> PrefillPolicy {
+    PrefillPolicy::Fair(FairPrefill { chunk_tokens, quota_kv_share, quota_growth: 2.0, long_min_tokens })
+}
+
+/// The seed's picture: a long prompt B admitted first, then short prompts C and D.
+fn first_tokens_of_b_c_d(prefill: PrefillPolicy) -> Vec<(u64, Time)> {
+    let mut inst = Instance::new(InstanceConfig { prefill, ..config(256, 16) });
+    inst.enqueue(req(1, 160, 1, &[])).unwrap();
+    let (done, _, _) = {
+        inst.enqueue(req(2, 8, 1, &[])).unwrap();
+        inst.enqueue(req(3, 8, 1, &[])).unwrap();
+        run(&mut inst, Time::ZERO)
+    };
+    let mut firsts: Vec<(u64, Time)> = done.iter().map(|f| (f.request.id.0, f.first_token_at)).collect();
+    firsts.sort();
+    firsts
+}
+
+#[test]
+fn fair_prefill_serves_prompts_that_fit_one_chunk_before_a_long_one() {
+    // Budget 16 tokens a step; B needs 10 steps alone.
+    let fcfs = first_tokens_of_b_c_d(PrefillPolicy::Fcfs);
+    let fair = first_tokens_of_b_c_d(fair(8, 0.0, 4));
+    // FCFS: C and D wait for B's whole prompt; fair: they finish in the first step.
+    assert!(fcfs[1].1 > fcfs[0].1 && fcfs[2].1 > fcfs[0].1, "{fcfs:?}");
+    assert!(fair[1].1 < fair[0].1 && fair[2].1 < fair[0].1, "{fair:?}");
+    // B still computes its 160 tokens, only later: the first step gave it the 4 reserved.
+    assert!(fair[0].1 > fcfs[0].1);
+}
+
+#[test]
+fn a_long_prefill_that_yields_resumes_where_it_stopped_and_caches_the_same_blocks() {
+    let shared: Vec<u64> = (0..40).map(|i| 7_000 + i).collect();
+    let finished = |prefill| {
+        let mut inst = Instance::new(InstanceConfig { prefill, ..config(512, 32) });
+        // Two long prompts take turns: quotas of 1% of 2,048 KV tokens = 20, then 40, 80, ...
+        inst.enqueue(req(1, 160, 1, &shared)).unwrap();
+        inst.enqueue(req(2, 160, 1, &[])).unwrap();
+        let (mut done, stats, end) = run(&mut inst, Time::ZERO);
+        let computed: u64 = stats.iter().map(|s| s.prefill_tokens).sum();
+        // Then the first prompt again: everything but its last block comes from the cache.
+        inst.enqueue(req(3, 160, 1, &shared)).unwrap();
+        let (again, _, _) = run(&mut inst, end);
+        done.sort_by_key(|f| f.request.id);
+        (done.iter().map(|f| f.yields).collect::<Vec<_>>(), computed, again[0].cached_total(), inst.kv().cached_blocks())
+    };
+    let (fcfs_yields, fcfs_computed, fcfs_hit, fcfs_cached) = finished(PrefillPolicy::Fcfs);
+    let (fair_yields, fair_computed, fair_hit, fair_cached) = finished(fair(8, 0.01, 4));
+    assert_eq!(fcfs_yields, [0, 0]);
+    assert!(fair_yields.iter().all(|&y| y > 0), "both yielded: {fair_yields:?}");
+    assert_eq!(fair_computed, fcfs_computed, "no token computed twice");
+    assert_eq!((fair_hit, fair_cached), (fcfs_hit, fcfs_cached));
+    assert_eq!(fair_hit, 156);
+}
+
+#[test]
+fn a_long_prefill_finishes_within_the_stated_bound_under_a_stream_of_short_ones() {
+    // Budget 16, chunk 8: two short prompts of 6 tokens arrive every step, enough to fill it;
+    // the long one has 200 tokens and gets little more than the 4 reserved: the bound is 50.
+    let long_min = 4;
+    let mut inst = Instance::new(InstanceConfig { prefill: fair(8, 0.0, long_min), ..config(1024, 16) });
+    inst.enqueue(req(1, 200, 1, &[])).unwrap();
+    let mut now = Time::ZERO;
+    let mut done = Vec::new();
+    let mut steps = 0u32;
+    while done.iter().all(|f: &Finished| f.request.id != RequestId(1)) {
+        inst.enqueue(req(1000 + u64::from(steps), 6, 1, &[])).unwrap();
+        inst.enqueue(req(2000 + u64::from(steps), 6, 1, &[])).unwrap();
+        let d = inst.begin_step(now, &mut Fixed).unwrap().expect("work");
+        now += d;
+        inst.end_step(now, &mut done);
+        steps += 1;
+        assert!(steps <= 200 / long_min, "the long prompt starved past its bound");
+    }
+    let shorts = done.iter().filter(|f| f.request.id.0 >= 1000).count() as u32;
+    assert!(shorts + 2 >= 2 * steps, "short prompts kept being served: {shorts} in {steps} steps");
+    assert!(steps >= 200 / 16 * 3, "the long one ran on what the shorts left: {steps} steps");
+}
+
 #[test]
 fn timestamps_of_a_finished_request_are_ordered() {
     let mut inst = Instance::new(config(64, 64));
@@ -163,8 +243,13 @@ proptest! {
         budget in 4u32..64,
         l2_blocks in 0u32..20,
         l3_blocks in proptest::option::of(0u32..30),
+        fair_prefill in proptest::option::of((1u32..64, 0.0f64..0.2, 1u32..16)),
     ) {
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks };
+        let prefill = match fair_prefill {
+            None => PrefillPolicy::Fcfs,
+            Some((chunk, share, long_min)) => fair(chunk, share, long_min),
+        };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g))| {
             let shared = [g, g + 10, g + 20];
