@@ -4,7 +4,7 @@
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
-use simulator::scenario::{FleetSection, Scenario, Settings, SloSection, WorkloadSection};
+use simulator::scenario::{FleetSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection};
 use simulator::tiers::KvSection;
 use std::path::PathBuf;
 
@@ -91,6 +91,12 @@ pub struct SimFlags {
     /// Delay of KV events between an instance and the router, in ms [default: 5].
     #[arg(long, value_name = "MS")]
     pub kv_event_delay_ms: Option<f64>,
+
+    /// How each engine shares its prefill budget: fcfs (in order of admission) or fair
+    /// (prompts that fit one chunk first, quotas for long ones; see [scheduler] in a
+    /// scenario for its knobs) [default: fcfs].
+    #[arg(long, value_name = "NAME")]
+    pub prefill_scheduler: Option<String>,
 }
 
 impl SimFlags {
@@ -122,6 +128,7 @@ impl SimFlags {
                 event_delay_ms: self.kv_event_delay_ms,
                 ..KvSection::default()
             },
+            scheduler: SchedulerSection { prefill: self.prefill_scheduler.clone(), ..SchedulerSection::default() },
             cost: None,
         }
     }

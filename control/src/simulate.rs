@@ -64,7 +64,7 @@ pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) ->
             .map(|run| {
                 let multi = &multi;
                 scope.spawn(move || {
-                    let mut progress = RunProgress::new(multi, &run.label());
+                    let mut progress = RunProgress::new(multi, run.label());
                     let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
                     sim::run(&settings.sim_config(run), workload, &mut |p| progress.update(p))
                         .map_err(|e| Failure::Input(e.into()))

@@ -20,8 +20,8 @@
 
 use crate::batch::BatchEntry;
 use crate::instance::{FairPrefill, Instance, PrefillPolicy};
-use crate::sequence::Seq;
 use crate::kv::{LowerHit, Tier};
+use crate::sequence::Seq;
 use crate::time::Time;
 
 /// Budget left while a batch is being formed.
@@ -77,7 +77,7 @@ impl Instance {
         match self.config.prefill {
             PrefillPolicy::Fcfs => {
                 self.schedule_running_prefills(now, &mut budget, Class::Any);
-                self.admit_waiting(now, &mut budget, Class::Any);
+                self.admit_waiting(now, &mut budget, Class::Any, 0);
             }
             PrefillPolicy::Fair(fair) => self.schedule_fair(now, &mut budget, &fair),
         }
@@ -113,12 +113,22 @@ impl Instance {
     fn schedule_fair(&mut self, now: Time, budget: &mut Budget, fair: &FairPrefill) {
         let chunk = fair.chunk_tokens;
         let is_long = |seq: &Seq| seq.prefill_left() > chunk;
-        let running_longs = self.running.iter().filter(|&&s| self.seq(s).is_prefilling() && is_long(self.seq(s))).count();
+        let running_longs =
+            self.running.iter().filter(|&&s| self.seq(s).is_prefilling() && is_long(self.seq(s))).count();
         let waiting_longs = self.waiting.iter().filter(|&&s| is_long(self.seq(s))).count();
         let reserve = if running_longs + waiting_longs > 0 { fair.long_min_tokens.min(budget.tokens) } else { 0 };
+        // KV the admitted long prompts still need to finish: short ones admitted into it
+        // would be preempted (recomputed) when the long ones resume.
+        let kept_blocks: u32 = self
+            .running
+            .iter()
+            .map(|&s| self.seq(s))
+            .filter(|seq| seq.is_prefilling() && is_long(seq))
+            .map(|seq| self.kv.blocks_for(seq.prefill_len).saturating_sub(seq.kv.blocks.len() as u32))
+            .sum();
         budget.tokens -= reserve;
         self.schedule_running_prefills(now, budget, Class::AtMost(chunk));
-        self.admit_waiting(now, budget, Class::AtMost(chunk));
+        self.admit_waiting(now, budget, Class::AtMost(chunk), kept_blocks);
         budget.tokens += reserve;
 
         let mut longs: Vec<u32> = self.running.iter().copied().filter(|&s| self.seq(s).is_prefilling()).collect();
@@ -157,7 +167,7 @@ impl Instance {
                 self.next_turn = next_turn;
             }
         }
-        self.admit_waiting(now, budget, Class::Any);
+        self.admit_waiting(now, budget, Class::Any, 0);
     }
 
     fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget, class: Class) {
@@ -190,8 +200,8 @@ impl Instance {
 
     /// Admits waiting requests of `class` in FCFS order, until one does not fit (head of line
     /// within the class).
-    fn admit_waiting(&mut self, now: Time, budget: &mut Budget, class: Class) {
-        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+    fn admit_waiting(&mut self, now: Time, budget: &mut Budget, class: Class, kept_blocks: u32) {
+        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32 + kept_blocks;
         let mut at = 0;
         while budget.open() {
             let Some(&s) = self.waiting.get(at) else {

@@ -186,7 +186,12 @@ fn a_long_prefill_that_yields_resumes_where_it_stopped_and_caches_the_same_block
         inst.enqueue(req(3, 160, 1, &shared)).unwrap();
         let (again, _, _) = run(&mut inst, end);
         done.sort_by_key(|f| f.request.id);
-        (done.iter().map(|f| f.yields).collect::<Vec<_>>(), computed, again[0].cached_total(), inst.kv().cached_blocks())
+        (
+            done.iter().map(|f| f.yields).collect::<Vec<_>>(),
+            computed,
+            again[0].cached_total(),
+            inst.kv().cached_blocks(),
+        )
     };
     let (fcfs_yields, fcfs_computed, fcfs_hit, fcfs_cached) = finished(PrefillPolicy::Fcfs);
     let (fair_yields, fair_computed, fair_hit, fair_cached) = finished(fair(8, 0.01, 4));

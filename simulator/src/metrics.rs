@@ -48,6 +48,10 @@ pub struct Slo {
 }
 
 /// What the fleet costs to run: GPU count times the hourly price, over the run's span.
+/// Prompts of at least this many tokens are long in the per-class TTFT (the long requests of
+/// the long-input experiments are 32K to 256K tokens).
+pub const LONG_PROMPT_TOKENS: u32 = 32_768;
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FleetCost {
     pub gpus: u32,
@@ -85,6 +89,11 @@ pub struct Summary {
     /// Requests the fleet turned away.
     pub rejected: u64,
     pub ttft_ms: Percentiles,
+    /// TTFT of prompts under [`LONG_PROMPT_TOKENS`] tokens, and of the long ones.
+    pub ttft_ms_short: Percentiles,
+    pub ttft_ms_long: Percentiles,
+    /// Finished requests with long prompts.
+    pub long_requests: u64,
     /// Over requests with at least two output tokens.
     pub tpot_ms: Percentiles,
     pub e2e_ms: Percentiles,
@@ -109,6 +118,8 @@ pub struct Summary {
     /// The span: first arrival to last finish.
     pub duration_s: f64,
     pub preemptions: u64,
+    /// Times prefills yielded at a chunk boundary (fair prefill).
+    pub yields: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
     /// Prompt tokens served from the prefix cache.
@@ -156,6 +167,8 @@ impl InfiniteCacheBound {
 pub struct Metrics {
     slo: Slo,
     ttft: Distribution,
+    ttft_short: Distribution,
+    ttft_long: Distribution,
     tpot: Distribution,
     e2e: Distribution,
     queue: Distribution,
@@ -167,6 +180,7 @@ pub struct Metrics {
     cached_tokens: u64,
     cached_by_tier: [u64; 3],
     preemptions: u64,
+    yields: u64,
     /// Earliest arrival among finished requests; `None` until the first one.
     first_arrival: Option<Time>,
     /// Latest finish among finished requests; `None` until the first one.
@@ -178,6 +192,8 @@ impl Metrics {
         Metrics {
             slo,
             ttft: Distribution::new(),
+            ttft_short: Distribution::new(),
+            ttft_long: Distribution::new(),
             tpot: Distribution::new(),
             e2e: Distribution::new(),
             queue: Distribution::new(),
@@ -189,6 +205,7 @@ impl Metrics {
             cached_tokens: 0,
             cached_by_tier: [0; 3],
             preemptions: 0,
+            yields: 0,
             first_arrival: None,
             last_finish: None,
         }
@@ -212,6 +229,11 @@ impl Metrics {
         let arrival = f.request.arrival;
         let ttft_us = f.first_token_at.since(arrival).0;
         self.ttft.record(ttft_us as f64);
+        if f.request.prompt_tokens >= LONG_PROMPT_TOKENS {
+            self.ttft_long.record(ttft_us as f64);
+        } else {
+            self.ttft_short.record(ttft_us as f64);
+        }
         self.e2e.record(f.finished_at.since(arrival).0 as f64);
         self.queue.record(f.admitted_at.since(arrival).0 as f64);
 
@@ -238,6 +260,7 @@ impl Metrics {
             *sum += u64::from(t);
         }
         self.preemptions += u64::from(f.preemptions);
+        self.yields += u64::from(f.yields);
         self.first_arrival = Some(self.first_arrival.map_or(arrival, |t| t.min(arrival)));
         self.last_finish = Some(self.last_finish.map_or(f.finished_at, |t| t.max(f.finished_at)));
     }
@@ -263,6 +286,9 @@ impl Metrics {
             requests: self.finished,
             rejected: self.rejected,
             ttft_ms: self.ttft.percentiles(),
+            ttft_ms_short: self.ttft_short.percentiles(),
+            ttft_ms_long: self.ttft_long.percentiles(),
+            long_requests: self.ttft_long.count(),
             tpot_ms: self.tpot.percentiles(),
             e2e_ms: self.e2e.percentiles(),
             queue_ms: self.queue.percentiles(),
@@ -283,6 +309,7 @@ impl Metrics {
             cost_per_mtok: ratio(gpu_hours * cost.price_per_gpu_hour, total_mtok),
             duration_s,
             preemptions: self.preemptions,
+            yields: self.yields,
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
             cached_tokens: self.cached_tokens,
@@ -420,6 +447,7 @@ mod tests {
             output_tokens: s.output_tokens,
             cached_tokens: [s.cached_tokens, 0, 0],
             preemptions: s.preemptions,
+            yields: 0,
         }
     }
 

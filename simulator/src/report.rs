@@ -70,7 +70,13 @@ const ROWS: &[Row] = &[
     Row { label: "rejected", value: |s| s.rejected as f64, decimals: 0 },
     Row { label: "TTFT mean (ms)", value: |s| s.ttft_ms.mean, decimals: 1 },
     Row { label: "TTFT p50 (ms)", value: |s| s.ttft_ms.p50, decimals: 1 },
+    Row { label: "TTFT p90 (ms)", value: |s| s.ttft_ms.p90, decimals: 1 },
+    Row { label: "TTFT p95 (ms)", value: |s| s.ttft_ms.p95, decimals: 1 },
     Row { label: "TTFT p99 (ms)", value: |s| s.ttft_ms.p99, decimals: 1 },
+    Row { label: "TTFT short mean (ms)", value: |s| s.ttft_ms_short.mean, decimals: 1 },
+    Row { label: "TTFT short p99 (ms)", value: |s| s.ttft_ms_short.p99, decimals: 1 },
+    Row { label: "TTFT long mean (ms)", value: |s| s.ttft_ms_long.mean, decimals: 1 },
+    Row { label: "TTFT long p99 (ms)", value: |s| s.ttft_ms_long.p99, decimals: 1 },
     Row { label: "TPOT mean (ms)", value: |s| s.tpot_ms.mean, decimals: 2 },
     Row { label: "TPOT p50 (ms)", value: |s| s.tpot_ms.p50, decimals: 2 },
     Row { label: "TPOT p99 (ms)", value: |s| s.tpot_ms.p99, decimals: 2 },
@@ -89,6 +95,7 @@ const ROWS: &[Row] = &[
     Row { label: "GPU-hours (h)", value: |s| s.gpu_hours, decimals: 3 },
     Row { label: "cost ($/Mtok)", value: |s| s.cost_per_mtok, decimals: 3 },
     Row { label: "preemptions", value: |s| s.preemptions as f64, decimals: 0 },
+    Row { label: "prefill yields", value: |s| s.yields as f64, decimals: 0 },
 ];
 
 /// One column per router and one row per metric. With exactly two routers, a last column

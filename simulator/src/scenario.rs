@@ -32,7 +32,7 @@ use crate::metrics::Slo;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::InstanceConfig;
+use engine::{FairPrefill, InstanceConfig, PrefillPolicy};
 use policies::{RouterConfig, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -58,6 +58,9 @@ pub struct Scenario {
     /// KV tiers below GPU memory (see [`crate::tiers`]).
     #[serde(default)]
     pub kv: KvSection,
+    /// How each engine shares its prefill budget.
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
     /// Overrides of the cost model's efficiency factors and overheads.
     pub cost: Option<CostParams>,
 }
@@ -82,6 +85,66 @@ pub struct WorkloadSection {
     pub rate_scale: Option<f64>,
     pub max_requests: Option<u64>,
     pub synthetic: Option<SyntheticConfig>,
+}
+
+/// `[scheduler]`: `prefill = "fcfs"` (default) or `"fair"`, and fair prefill's knobs (see
+/// [`engine::FairPrefill`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    pub prefill: Option<String>,
+    /// Prompts with at most this many tokens left to compute are short [default: 8192].
+    pub chunk_tokens: Option<u32>,
+    /// A long prompt's first quota, as a share of the instance's KV tokens [default: 0.02].
+    pub quota_kv_share: Option<f64>,
+    /// Each yield multiplies the next quota by this [default: 2].
+    pub quota_growth: Option<f64>,
+    /// Tokens of each iteration short prompts leave to long ones [default: 1024].
+    pub long_min_tokens: Option<u32>,
+}
+
+impl SchedulerSection {
+    fn overlay(self, over: SchedulerSection) -> SchedulerSection {
+        SchedulerSection {
+            prefill: over.prefill.or(self.prefill),
+            chunk_tokens: over.chunk_tokens.or(self.chunk_tokens),
+            quota_kv_share: over.quota_kv_share.or(self.quota_kv_share),
+            quota_growth: over.quota_growth.or(self.quota_growth),
+            long_min_tokens: over.long_min_tokens.or(self.long_min_tokens),
+        }
+    }
+
+    fn resolve(&self) -> Result<PrefillPolicy, ScenarioError> {
+        let d = FairPrefill::default();
+        let fair = FairPrefill {
+            chunk_tokens: self.chunk_tokens.unwrap_or(d.chunk_tokens),
+            quota_kv_share: self.quota_kv_share.unwrap_or(d.quota_kv_share),
+            quota_growth: self.quota_growth.unwrap_or(d.quota_growth),
+            long_min_tokens: self.long_min_tokens.unwrap_or(d.long_min_tokens),
+        };
+        if fair.chunk_tokens == 0 {
+            return Err(invalid("scheduler.chunk_tokens", "must be at least 1"));
+        }
+        if !(fair.quota_kv_share.is_finite() && fair.quota_kv_share > 0.0 && fair.quota_kv_share <= 1.0) {
+            return Err(invalid(
+                "scheduler.quota_kv_share",
+                format!("{} is not a share in (0, 1]", fair.quota_kv_share),
+            ));
+        }
+        if !(fair.quota_growth.is_finite() && fair.quota_growth >= 1.0) {
+            return Err(invalid("scheduler.quota_growth", format!("{} is not a number >= 1", fair.quota_growth)));
+        }
+        if fair.long_min_tokens == 0 {
+            return Err(invalid("scheduler.long_min_tokens", "must be at least 1, or long prompts could starve"));
+        }
+        match self.prefill.as_deref().unwrap_or("fcfs") {
+            "fcfs" => Ok(PrefillPolicy::Fcfs),
+            "fair" => Ok(PrefillPolicy::Fair(fair)),
+            other => {
+                Err(invalid("scheduler.prefill", format!("unknown prefill scheduler `{other}` (valid: fcfs, fair)")))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -120,20 +183,23 @@ pub enum WorkloadSource {
     Synthetic(SyntheticConfig),
 }
 
-/// One run of a comparison: a router, on the scenario's KV tiers or on its own, written
-/// `name@l1+l2+l3` (so that an L1-only baseline and a tiered fleet run on the same arrivals).
+/// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
+/// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`) and the prefill scheduler
+/// (`fcfs`, `fair`). So an L1-only baseline and a tiered fleet, or FCFS and fair prefill,
+/// run on the same arrivals in one command.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
     pub router: RouterConfig,
-    /// The tiers after `@`, as written (`None`: the scenario's).
-    pub tiers_override: Option<String>,
+    /// What followed `@`, as written (`None`: the scenario's fleet as it is).
+    pub variant: Option<String>,
     pub tiers: KvTiers,
+    pub prefill: PrefillPolicy,
 }
 
 impl RunSpec {
     /// The run's name in tables and JSON.
     pub fn label(&self) -> String {
-        match &self.tiers_override {
+        match &self.variant {
             Some(t) => format!("{}@{t}", self.router),
             None => self.router.to_string(),
         }
@@ -206,6 +272,7 @@ impl Scenario {
                 tpot_ms: over.slo.tpot_ms.or(self.slo.tpot_ms),
             },
             kv: self.kv.overlay(over.kv),
+            scheduler: self.scheduler.overlay(over.scheduler),
             cost: over.cost.or(self.cost),
         }
     }
@@ -240,20 +307,32 @@ impl Scenario {
             return Err(invalid("fleet.max_seqs", "must be at least 1"));
         }
         let tiers = self.kv.resolve(&cost, block_size)?;
+        let prefill = self.scheduler.resolve()?;
         let mut routers = Vec::with_capacity(names.len());
         for spec in &names {
-            let (name, over) = match spec.trim().split_once('@') {
-                Some((n, t)) => (n, Some(t.to_string())),
+            let (name, variant) = match spec.trim().split_once('@') {
+                Some((n, v)) => (n, Some(v.to_string())),
                 None => (spec.trim(), None),
             };
             let router: RouterConfig = name.parse()?;
-            let run_tiers = match &over {
-                Some(t) => {
-                    KvSection { tiers: Some(t.replace('+', ",")), ..self.kv.clone() }.resolve(&cost, block_size)?
+            let (mut run_tiers, mut run_prefill) = (tiers, prefill);
+            if let Some(v) = &variant {
+                let parts: Vec<&str> = v.split('+').map(str::trim).collect();
+                let (scheduler, tier_names): (Vec<&str>, Vec<&str>) =
+                    parts.into_iter().partition(|p| matches!(*p, "fcfs" | "fair"));
+                if scheduler.len() > 1 {
+                    return Err(invalid("routers", format!("`{spec}` names two prefill schedulers")));
                 }
-                None => tiers,
-            };
-            routers.push(RunSpec { router, tiers_override: over, tiers: run_tiers });
+                if let Some(&s) = scheduler.first() {
+                    let section = SchedulerSection { prefill: Some(s.to_string()), ..self.scheduler.clone() };
+                    run_prefill = section.resolve()?;
+                }
+                if !tier_names.is_empty() {
+                    let section = KvSection { tiers: Some(tier_names.join(",")), ..self.kv.clone() };
+                    run_tiers = section.resolve(&cost, block_size)?;
+                }
+            }
+            routers.push(RunSpec { router, variant, tiers: run_tiers, prefill: run_prefill });
         }
         // The links are the same for every run; only which tiers are on differs.
         let cost = cost.with_links(tiers.links);
@@ -264,6 +343,7 @@ impl Scenario {
             max_seqs,
             admission_watermark: defaults.admission_watermark,
             l2_blocks: tiers.l2_blocks,
+            prefill,
         };
         let w = &self.workload;
         let workload = match (&w.trace, &w.synthetic) {
@@ -311,7 +391,7 @@ impl Scenario {
 impl Settings {
     /// A run of `router` on the scenario's own tiers.
     pub fn run_of(&self, router: RouterConfig) -> RunSpec {
-        RunSpec { router, tiers_override: None, tiers: self.tiers }
+        RunSpec { router, variant: None, tiers: self.tiers, prefill: self.instance.prefill }
     }
 
     pub fn sim_config(&self, run: &RunSpec) -> SimConfig {
@@ -320,7 +400,7 @@ impl Settings {
             label: run.label(),
             router: run.router,
             instances: self.instances,
-            instance: InstanceConfig { l2_blocks: run.tiers.l2_blocks, ..self.instance.clone() },
+            instance: InstanceConfig { l2_blocks: run.tiers.l2_blocks, prefill: run.prefill, ..self.instance.clone() },
             cost: self.cost.clone(),
             slo: self.slo,
             l3_blocks: run.tiers.l3_blocks,

@@ -159,7 +159,7 @@ pub fn run(
             }
             let refused = match controller.route(now, &request) {
                 Ok(route) => {
-                    if request.id.0 % DECISION_EVERY == 0 && decisions.len() < DECISIONS_KEPT {
+                    if request.id.0.is_multiple_of(DECISION_EVERY) && decisions.len() < DECISIONS_KEPT {
                         decisions.push(Decision {
                             request: request.id,
                             at_s: now.as_secs_f64(),

@@ -8,6 +8,7 @@
 //! input = { kind = "lognormal", median = 1024, sigma = 1.0, min = 1, max = 32768 }
 //! output = { kind = "lognormal", median = 128, sigma = 0.8, min = 1, max = 4096 }
 //! prefix = { groups = 16, tokens = 1024, share = 0.6 }
+//! long = { share = 0.05, input = { kind = "uniform", min = 32768, max = 262144 } }
 //! ```
 //!
 //! How a request is drawn:
@@ -19,7 +20,8 @@
 //!   rate `rate_rps × s` in each piece. Before the first step the scale is 1; a scale of 0
 //!   pauses arrivals, and a last step of scale 0 ends the workload early.
 //! - **Lengths.** `input` is the request's own prompt part, `output` its output; lognormal
-//!   draws are rounded and clamped to `[min, max]`.
+//!   draws are rounded and clamped to `[min, max]`. With `long`, a share of the requests
+//!   draw their own part from `long.input` instead (a minority of very long prompts).
 //! - **Shared system prompts.** With probability `share`, a request starts with one of
 //!   `groups` shared prefixes of `tokens` tokens (group chosen uniformly), so its prompt is
 //!   `tokens + input`. The prefix's full blocks hash from (group, block index) and match
@@ -56,6 +58,18 @@ pub struct SyntheticConfig {
     pub output: LengthDist,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<PrefixGroups>,
+    /// A minority of long prompts: with probability `share`, the request's own prompt part is
+    /// drawn from `input` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long: Option<LongInputs>,
+}
+
+/// `long = { share = 0.05, input = { kind = "uniform", min = 32768, max = 262144 } }`
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongInputs {
+    pub share: f64,
+    pub input: LengthDist,
 }
 
 /// When requests arrive, at the base rate (before `rate_schedule` and `rate_scale`).
@@ -120,6 +134,7 @@ impl SyntheticConfig {
             input: LengthDist::Lognormal { median: 1_024.0, sigma: 1.0, min: 1, max: 16_384 },
             output: LengthDist::Lognormal { median: 128.0, sigma: 0.8, min: 1, max: 2_048 },
             prefix: Some(PrefixGroups { groups: 32, tokens: 512, share: 0.5 }),
+            long: None,
         }
     }
 
@@ -153,6 +168,12 @@ impl SyntheticConfig {
             prev_at_s = Some(step.at_s);
         }
         self.input.validate("input", 1)?;
+        if let Some(l) = &self.long {
+            l.input.validate("long.input", 1)?;
+            if !(0.0..=1.0).contains(&l.share) {
+                return Err(invalid("long.share", format!("must be in [0, 1] (got {})", l.share)));
+            }
+        }
         self.output.validate("output", 0)?;
         if let Some(p) = &self.prefix {
             if p.groups == 0 {
@@ -233,6 +254,10 @@ pub fn synthetic(cfg: &SyntheticConfig, opts: &WorkloadOptions) -> Result<Box<dy
         gaps,
         clock: Clock { steps, step: 0, t_s: 0.0 },
         input: Lengths::new(&cfg.input, "input")?,
+        long: match &cfg.long {
+            Some(l) => Some((l.share, Lengths::new(&l.input, "long.input")?)),
+            None => None,
+        },
         output: Lengths::new(&cfg.output, "output")?,
         prefix: cfg.prefix,
         arrival_rng: ChaCha8Rng::seed_from_u64(mix64(opts.seed ^ ARRIVAL_TAG)),
@@ -261,6 +286,8 @@ struct Synthetic {
     gaps: Gaps,
     clock: Clock,
     input: Lengths,
+    /// Share and lengths of the long prompts.
+    long: Option<(f64, Lengths)>,
     output: Lengths,
     prefix: Option<PrefixGroups>,
     /// Draws inter-arrival gaps only.
@@ -291,7 +318,12 @@ impl Workload for Synthetic {
         self.index += 1;
 
         let rng = &mut self.request_rng;
-        let own_tokens = self.input.sample(rng);
+        let mut own_tokens = self.input.sample(rng);
+        if let Some((share, long)) = &self.long {
+            if rng.random::<f64>() < *share {
+                own_tokens = long.sample(rng);
+            }
+        }
         let output_tokens = self.output.sample(rng);
         let group = match self.prefix {
             Some(p) if rng.random::<f64>() < p.share => Some((rng.random_range(0..p.groups), p.tokens)),
