@@ -86,7 +86,7 @@ impl Controller {
                     v.in_flight = v.in_flight.saturating_sub(1);
                 }
             }
-            FleetEvent::Kv { instance, ref event } => self.fleet.index_mut().apply(instance, event),
+            FleetEvent::Kv { ref events } => self.fleet.index_mut().apply_batch(events),
         }
         self.router.on_event(event);
     }

@@ -17,9 +17,10 @@ pub enum FleetEvent {
     Load { instance: InstanceId, load: Load },
     /// A request left the instance after generating its output.
     RequestFinished { instance: InstanceId, request: RequestId },
-    /// A change to what the instance caches (or, for L3, to the shared store). Published only
-    /// when the controller asks for them ([`crate::Controller::wants_kv_events`]).
-    Kv { instance: InstanceId, event: KvEvent },
+    /// Changes to what instances cache (for L3, to the shared store), in order, each with
+    /// the instance that published it; batched as engines publish them. Published only when
+    /// the controller asks for them ([`crate::Controller::wants_kv_events`]).
+    Kv { events: Vec<(InstanceId, KvEvent)> },
 }
 
 /// What the controller asks a fleet to do besides serving requests.

@@ -53,7 +53,7 @@ pub struct SimFleet {
     finished: Vec<Finished>,
     kv: KvOptions,
     /// KV events on their way to the controller, in order of delivery time.
-    kv_in_flight: VecDeque<(Time, FleetEvent)>,
+    kv_in_flight: VecDeque<(Time, InstanceId, KvEvent)>,
     kv_scratch: Vec<KvEvent>,
 }
 
@@ -85,7 +85,7 @@ impl SimFleet {
 
     /// Time of the next thing the fleet will do on its own.
     pub fn next_time(&self) -> Option<Time> {
-        let kv = self.kv_in_flight.front().map(|&(t, _)| t);
+        let kv = self.kv_in_flight.front().map(|&(t, _, _)| t);
         match (self.queue.peek_time(), kv) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -95,12 +95,14 @@ impl SimFleet {
     /// Advances to the next fleet event; the caller checked that one is due at `next_time`.
     /// KV events due at the same time as an iteration are delivered first.
     pub fn step(&mut self) -> Time {
-        if let Some(&(t, _)) = self.kv_in_flight.front() {
+        if let Some(&(t, _, _)) = self.kv_in_flight.front() {
             if self.queue.peek_time().is_none_or(|q| t <= q) {
-                while self.kv_in_flight.front().is_some_and(|&(d, _)| d == t) {
-                    let (_, e) = self.kv_in_flight.pop_front().expect("a front element");
-                    self.events.push(e);
+                let mut events = Vec::new();
+                while self.kv_in_flight.front().is_some_and(|&(d, _, _)| d == t) {
+                    let (_, id, e) = self.kv_in_flight.pop_front().expect("a front element");
+                    events.push((id, e));
                 }
+                self.events.push(FleetEvent::Kv { events });
                 return t;
             }
         }
@@ -125,14 +127,15 @@ impl SimFleet {
             return;
         }
         self.instances[id.0 as usize].engine.drain_kv_events(&mut self.kv_scratch);
+        if self.kv_scratch.is_empty() {
+            return;
+        }
         let at = now + self.kv.event_delay;
-        for event in self.kv_scratch.drain(..) {
-            let e = FleetEvent::Kv { instance: id, event };
-            if at == now {
-                self.events.push(e);
-            } else {
-                self.kv_in_flight.push_back((at, e));
-            }
+        if at == now {
+            let events = self.kv_scratch.drain(..).map(|e| (id, e)).collect();
+            self.events.push(FleetEvent::Kv { events });
+        } else {
+            self.kv_in_flight.extend(self.kv_scratch.drain(..).map(|e| (at, id, e)));
         }
     }
 
