@@ -35,14 +35,26 @@ pub struct SimFlags {
     #[arg(long, value_name = "NAME")]
     pub gpu: Option<String>,
 
-    /// Tensor-parallel degree: GPUs per instance [default: 1].
+    /// Tensor-parallel degree inside one attention rank [default: 1]. An instance has
+    /// tp x dp-attention GPUs.
     #[arg(long, value_name = "N")]
     pub tp: Option<u32>,
+
+    /// Attention data-parallel ranks per instance: each keeps only its own requests' KV
+    /// (SGLang's --dp N --enable-dp-attention) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub dp_attention: Option<u32>,
+
+    /// Expert-parallel degree of an MoE: 1 or the instance's GPUs [default: 1].
+    #[arg(long, value_name = "N")]
+    pub ep: Option<u32>,
 
     /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two,
     /// cache-aware, sglang-cache-aware, dynamo-kv, llm-d [default: least-outstanding]. Each
     /// runs on the same arrivals. `NAME@l1` (or `@l1+l2`, ...) runs it on other KV tiers than
-    /// --kv-tiers, e.g. an L1-only baseline beside a tiered fleet.
+    /// --kv-tiers, e.g. an L1-only baseline beside a tiered fleet; `NAME@fair` / `@fcfs` with
+    /// another prefill scheduler, `NAME@hw` / `@nohw` with or without KV high-water
+    /// protection (variants join with `+`).
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub router: Option<Vec<String>>,
 
@@ -97,6 +109,24 @@ pub struct SimFlags {
     /// scenario for its knobs) [default: fcfs].
     #[arg(long, value_name = "NAME")]
     pub prefill_scheduler: Option<String>,
+
+    /// KV high-water protection: share of KV blocks in use (0 to 1] at which an instance
+    /// stops admitting new requests (and routers avoid it) until use falls to
+    /// --kv-low-water [default: off]. `NAME@hw` / `NAME@nohw` in --router turn it on / off
+    /// per run.
+    #[arg(long, value_name = "SHARE")]
+    pub kv_high_water: Option<f64>,
+
+    /// Share of KV blocks in use at which a paused instance admits again, below
+    /// --kv-high-water [default: 80% of it].
+    #[arg(long, value_name = "SHARE")]
+    pub kv_low_water: Option<f64>,
+
+    /// Output tokens a request may generate on an instance before it counts as a runaway:
+    /// above the high-water mark, runaways are evicted and placed on another instance (or
+    /// ended, with `runaway_action = "end"` in [scheduler]) [default: none].
+    #[arg(long, value_name = "N")]
+    pub runaway_output_tokens: Option<u32>,
 }
 
 impl SimFlags {
@@ -109,6 +139,8 @@ impl SimFlags {
                 model: self.model.clone(),
                 gpu: self.gpu.clone(),
                 tp: self.tp,
+                dp_attention: self.dp_attention,
+                ep: self.ep,
                 block_size: self.block_size,
                 max_batch_tokens: self.max_batch_tokens,
                 max_seqs: None,
@@ -128,7 +160,13 @@ impl SimFlags {
                 event_delay_ms: self.kv_event_delay_ms,
                 ..KvSection::default()
             },
-            scheduler: SchedulerSection { prefill: self.prefill_scheduler.clone(), ..SchedulerSection::default() },
+            scheduler: SchedulerSection {
+                prefill: self.prefill_scheduler.clone(),
+                kv_high_water: self.kv_high_water,
+                kv_low_water: self.kv_low_water,
+                runaway_output_tokens: self.runaway_output_tokens,
+                ..SchedulerSection::default()
+            },
             cost: None,
         }
     }
@@ -158,15 +196,24 @@ pub fn describe(s: &Settings) -> String {
         tiers += &format!(", L3 {} tokens shared", u64::from(l3) * block_tokens);
     }
     format!(
-        "seed={} | {} x {} on {} (TP {}), KV {} tokens per instance{tiers} | {} at rate x{}{}",
+        "seed={} | {} x {} on {} ({}), KV {} tokens per instance{tiers} | {} at rate x{}{}",
         s.seed,
         s.instances,
         s.cost.model().name,
         s.cost.gpu().name,
-        s.cost.deployment().tp,
+        layout(s.cost.deployment()),
         s.cost.kv_capacity_tokens(),
         source,
         s.rate_scale,
         s.max_requests.map(|n| format!(", first {n} requests")).unwrap_or_default(),
     )
+}
+
+/// `TP 8`, or `TP 1 x DP-attention 8, EP 8: 8 GPUs` for a layout with attention DP or EP.
+pub fn layout(d: simulator::cost::Deployment) -> String {
+    if d.dp_attention == 1 && d.ep == 1 {
+        format!("TP {}", d.tp)
+    } else {
+        format!("TP {} x DP-attention {}, EP {}: {} GPUs", d.tp, d.dp_attention, d.ep, d.gpus())
+    }
 }

@@ -8,11 +8,13 @@
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
 //! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
+//! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `progress` | progress display on stderr for runs longer than a second |
 
 mod bench;
 mod bench_index;
 mod bench_matching;
+mod capacity;
 mod cli;
 mod max_rate;
 mod progress;
@@ -46,6 +48,10 @@ enum Command {
     /// Measure the global prefix index: 1,000 instances and 10M indexed blocks; prints KV
     /// events applied per second, query latency percentiles and bytes per block.
     BenchIndex(bench_index::Args),
+    /// Print KV capacity (tokens per GPU, per instance, per node), the largest batch at a
+    /// context and prefill and decode step times for a model, GPU and deployment layout
+    /// (--tp, --dp-attention, --ep), from the cost model alone.
+    Capacity(capacity::Args),
 }
 
 /// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
@@ -74,6 +80,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::BenchMatching(args) => bench_matching::run(args),
         Command::BenchIndex(args) => bench_index::run(args),
+        Command::Capacity(args) => capacity::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -167,3 +167,131 @@ fn bad_numbers_and_missing_files_are_input_errors() {
     fails_with(&["simulate"], &["trace"]);
     fails_with(&["simulate", "--trace", &t, "--model", "llama-3.1-70b", "--gpu", "a100"], &["llama-3.1-70b"]);
 }
+
+#[test]
+fn capacity_prints_kv_per_gpu_and_node_for_a_layout_and_writes_json() {
+    let dir = tests::scratch_dir("capacity");
+    let json = dir.join("capacity.json");
+    let mla = |layout: &[&str], json: &Path| -> serde_json::Value {
+        let mut args = vec!["capacity", "--model", "deepseek-v3", "--gpu", "h200", "--gpus", "8"];
+        args.extend_from_slice(layout);
+        args.extend_from_slice(&["--json", json.to_str().unwrap()]);
+        let o = fleetplane(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("KV capacity per node, tokens") && out.contains("decode step, batch 1"), "{out}");
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+    };
+    // The numbers worked out by hand in simulator/src/cost/roofline.rs's tests.
+    let tp8 = mla(&["--tp", "8"], &json);
+    assert_eq!(tp8["kv_capacity_tokens_per_node"], 581_704);
+    assert_eq!(tp8["kv_capacity_tokens_per_gpu"], 581_704 / 8);
+    let dp8 = mla(&["--dp-attention", "8", "--ep", "8"], &json);
+    assert_eq!(dp8["kv_capacity_tokens_per_node"], 8 * 428_049);
+    assert_eq!(dp8["kv_capacity_tokens_per_gpu"], 428_049);
+    // 428_049 tokens per rank hold 13 requests of 32K: 104 on the node.
+    assert_eq!(dp8["largest_batch"], 104);
+    assert!(dp8["decode_step_ms_largest_batch"].as_f64().unwrap() > 0.0);
+    // Two TP 4 instances per node: the node holds twice one instance.
+    let small = fleetplane(&[
+        "capacity",
+        "--model",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100",
+        "--tp",
+        "4",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(small.status.success(), "{}", stderr(&small));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["instances_per_node"], 2);
+    assert_eq!(v["kv_capacity_tokens_per_node"], 2 * v["kv_capacity_tokens_per_instance"].as_u64().unwrap());
+
+    fails_with(&["capacity", "--model", "gpt-5", "--gpu", "h200"], &["unknown model `gpt-5`", "deepseek-v3"]);
+    fails_with(
+        &["capacity", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--dp-attention", "8"],
+        &["dp_attention", "64 GPUs"],
+    );
+    fails_with(
+        &["capacity", "--model", "llama-3.1-8b", "--gpu", "h100", "--ep", "2", "--tp", "2"],
+        &["ep = 2", "dense"],
+    );
+    fails_with(&["capacity", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "1"], &["does not fit", "tp 1"]);
+}
+
+#[test]
+fn simulate_describes_an_attention_dp_layout_and_runs_it() {
+    let o = fleetplane(&[
+        "simulate",
+        "--trace",
+        &mooncake(),
+        "--instances",
+        "1",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h200",
+        "--dp-attention",
+        "8",
+        "--ep",
+        "8",
+        "--max-requests",
+        "50",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("(TP 1 x DP-attention 8, EP 8: 8 GPUs), KV 3424392 tokens per instance"), "{out}");
+}
+
+#[test]
+fn kv_high_water_knobs_are_checked_and_runs_switch_protection_by_name() {
+    let t = mooncake();
+    fails_with(&["simulate", "--trace", &t, "--kv-high-water", "1.5"], &["kv_high_water", "1.5", "(0, 1]"]);
+    fails_with(
+        &["simulate", "--trace", &t, "--kv-high-water", "0.8", "--kv-low-water", "0.9"],
+        &["kv_low_water", "0.9", "kv_high_water = 0.8"],
+    );
+    fails_with(&["simulate", "--trace", &t, "--runaway-output-tokens", "0"], &["runaway_output_tokens"]);
+    fails_with(&["simulate", "--trace", &t, "--router", "least-outstanding@hv"], &["`hv`", "hw", "nohw", "fair", "l1"]);
+    let dir = tests::scratch_dir("runaway-action");
+    let scenario = dir.join("s.toml");
+    std::fs::write(&scenario, format!("[workload]\ntrace = \"{t}\"\n[scheduler]\nrunaway_action = \"drop\"\n"))
+        .unwrap();
+    fails_with(&["simulate", "--scenario", scenario.to_str().unwrap()], &["runaway_action", "drop", "reroute, end"]);
+
+    let json = dir.join("out.json");
+    let o = fleetplane(&[
+        "simulate",
+        "--trace",
+        &t,
+        "--instances",
+        "2",
+        "--max-requests",
+        "300",
+        "--kv-high-water",
+        "0.9",
+        "--runaway-output-tokens",
+        "512",
+        "--router",
+        "least-outstanding@nohw,least-outstanding@hw",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in ["evictions", "re-routes", "ended (runaway)", "admission paused (s)", "paused wait p99 (ms)"] {
+        assert!(out.contains(row), "the table has `{row}`: {out}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs[1]["router"], "least-outstanding@hw");
+    for run in runs {
+        let s = &run["summary"];
+        assert_eq!(s["requests"], 300, "{run}");
+        for key in ["evictions", "reroutes", "ended_runaway", "admission_paused_s", "paused_wait_ms"] {
+            assert!(s.get(key).is_some(), "summary lacks {key}");
+        }
+    }
+}

@@ -9,15 +9,38 @@
 //! 2. [`Instance::begin_step`] when the instance is idle and [`Instance::has_work`]: it forms a
 //!    batch, runs the executor and returns how long the iteration takes;
 //! 3. [`Instance::end_step`] once that long has passed: tokens are credited, prompt blocks are
-//!    cached, finished requests are handed back.
+//!    cached, finished requests are handed back, and so are requests evicted by the KV
+//!    high-water protection (the driver places them again: none is dropped here).
 //!
 //! Requests arriving during a step wait for the next one, as in a real engine.
+//!
+//! # KV high-water protection
+//!
+//! With [`InstanceConfig::kv_protection`], KV use is `used blocks / total blocks`, where used
+//! blocks are those held by requests (cached blocks nobody holds count as free):
+//!
+//! - **Hysteresis.** Once use reaches `high_water` (checked at the end of each step and
+//!   before each admission), the instance admits no waiting request (new prompts, and
+//!   preempted ones) until use is back at or below `low_water`; running requests go on. It
+//!   never pauses with nothing running, so it cannot stall. The load report says whether it
+//!   is paused, so that routers can look elsewhere; the time spent paused is kept, and each
+//!   request's wait while paused (`Finished::paused_wait`).
+//! - **Runaways.** A running request that has generated more than `runaway_output_tokens`
+//!   tokens *on this instance* is a runaway. Only at the end of a step with use at or above
+//!   `high_water` are runaways evicted, the one holding the most KV first, until use is at or
+//!   below `low_water` or none is left: KV pressure, not length alone, is the trigger, so a
+//!   long output on an instance with room runs on. An evicted request releases its KV and
+//!   either goes back to the driver ([`RunawayAction::Reroute`]: an [`Evicted`] whose request
+//!   carries its progress in `resume`) or finishes early with the reason
+//!   ([`RunawayAction::End`]: `Finished::ended`). Counting tokens per instance bounds the
+//!   evictions of a request by `output / runaway_output_tokens`: it makes that much progress
+//!   before each one, so a re-routed request cannot bounce forever.
 
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::ids::BlockId;
 use crate::kv::{KvCache, KvEvent, SharedStore};
-use crate::request::{Finished, Request};
+use crate::request::{CutShort, Evicted, Finished, Request};
 use crate::sequence::Seq;
 use crate::time::{Dur, Time};
 use std::collections::VecDeque;
@@ -41,6 +64,32 @@ pub struct InstanceConfig {
     pub l2_blocks: u32,
     /// How prefill chunks are shared among the prompts being computed.
     pub prefill: PrefillPolicy,
+    /// KV high-water protection (see the module doc); `None`: off.
+    pub kv_protection: Option<KvProtection>,
+}
+
+/// Admission hysteresis on KV use, and what to do with runaway requests under pressure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvProtection {
+    /// Share of KV blocks in use at or above which admission pauses, in (0, 1].
+    pub high_water: f64,
+    /// Share at or below which it resumes, in (0, `high_water`).
+    pub low_water: f64,
+    /// Tokens a request may generate on the instance before it counts as a runaway;
+    /// `None`: no request does (only admission pauses).
+    pub runaway_output_tokens: Option<u32>,
+    pub runaway_action: RunawayAction,
+}
+
+/// What becomes of a runaway evicted under KV pressure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunawayAction {
+    /// Handed back to the driver to be placed on another instance, where it recomputes its
+    /// prompt and output so far and generates the rest.
+    #[default]
+    Reroute,
+    /// Finished with what it generated, marked as ended and why.
+    End,
 }
 
 /// How the scheduler shares the token budget among prompts being computed.
@@ -91,6 +140,7 @@ impl Default for InstanceConfig {
             admission_watermark: 0.01,
             l2_blocks: 0,
             prefill: PrefillPolicy::Fcfs,
+            kv_protection: None,
         }
     }
 }
@@ -116,6 +166,9 @@ pub struct Load {
     pub prefill_tokens_left: u64,
     /// Tokens still to generate.
     pub decode_tokens_left: u64,
+    /// KV use reached the high-water mark and has not yet fallen to the low-water mark: no
+    /// waiting request is admitted.
+    pub admission_paused: bool,
 }
 
 #[derive(Debug)]
@@ -140,6 +193,10 @@ pub struct Instance {
     pub(crate) decode_tokens_left: u64,
     /// Last turn handed out to a prefill (fair prefill's rotation).
     pub(crate) next_turn: u64,
+    /// Since when admission has been paused (KV high-water protection), if it is.
+    paused_since: Option<Time>,
+    /// Length of the pauses that have ended.
+    paused_total: Dur,
 }
 
 impl Instance {
@@ -164,6 +221,8 @@ impl Instance {
             prefill_tokens_left: 0,
             decode_tokens_left: 0,
             next_turn: 0,
+            paused_since: None,
+            paused_total: Dur::ZERO,
         }
     }
 
@@ -202,13 +261,14 @@ impl Instance {
         Ok(())
     }
 
-    /// Queues a request. A request that can never fit is refused (with the request returned).
-    pub fn enqueue(&mut self, request: Request) -> Result<(), (Rejected, Request)> {
+    /// Queues a request that arrived at `now`. A request that can never fit is refused (with
+    /// the request returned).
+    pub fn enqueue(&mut self, now: Time, request: Request) -> Result<(), (Rejected, Request)> {
         if let Err(e) = self.admissible(&request) {
             return Err((e, request));
         }
         let table = self.spare_tables.pop().unwrap_or_default();
-        let seq = Seq::new(request, table);
+        let seq = Seq::new(request, table, self.paused_clock(now));
         self.prefill_tokens_left += u64::from(seq.prefill_left());
         self.decode_tokens_left += u64::from(seq.decode_left());
         let slot = match self.free_slots.pop() {
@@ -247,7 +307,35 @@ impl Instance {
             kv_cached_blocks: self.kv.cached_blocks(),
             prefill_tokens_left: self.prefill_tokens_left,
             decode_tokens_left: self.decode_tokens_left,
+            admission_paused: self.admission_paused(),
         }
+    }
+
+    /// Whether admission is paused by the KV high-water protection.
+    pub fn admission_paused(&self) -> bool {
+        self.paused_since.is_some()
+    }
+
+    /// Total time admission has been paused, up to `now`.
+    pub fn paused_clock(&self, now: Time) -> Dur {
+        self.paused_total + self.paused_since.map_or(Dur::ZERO, |since| now.since(since))
+    }
+
+    /// Pauses admission when KV use has reached the high-water mark, resumes it when use is
+    /// back at the low-water mark (or nothing runs); returns whether it is paused.
+    pub(crate) fn update_admission(&mut self, now: Time) -> bool {
+        let Some(p) = self.config.kv_protection else { return false };
+        let used = f64::from(self.kv.used_blocks());
+        let total = f64::from(self.kv.total_blocks());
+        match self.paused_since {
+            None if used >= p.high_water * total && !self.running.is_empty() => self.paused_since = Some(now),
+            Some(since) if used <= p.low_water * total || self.running.is_empty() => {
+                self.paused_total += now.since(since);
+                self.paused_since = None;
+            }
+            _ => {}
+        }
+        self.paused_since.is_some()
     }
 
     /// The batch of the step in progress (for a driver that streams its tokens).
@@ -285,8 +373,9 @@ impl Instance {
     }
 
     /// Credits the step begun by [`Instance::begin_step`], which ended at `now`. Finished
-    /// requests are appended to `finished`.
-    pub fn end_step(&mut self, now: Time, finished: &mut Vec<Finished>) {
+    /// requests (and runaways ended early) are appended to `finished`, runaways evicted to
+    /// be placed elsewhere to `evicted`.
+    pub fn end_step(&mut self, now: Time, finished: &mut Vec<Finished>, evicted: &mut Vec<Evicted>) {
         assert!(self.stepping, "end_step without begin_step");
         self.stepping = false;
         let block_size = self.config.block_size;
@@ -315,7 +404,59 @@ impl Instance {
         if any_done {
             self.retire_finished(now, finished);
         }
+        if let Some(p) = self.config.kv_protection {
+            if let Some(limit) = p.runaway_output_tokens {
+                self.evict_runaways(now, limit, &p, finished, evicted);
+            }
+            self.update_admission(now);
+        }
         self.debug_check();
+    }
+
+    /// Under KV pressure (use at or above the high-water mark), evicts runaways, the one
+    /// holding the most blocks first, until use is at or below the low-water mark.
+    fn evict_runaways(
+        &mut self,
+        now: Time,
+        limit: u32,
+        p: &KvProtection,
+        finished: &mut Vec<Finished>,
+        evicted: &mut Vec<Evicted>,
+    ) {
+        let total = f64::from(self.kv.total_blocks());
+        if f64::from(self.kv.used_blocks()) < p.high_water * total {
+            return;
+        }
+        // Each pass evicts one request or stops: bounded by the running queue's length.
+        while f64::from(self.kv.used_blocks()) > p.low_water * total {
+            // Ties go to the most recently admitted (the last in the queue).
+            let Some(pos) = (0..self.running.len())
+                .filter(|&i| self.seq(self.running[i]).generated_here() > limit)
+                .max_by_key(|&i| (self.seq(self.running[i]).kv.blocks.len(), i))
+            else {
+                break;
+            };
+            let s = self.running.remove(pos);
+            let mut seq = self.slots[s as usize].take().expect("running slot is empty");
+            self.kv.release(now, &mut seq.kv);
+            self.prefill_tokens_left -= u64::from(seq.prefill_left());
+            self.decode_tokens_left -= u64::from(seq.decode_left());
+            let reason = CutShort::Runaway { generated_here: seq.generated_here(), limit };
+            let table = match p.runaway_action {
+                RunawayAction::Reroute => {
+                    let (request, table) = seq.into_evicted(now);
+                    evicted.push(Evicted { request, reason });
+                    table
+                }
+                RunawayAction::End => {
+                    let (done, table) = seq.into_finished(now, Some(reason));
+                    finished.push(done);
+                    table
+                }
+            };
+            self.spare_tables.push(table);
+            self.free_slots.push(s);
+        }
     }
 
     fn retire_finished(&mut self, now: Time, finished: &mut Vec<Finished>) {
@@ -330,7 +471,7 @@ impl Instance {
             }
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
             self.kv.release(now, &mut seq.kv);
-            let (done, table) = seq.into_finished(now);
+            let (done, table) = seq.into_finished(now, None);
             self.spare_tables.push(table);
             self.free_slots.push(s);
             finished.push(done);
@@ -374,6 +515,9 @@ impl Instance {
         for &s in &self.waiting {
             let seq = self.seq(s);
             assert!(seq.kv.blocks.is_empty() && seq.kv_len == 0, "waiting slot {s} holds KV");
+        }
+        if self.config.kv_protection.is_none() {
+            assert!(self.paused_since.is_none(), "admission paused without protection");
         }
         assert_eq!(prefill, self.prefill_tokens_left, "prefill tokens left");
         assert_eq!(decode, self.decode_tokens_left, "decode tokens left");

@@ -18,8 +18,8 @@ pub mod time;
 pub use batch::{Batch, BatchEntry, BatchStats};
 pub use executor::{Executor, ExecutorError, StepOutput};
 pub use ids::{BlockHash, BlockId, InstanceId, RequestId};
-pub use instance::{FairPrefill, Instance, InstanceConfig, Load, PrefillPolicy, Rejected};
-pub use request::{Finished, Request};
+pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
+pub use request::{CutShort, Evicted, Finished, Request, Resume};
 pub use time::{Dur, Time};
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //!    needs no compute): in L1, then on into L2 and L3, whose blocks are loaded into L1 and
 //!    whose transfer is charged to the iteration that computes the chunk after them. Then the
 //!    first chunk is allocated; admission stops at the first request that does not fit (head
-//!    of line) and keeps a watermark of free blocks.
+//!    of line) and keeps a watermark of free blocks. Nothing is admitted while the KV
+//!    high-water protection has paused admission (see [`crate::instance`]).
 //!
 //! When a running sequence needs a block and none is left, the most recently admitted running
 //! sequence is **preempted by recompute**: its blocks are released (its cached prompt blocks
@@ -211,6 +212,9 @@ impl Instance {
                 at += 1;
                 continue;
             }
+            if self.update_admission(now) {
+                break;
+            }
             self.match_cached_prefix(now, s);
             // Blocks loaded from L2 or L3 take L1 blocks too, so a request that cannot be
             // admitted without them cannot be with them: skip the lower tiers' lookups then.
@@ -233,10 +237,12 @@ impl Instance {
                 break;
             }
             self.load_lower(now, s, hit);
+            let paused_clock = self.paused_clock(now);
             let seq = self.slots[s as usize].as_mut().expect("waiting slot is empty");
             let ok = self.kv.allocate(&mut seq.kv, need - hit.blocks());
             debug_assert!(ok, "the blocks were counted available");
             seq.admitted_at.get_or_insert(now);
+            seq.paused_wait += paused_clock - seq.paused_mark;
             self.next_turn += 1;
             seq.turn = self.next_turn;
             self.waiting.remove(at);
@@ -339,8 +345,10 @@ impl Instance {
             self.batch_slots.remove(k);
             budget.give_back(e.new_tokens);
         }
+        let paused_clock = self.paused_clock(now);
         let seq = self.slots[s as usize].as_mut().expect("slot is empty");
         self.kv.release(now, &mut seq.kv);
+        seq.paused_mark = paused_clock;
         let before = seq.prefill_left();
         seq.prefill_len = seq.request.prompt_tokens + seq.generated;
         seq.kv_len = 0;

@@ -1,8 +1,8 @@
 //! A request's state inside an instance.
 
 use crate::kv::SeqKv;
-use crate::request::{Finished, Request};
-use crate::time::Time;
+use crate::request::{CutShort, Finished, Request, Resume};
+use crate::time::{Dur, Time};
 
 #[derive(Debug)]
 pub(crate) struct Seq {
@@ -29,25 +29,46 @@ pub(crate) struct Seq {
     pub turn: u64,
     pub quota_left: u32,
     pub yields: u32,
+    /// Output tokens generated before it came to this instance (see [`Request::resume`]):
+    /// the runaway rule counts only the tokens generated here.
+    pub generated_before: u32,
+    /// Time waited for admission while admission was paused, and the instance's paused
+    /// clock when it last entered the waiting queue (see `Instance::paused_clock`).
+    pub paused_wait: Dur,
+    pub paused_mark: Dur,
+    pub evictions: u32,
 }
 
 impl Seq {
-    pub fn new(request: Request, table: Vec<crate::ids::BlockId>) -> Seq {
+    /// A sequence for `request`; one resumed after an eviction recomputes its prompt and the
+    /// tokens it generated, as after a preemption, and keeps its timeline.
+    pub fn new(request: Request, table: Vec<crate::ids::BlockId>, paused_mark: Dur) -> Seq {
+        let resume = request.resume.as_deref().copied();
+        let generated = request.generated_before();
+        assert!(
+            generated < request.max_output_tokens.max(1),
+            "{} resumed with its output already complete",
+            request.id
+        );
         Seq {
-            prefill_len: request.prompt_tokens,
+            prefill_len: request.prompt_tokens + generated,
             request,
             kv: SeqKv { blocks: table, tree_blocks: 0, node: None },
             kv_len: 0,
-            generated: 0,
-            admitted_at: None,
-            first_token_at: None,
-            cached_tokens: [0; 3],
+            generated,
+            admitted_at: resume.map(|r| r.admitted_at),
+            first_token_at: resume.map(|r| r.first_token_at),
+            cached_tokens: resume.map_or([0; 3], |r| r.cached_tokens),
             loading: [0; 2],
-            preemptions: 0,
+            preemptions: resume.map_or(0, |r| r.preemptions),
             in_batch: false,
             turn: 0,
             quota_left: 0,
-            yields: 0,
+            yields: resume.map_or(0, |r| r.yields),
+            generated_before: generated,
+            paused_wait: resume.map_or(Dur::ZERO, |r| r.paused_wait),
+            paused_mark,
+            evictions: resume.map_or(0, |r| r.evictions),
         }
     }
 
@@ -78,7 +99,13 @@ impl Seq {
         self.first_token_at.is_none() && self.preemptions == 0
     }
 
-    pub fn into_finished(self, now: Time) -> (Finished, Vec<crate::ids::BlockId>) {
+    /// Tokens generated on this instance (the runaway rule's count).
+    pub fn generated_here(&self) -> u32 {
+        self.generated - self.generated_before
+    }
+
+    /// The record of a request that left: finished, or `ended` early.
+    pub fn into_finished(self, now: Time, ended: Option<CutShort>) -> (Finished, Vec<crate::ids::BlockId>) {
         let admitted_at = self.admitted_at.unwrap_or(now);
         let finished = Finished {
             admitted_at,
@@ -88,8 +115,27 @@ impl Seq {
             cached_tokens: self.cached_tokens,
             preemptions: self.preemptions,
             yields: self.yields,
+            paused_wait: self.paused_wait,
+            evictions: self.evictions,
+            ended,
             request: self.request,
         };
         (finished, self.kv.blocks)
+    }
+
+    /// The request of an evicted sequence (its KV already released), carrying its timeline
+    /// to the instance that takes it next.
+    pub fn into_evicted(mut self, now: Time) -> (Request, Vec<crate::ids::BlockId>) {
+        self.request.resume = Some(Box::new(Resume {
+            generated: self.generated,
+            admitted_at: self.admitted_at.unwrap_or(now),
+            first_token_at: self.first_token_at.unwrap_or(now),
+            cached_tokens: self.cached_tokens,
+            preemptions: self.preemptions,
+            yields: self.yields,
+            paused_wait: self.paused_wait,
+            evictions: self.evictions + 1,
+        }));
+        (self.request, self.kv.blocks)
     }
 }

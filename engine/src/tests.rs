@@ -22,6 +22,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         admission_watermark: 0.0,
         l2_blocks: 0,
         prefill: PrefillPolicy::Fcfs,
+        kv_protection: None,
     }
 }
 
@@ -34,12 +35,20 @@ fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
             h
         })
         .collect();
-    Request { id: RequestId(id), arrival: Time::ZERO, prompt_tokens: prompt, max_output_tokens: output, block_hashes }
+    Request {
+        id: RequestId(id),
+        arrival: Time::ZERO,
+        prompt_tokens: prompt,
+        max_output_tokens: output,
+        block_hashes,
+        resume: None,
+    }
 }
 
 /// Runs the instance until idle; returns finished requests and the batches' stats.
 fn run(inst: &mut Instance, mut now: Time) -> (Vec<Finished>, Vec<BatchStats>, Time) {
     let mut done = Vec::new();
+    let mut evicted = Vec::new();
     let mut stats = Vec::new();
     for _ in 0..100_000 {
         let Some(d) = inst.begin_step(now, &mut Fixed).expect("fixed executor") else {
@@ -47,16 +56,17 @@ fn run(inst: &mut Instance, mut now: Time) -> (Vec<Finished>, Vec<BatchStats>, T
         };
         stats.push(inst.batch().stats);
         now += d;
-        inst.end_step(now, &mut done);
+        inst.end_step(now, &mut done, &mut evicted);
     }
     assert!(!inst.has_work(), "instance did not drain");
+    assert!(evicted.is_empty(), "no protection, no eviction");
     (done, stats, now)
 }
 
 #[test]
 fn a_long_prompt_is_prefilled_in_chunks_under_the_token_budget() {
     let mut inst = Instance::new(config(64, 16));
-    inst.enqueue(req(1, 40, 3, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 40, 3, &[])).unwrap();
     let (done, stats, _) = run(&mut inst, Time::ZERO);
     let prefill: Vec<u64> = stats.iter().map(|s| s.prefill_tokens).collect();
     assert_eq!(prefill, [16, 16, 8, 0, 0]);
@@ -67,11 +77,11 @@ fn a_long_prompt_is_prefilled_in_chunks_under_the_token_budget() {
 #[test]
 fn decodes_are_scheduled_before_prefill_chunks() {
     let mut inst = Instance::new(config(64, 8));
-    inst.enqueue(req(1, 4, 10, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 4, 10, &[])).unwrap();
     let mut done = Vec::new();
     let d = inst.begin_step(Time::ZERO, &mut Fixed).unwrap().unwrap();
-    inst.end_step(Time::ZERO + d, &mut done);
-    inst.enqueue(req(2, 64, 2, &[])).unwrap();
+    inst.end_step(Time::ZERO + d, &mut done, &mut Vec::new());
+    inst.enqueue(Time(10_000), req(2, 64, 2, &[])).unwrap();
     inst.begin_step(Time(10_000), &mut Fixed).unwrap();
     let s = inst.batch().stats;
     assert_eq!((s.decode_seqs, s.prefill_tokens), (1, 7), "decode takes 1 of the 8 tokens first");
@@ -80,9 +90,9 @@ fn decodes_are_scheduled_before_prefill_chunks() {
 #[test]
 fn the_second_request_with_a_shared_prefix_hits_the_cache() {
     let mut inst = Instance::new(config(64, 64));
-    inst.enqueue(req(1, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
     let (mut done, _, now) = run(&mut inst, Time::ZERO);
-    inst.enqueue(req(2, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
+    inst.enqueue(now, req(2, 32, 2, &[7, 7, 7, 7, 7])).unwrap();
     done.extend(run(&mut inst, now).0);
     assert_eq!(done[0].cached_total(), 0);
     assert_eq!(done[1].cached_total(), 20, "five shared blocks of four tokens");
@@ -91,9 +101,9 @@ fn the_second_request_with_a_shared_prefix_hits_the_cache() {
 #[test]
 fn a_fully_cached_prompt_still_computes_its_last_token() {
     let mut inst = Instance::new(config(64, 64));
-    inst.enqueue(req(1, 16, 1, &[1, 2, 3, 4])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 16, 1, &[1, 2, 3, 4])).unwrap();
     let (_, _, now) = run(&mut inst, Time::ZERO);
-    inst.enqueue(req(2, 16, 1, &[1, 2, 3, 4])).unwrap();
+    inst.enqueue(now, req(2, 16, 1, &[1, 2, 3, 4])).unwrap();
     let (done, stats, _) = run(&mut inst, now);
     assert_eq!(done[0].cached_total(), 12);
     assert_eq!(stats[0].prefill_tokens, 4);
@@ -103,8 +113,8 @@ fn a_fully_cached_prompt_still_computes_its_last_token() {
 fn running_out_of_kv_preempts_the_newest_request_which_then_recomputes() {
     // 12 blocks of 4 tokens; two requests of 16 + 16 tokens cannot both finish at once.
     let mut inst = Instance::new(config(12, 64));
-    inst.enqueue(req(1, 16, 17, &[])).unwrap();
-    inst.enqueue(req(2, 16, 17, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 16, 17, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(2, 16, 17, &[])).unwrap();
     let (done, _, _) = run(&mut inst, Time::ZERO);
     assert_eq!(done.len(), 2);
     assert_eq!(done.iter().map(|f| f.preemptions).sum::<u32>(), 1);
@@ -116,10 +126,10 @@ fn running_out_of_kv_preempts_the_newest_request_which_then_recomputes() {
 #[test]
 fn a_request_larger_than_the_whole_cache_is_refused() {
     let mut inst = Instance::new(config(4, 64));
-    let (err, back) = inst.enqueue(req(1, 16, 2, &[])).unwrap_err();
+    let (err, back) = inst.enqueue(Time::ZERO, req(1, 16, 2, &[])).unwrap_err();
     assert_eq!(err, Rejected::TooLarge { needed_tokens: 17, capacity_tokens: 16 });
     assert_eq!(back.id, RequestId(1));
-    assert_eq!(inst.enqueue(req(2, 0, 2, &[])).unwrap_err().0, Rejected::EmptyPrompt);
+    assert_eq!(inst.enqueue(Time::ZERO, req(2, 0, 2, &[])).unwrap_err().0, Rejected::EmptyPrompt);
 }
 
 #[test]
@@ -127,13 +137,13 @@ fn a_prefix_evicted_to_lower_tiers_is_loaded_back_and_its_transfer_charged() {
     let l3 = SharedStore::new(64);
     let mut inst = Instance::with_shared_store(InstanceConfig { l2_blocks: 2, ..config(8, 64) }, Some(l3.clone()));
     let shared = [1, 2, 3, 4, 5];
-    inst.enqueue(req(1, 24, 1, &shared)).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 24, 1, &shared)).unwrap();
     run(&mut inst, Time::ZERO);
     // Another 24-token prompt needs six of the eight blocks: the first prompt's blocks go down.
-    inst.enqueue(req(2, 24, 1, &[])).unwrap();
+    inst.enqueue(Time(100), req(2, 24, 1, &[])).unwrap();
     run(&mut inst, Time(100));
     assert!(inst.kv().l2_blocks() > 0 && !l3.lock().is_empty());
-    inst.enqueue(req(3, 24, 1, &shared)).unwrap();
+    inst.enqueue(Time(200), req(3, 24, 1, &shared)).unwrap();
     let (done, stats, _) = run(&mut inst, Time(200));
     let [l1, l2, l3_hit] = done[0].cached_tokens;
     assert_eq!(l1 + l2 + l3_hit, 20, "five shared blocks of four tokens, from some tier");
@@ -149,10 +159,10 @@ fn fair(chunk_tokens: u32, quota_kv_share: f64, long_min_tokens: u32) -> Prefill
 /// The seed's picture: a long prompt B admitted first, then short prompts C and D.
 fn first_tokens_of_b_c_d(prefill: PrefillPolicy) -> Vec<(u64, Time)> {
     let mut inst = Instance::new(InstanceConfig { prefill, ..config(256, 16) });
-    inst.enqueue(req(1, 160, 1, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 160, 1, &[])).unwrap();
     let (done, _, _) = {
-        inst.enqueue(req(2, 8, 1, &[])).unwrap();
-        inst.enqueue(req(3, 8, 1, &[])).unwrap();
+        inst.enqueue(Time::ZERO, req(2, 8, 1, &[])).unwrap();
+        inst.enqueue(Time::ZERO, req(3, 8, 1, &[])).unwrap();
         run(&mut inst, Time::ZERO)
     };
     let mut firsts: Vec<(u64, Time)> = done.iter().map(|f| (f.request.id.0, f.first_token_at)).collect();
@@ -178,12 +188,12 @@ fn a_long_prefill_that_yields_resumes_where_it_stopped_and_caches_the_same_block
     let finished = |prefill| {
         let mut inst = Instance::new(InstanceConfig { prefill, ..config(512, 32) });
         // Two long prompts take turns: quotas of 1% of 2,048 KV tokens = 20, then 40, 80, ...
-        inst.enqueue(req(1, 160, 1, &shared)).unwrap();
-        inst.enqueue(req(2, 160, 1, &[])).unwrap();
+        inst.enqueue(Time::ZERO, req(1, 160, 1, &shared)).unwrap();
+        inst.enqueue(Time::ZERO, req(2, 160, 1, &[])).unwrap();
         let (mut done, stats, end) = run(&mut inst, Time::ZERO);
         let computed: u64 = stats.iter().map(|s| s.prefill_tokens).sum();
         // Then the first prompt again: everything but its last block comes from the cache.
-        inst.enqueue(req(3, 160, 1, &shared)).unwrap();
+        inst.enqueue(end, req(3, 160, 1, &shared)).unwrap();
         let (again, _, _) = run(&mut inst, end);
         done.sort_by_key(|f| f.request.id);
         (
@@ -208,16 +218,16 @@ fn a_long_prefill_finishes_within_the_stated_bound_under_a_stream_of_short_ones(
     // the long one has 200 tokens and gets little more than the 4 reserved: the bound is 50.
     let long_min = 4;
     let mut inst = Instance::new(InstanceConfig { prefill: fair(8, 0.0, long_min), ..config(1024, 16) });
-    inst.enqueue(req(1, 200, 1, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 200, 1, &[])).unwrap();
     let mut now = Time::ZERO;
     let mut done = Vec::new();
     let mut steps = 0u32;
     while done.iter().all(|f: &Finished| f.request.id != RequestId(1)) {
-        inst.enqueue(req(1000 + u64::from(steps), 6, 1, &[])).unwrap();
-        inst.enqueue(req(2000 + u64::from(steps), 6, 1, &[])).unwrap();
+        inst.enqueue(now, req(1000 + u64::from(steps), 6, 1, &[])).unwrap();
+        inst.enqueue(now, req(2000 + u64::from(steps), 6, 1, &[])).unwrap();
         let d = inst.begin_step(now, &mut Fixed).unwrap().expect("work");
         now += d;
-        inst.end_step(now, &mut done);
+        inst.end_step(now, &mut done, &mut Vec::new());
         steps += 1;
         assert!(steps <= 200 / long_min, "the long prompt starved past its bound");
     }
@@ -229,7 +239,7 @@ fn a_long_prefill_finishes_within_the_stated_bound_under_a_stream_of_short_ones(
 #[test]
 fn timestamps_of_a_finished_request_are_ordered() {
     let mut inst = Instance::new(config(64, 64));
-    inst.enqueue(req(1, 10, 5, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(1, 10, 5, &[])).unwrap();
     let (done, _, end) = run(&mut inst, Time(5));
     let f = &done[0];
     assert!(
@@ -238,9 +248,140 @@ fn timestamps_of_a_finished_request_are_ordered() {
     assert_eq!(f.finished_at, end);
 }
 
+fn protection(high_water: f64, low_water: f64, runaway: Option<u32>, action: RunawayAction) -> Option<KvProtection> {
+    Some(KvProtection { high_water, low_water, runaway_output_tokens: runaway, runaway_action: action })
+}
+
+/// Steps the instance until it is idle, calling `on_step` after each step with the step's
+/// end time; checks the invariants after every step. Returns the end time.
+fn drive(
+    inst: &mut Instance,
+    mut now: Time,
+    done: &mut Vec<Finished>,
+    evicted: &mut Vec<Evicted>,
+    mut on_step: impl FnMut(&mut Instance, Time, &[Finished], &[Evicted]),
+) -> Time {
+    for _ in 0..100_000 {
+        let Some(d) = inst.begin_step(now, &mut Fixed).expect("fixed executor") else {
+            return now;
+        };
+        now += d;
+        inst.end_step(now, done, evicted);
+        inst.check_invariants();
+        on_step(inst, now, done, evicted);
+    }
+    panic!("instance did not drain");
+}
+
+#[test]
+fn admission_pauses_at_the_high_water_mark_and_resumes_at_the_low_one() {
+    // 40 blocks of 4 tokens: high water 20 blocks, low water 10. A holds 15 blocks and grows;
+    // B holds 1 and grows. Together they pass 20 blocks after about 8 tokens each.
+    let config =
+        InstanceConfig { kv_protection: protection(0.5, 0.25, None, RunawayAction::Reroute), ..config(40, 128) };
+    let mut inst = Instance::new(config);
+    inst.enqueue(Time::ZERO, req(1, 60, 30, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(2, 4, 60, &[])).unwrap();
+    let (mut done, mut evicted) = (Vec::new(), Vec::new());
+    let mut paused_at = None;
+    let end = drive(&mut inst, Time::ZERO, &mut done, &mut evicted, |inst, now, _, _| {
+        assert_eq!(inst.load().admission_paused, inst.admission_paused());
+        if inst.admission_paused() && paused_at.is_none() {
+            paused_at = Some(now);
+            // C arrives while admission is paused: it waits although KV has room for it.
+            assert!(inst.kv().available_blocks() > 1);
+            inst.enqueue(now, req(3, 4, 1, &[])).unwrap();
+        }
+    });
+    let paused_at = paused_at.expect("KV use reached the high-water mark");
+    let f = |id| done.iter().find(|f: &&Finished| f.request.id == RequestId(id)).expect("finished");
+    let (a, b, c) = (f(1), f(2), f(3));
+    // A's finish leaves B's 9 blocks, under the low-water mark: C is admitted at once, while
+    // B still runs.
+    assert_eq!(c.admitted_at, a.finished_at);
+    assert!(c.admitted_at < b.finished_at);
+    assert_eq!(c.paused_wait, a.finished_at - paused_at, "C waited only while admission was paused");
+    assert_eq!((a.paused_wait, b.paused_wait), (Dur::ZERO, Dur::ZERO));
+    assert_eq!(inst.paused_clock(end), a.finished_at - paused_at);
+    assert!(!inst.admission_paused() && evicted.is_empty());
+    assert!(done.iter().all(|f| f.output_tokens == f.request.max_output_tokens && f.ended.is_none()));
+}
+
+/// The runaway scenario: A (15-block prompt, 50 tokens) and B (1-block prompt, 60 tokens)
+/// pass the high-water mark (20 of 40 blocks) once both have generated about 8 tokens; with
+/// a limit of 10, both are runaways from their 11th token, and A holds more KV.
+fn runaway_case(action: RunawayAction) -> (Instance, Vec<Finished>, Vec<Evicted>, Time) {
+    let config = InstanceConfig { kv_protection: protection(0.5, 0.25, Some(10), action), ..config(40, 128) };
+    let mut inst = Instance::new(config);
+    inst.enqueue(Time::ZERO, req(1, 60, 50, &[])).unwrap();
+    inst.enqueue(Time::ZERO, req(2, 4, 60, &[])).unwrap();
+    let (mut done, mut evicted) = (Vec::new(), Vec::new());
+    let mut evicted_at = None;
+    let end = drive(&mut inst, Time::ZERO, &mut done, &mut evicted, |inst, now, done, evicted| {
+        if evicted_at.is_none() && (!evicted.is_empty() || done.iter().any(|f| f.ended.is_some())) {
+            evicted_at = Some(now);
+            // Only B's blocks are left: A's were all released.
+            let b_tokens = 4 + 11;
+            assert_eq!(inst.kv().used_blocks(), inst.kv().blocks_for(b_tokens));
+            assert!(!inst.admission_paused(), "use fell to the low-water mark");
+        }
+    });
+    assert!(evicted_at.is_some(), "A was cut short");
+    (inst, done, evicted, end)
+}
+
+#[test]
+fn a_runaway_is_evicted_under_pressure_with_its_kv_freed_and_finishes_elsewhere() {
+    let (inst, done, evicted, end) = runaway_case(RunawayAction::Reroute);
+    assert_eq!(inst.kv().available_blocks(), 40, "no block leaked");
+    assert_eq!(done.len(), 1, "B finished where it was");
+    assert_eq!(done[0].request.id, RequestId(2));
+    let [Evicted { request, reason }] = &evicted[..] else { panic!("one eviction: {evicted:?}") };
+    assert_eq!(request.id, RequestId(1));
+    assert_eq!(*reason, CutShort::Runaway { generated_here: 11, limit: 10 });
+    let resume = *request.resume.clone().expect("the evicted request carries its progress");
+    assert_eq!((resume.generated, resume.evictions), (11, 1));
+
+    // On another instance it recomputes its prompt and 11 tokens, then generates the rest.
+    let mut other = Instance::new(config(64, 128));
+    other.enqueue(end, request.clone()).unwrap();
+    let (again, stats, _) = run(&mut other, end);
+    let a = &again[0];
+    assert_eq!(stats.iter().map(|s| s.prefill_tokens).sum::<u64>(), 60 + 11);
+    assert_eq!((a.output_tokens, a.evictions, a.ended), (50, 1, None));
+    assert_eq!(a.first_token_at, resume.first_token_at, "TTFT is that of its first placement");
+    assert_eq!(a.admitted_at, Time::ZERO);
+    assert_eq!(a.request.prompt_tokens, 60);
+}
+
+#[test]
+fn a_runaway_ended_by_policy_finishes_early_with_its_reason() {
+    let (inst, done, evicted, _) = runaway_case(RunawayAction::End);
+    assert!(evicted.is_empty());
+    assert_eq!(inst.kv().available_blocks(), 40, "no block leaked");
+    let a = done.iter().find(|f| f.request.id == RequestId(1)).expect("A finished");
+    assert_eq!(a.ended, Some(CutShort::Runaway { generated_here: 11, limit: 10 }));
+    assert_eq!(a.output_tokens, 11);
+    let b = done.iter().find(|f| f.request.id == RequestId(2)).expect("B finished");
+    assert_eq!((b.ended, b.output_tokens), (None, 60));
+}
+
+#[test]
+fn a_long_output_on_an_instance_with_room_runs_to_the_end() {
+    let config =
+        InstanceConfig { kv_protection: protection(0.9, 0.5, Some(10), RunawayAction::Reroute), ..config(64, 128) };
+    let mut inst = Instance::new(config);
+    inst.enqueue(Time::ZERO, req(1, 60, 50, &[])).unwrap();
+    let (done, _, end) = run(&mut inst, Time::ZERO);
+    assert_eq!((done[0].output_tokens, done[0].ended), (50, None));
+    assert_eq!(inst.paused_clock(end), Dur::ZERO);
+}
+
 proptest! {
-    /// Random arrivals into a small, contended instance: every request finishes with all of
-    /// its tokens, and no block is leaked (invariants are checked after every step).
+    /// Random arrivals into a small, contended instance, with or without KV high-water
+    /// protection: every request finishes (with all of its tokens, or ended early as a
+    /// runaway with its reason); evicted requests are queued again and finish too; no block
+    /// is leaked (invariants are checked after every step).
     #[test]
     fn every_request_finishes_and_no_block_leaks(
         reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3), 1..40),
@@ -249,12 +390,17 @@ proptest! {
         l2_blocks in 0u32..20,
         l3_blocks in proptest::option::of(0u32..30),
         fair_prefill in proptest::option::of((1u32..64, 0.0f64..0.2, 1u32..16)),
+        kv_protection in proptest::option::of((0.2f64..=1.0, 0.05f64..0.95, proptest::option::of(0u32..20), any::<bool>())),
     ) {
         let prefill = match fair_prefill {
             None => PrefillPolicy::Fcfs,
             Some((chunk, share, long_min)) => fair(chunk, share, long_min),
         };
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill };
+        let kv_protection = kv_protection.and_then(|(high, low_share, runaway, end)| {
+            let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
+            protection(high, high * low_share, runaway, action)
+        });
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g))| {
             let shared = [g, g + 10, g + 20];
@@ -266,23 +412,46 @@ proptest! {
         let mut queue = arrivals.into_iter().peekable();
         let mut now = Time::ZERO;
         let mut done = Vec::new();
-        let mut accepted = 0;
+        let mut evicted = Vec::new();
+        let (mut accepted, mut evictions) = (0, 0);
         for _ in 0..1_000_000 {
             while let Some((t, _)) = queue.peek() {
                 if *t > now { break; }
                 let (_, r) = queue.next().unwrap();
-                if inst.enqueue(r).is_ok() { accepted += 1; }
+                if inst.enqueue(now, r).is_ok() { accepted += 1; }
             }
             match inst.begin_step(now, &mut Fixed).unwrap() {
-                Some(d) => { now += d; inst.end_step(now, &mut done); }
+                Some(d) => {
+                    now += d;
+                    inst.end_step(now, &mut done, &mut evicted);
+                    // Evicted requests come back as the driver would place them.
+                    for e in evicted.drain(..) {
+                        prop_assert!(kv_protection.is_some());
+                        let resume = e.request.resume.as_deref().copied().expect("an evicted request carries its progress");
+                        prop_assert!(resume.generated < e.request.max_output_tokens);
+                        evictions += 1;
+                        prop_assert!(inst.enqueue(now, e.request).is_ok(), "it fitted before");
+                    }
+                }
                 None => match queue.peek() { Some((t, _)) => now = *t, None => break },
             }
         }
+        prop_assert!(!inst.has_work(), "the instance drained");
         prop_assert_eq!(done.len(), accepted);
         for f in &done {
-            prop_assert_eq!(f.output_tokens, f.request.max_output_tokens.max(1));
+            let wanted = f.request.max_output_tokens.max(1);
+            match f.ended {
+                None => prop_assert_eq!(f.output_tokens, wanted),
+                Some(CutShort::Runaway { limit, generated_here }) => {
+                    prop_assert!(generated_here > limit && f.output_tokens < wanted);
+                }
+            }
             prop_assert!(f.cached_total() < f.request.prompt_tokens, "the last prompt token is always computed");
+            prop_assert!(f.request.arrival <= f.admitted_at && f.admitted_at <= f.first_token_at && f.first_token_at <= f.finished_at);
+            prop_assert!(f.paused_wait <= f.finished_at - f.request.arrival);
         }
+        prop_assert_eq!(done.iter().map(|f| f.evictions).sum::<u32>(), evictions);
+        prop_assert!(!inst.admission_paused(), "an idle instance admits");
         prop_assert_eq!(inst.kv().available_blocks(), blocks);
     }
 }

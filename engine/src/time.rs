@@ -80,6 +80,20 @@ impl Add for Dur {
     }
 }
 
+impl AddAssign for Dur {
+    fn add_assign(&mut self, d: Dur) {
+        self.0 = self.0.saturating_add(d.0);
+    }
+}
+
+/// Saturates at zero, like [`Time::since`].
+impl Sub for Dur {
+    type Output = Dur;
+    fn sub(self, d: Dur) -> Dur {
+        Dur(self.0.saturating_sub(d.0))
+    }
+}
+
 impl Sub for Time {
     type Output = Dur;
     fn sub(self, earlier: Time) -> Dur {

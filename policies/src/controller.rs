@@ -7,6 +7,8 @@
 //!
 //! - feeds every [`FleetEvent`] it polls from the fleet to [`Controller::on_event`];
 //! - asks [`Controller::route`] where each arriving request goes, then dispatches it;
+//! - asks [`Controller::reroute`] where each request an instance evicted goes next (after
+//!   feeding the events of the step that evicted it), then dispatches it: none is dropped;
 //! - calls [`Controller::tick`] at [`Controller::next_deadline`] and applies the commands.
 //!
 //! The controller reads no clock, socket or thread-local random source; its routers draw from
@@ -81,7 +83,7 @@ impl Controller {
                     v.routed_since_report = 0;
                 }
             }
-            FleetEvent::RequestFinished { instance, .. } => {
+            FleetEvent::RequestFinished { instance, .. } | FleetEvent::RequestEvicted { instance, .. } => {
                 if let Some(v) = self.fleet.get_mut(instance) {
                     v.in_flight = v.in_flight.saturating_sub(1);
                 }
@@ -111,6 +113,16 @@ impl Controller {
         v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(request.max_output_tokens);
         v.in_flight += 1;
         Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })
+    }
+
+    /// Places again a request that `from` evicted (its `resume` says how far it got): as
+    /// [`Controller::route`], with `from` the last choice among the instances that admit (see
+    /// [`FleetView::candidates`]).
+    pub fn reroute(&mut self, now: Time, request: &Request, from: InstanceId) -> Result<Route, Reject> {
+        self.fleet.avoid = Some(from);
+        let route = self.route(now, request);
+        self.fleet.avoid = None;
+        route
     }
 
     /// Periodic decisions. The routers of this version need none; scaling and protection

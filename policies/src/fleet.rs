@@ -2,7 +2,7 @@
 
 use crate::controller::Route;
 use engine::kv::KvEvent;
-use engine::{InstanceId, Load, Request, RequestId, Time};
+use engine::{CutShort, InstanceId, Load, Request, RequestId, Time};
 
 /// What a fleet tells the controller. Closed: a new kind of news must be handled everywhere.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,8 +15,12 @@ pub enum FleetEvent {
     InstanceDown { instance: InstanceId },
     /// The instance's queues and KV use at the end of an iteration.
     Load { instance: InstanceId, load: Load },
-    /// A request left the instance after generating its output.
+    /// A request left the instance after generating its output (or ended early, with a
+    /// reason in its record).
     RequestFinished { instance: InstanceId, request: RequestId },
+    /// The instance evicted a request before it finished (KV high-water protection); the
+    /// driver places it again through [`crate::Controller::reroute`].
+    RequestEvicted { instance: InstanceId, request: RequestId, reason: CutShort },
     /// Changes to what instances cache (for L3, to the shared store), in order, each with
     /// the instance that published it; batched as engines publish them. Published only when
     /// the controller asks for them ([`crate::Controller::wants_kv_events`]).

@@ -23,4 +23,4 @@ pub use controller::{Controller, ControllerConfig, Reject, Route};
 pub use fleet::{Command, DispatchError, Fleet, FleetEvent};
 pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};
 pub use router::{CostHints, Pick, Router, RouterConfig, UnknownRouter, Why};
-pub use view::{FleetView, InstanceState, InstanceView};
+pub use view::{CandidateRule, FleetView, InstanceState, InstanceView};

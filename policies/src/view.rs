@@ -37,6 +37,37 @@ impl InstanceView {
     pub fn is_serving(&self) -> bool {
         self.state == InstanceState::Serving
     }
+
+    /// Whether its last report said it paused admission (KV use above its high-water mark):
+    /// a request sent there would wait until use falls to the low-water mark.
+    pub fn admission_paused(&self) -> bool {
+        self.load.admission_paused
+    }
+}
+
+/// Which instances a request may go to (see [`FleetView::candidates`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CandidateRule {
+    peak_kv_tokens: u64,
+    avoid: Option<InstanceId>,
+    /// The best rank among the instances that fit; only instances of that rank qualify.
+    rank: u8,
+}
+
+impl CandidateRule {
+    /// How bad a fitting instance is as a destination: one pausing admission is worse than
+    /// the instance the request is leaving, which is worse than any other.
+    fn rank(avoid: Option<InstanceId>, v: &InstanceView) -> u8 {
+        2 * u8::from(v.admission_paused()) + u8::from(avoid == Some(v.id))
+    }
+
+    fn fits(&self, v: &InstanceView) -> bool {
+        v.is_serving() && self.peak_kv_tokens <= v.capacity_tokens
+    }
+
+    pub fn admits(&self, v: &InstanceView) -> bool {
+        self.fits(v) && CandidateRule::rank(self.avoid, v) == self.rank
+    }
 }
 
 /// All instances, indexed by id, and what they cache.
@@ -44,6 +75,8 @@ impl InstanceView {
 pub struct FleetView {
     instances: Vec<InstanceView>,
     index: PrefixIndex,
+    /// The instance a request being placed again has just left, if any: the last choice.
+    pub(crate) avoid: Option<InstanceId>,
 }
 
 impl FleetView {
@@ -77,9 +110,28 @@ impl FleetView {
         self.serving().count()
     }
 
-    /// Serving instances that could hold `request` at all.
+    /// Where `request` may go: the serving instances that could hold it at all, and among
+    /// them the least bad class that is not empty: those admitting, other than the one a
+    /// re-placed request just left; else that one, if it admits again; else those that
+    /// paused admission (KV above the high-water mark; the one it left last), which a router
+    /// then ranks by its own rule (the least bad of them by its measure).
     pub fn candidates<'a>(&'a self, request: &'a Request) -> impl Iterator<Item = &'a InstanceView> + 'a {
-        self.serving().filter(move |i| request.peak_kv_tokens() <= i.capacity_tokens)
+        let rule = self.candidate_rule(request);
+        self.instances.iter().filter(move |v| rule.admits(v))
+    }
+
+    /// The test behind [`FleetView::candidates`], for routers that walk the instances
+    /// themselves.
+    pub fn candidate_rule(&self, request: &Request) -> CandidateRule {
+        let mut rule = CandidateRule { peak_kv_tokens: request.peak_kv_tokens(), avoid: self.avoid, rank: 0 };
+        rule.rank = self
+            .instances
+            .iter()
+            .filter(|v| rule.fits(v))
+            .map(|v| CandidateRule::rank(self.avoid, v))
+            .min()
+            .unwrap_or(0);
+        rule
     }
 
     pub(crate) fn up(&mut self, id: InstanceId, capacity_tokens: u64) {

@@ -3,11 +3,13 @@
 //!
 //! KV events, when the controller wants them, reach it `event_delay` after the iteration
 //! that caused them (the time a real event bus takes); every other event is immediate.
+//! Requests an instance evicts (KV high-water protection) wait in the fleet, counted in
+//! flight, until the driver takes them to place them again.
 
 use crate::cost::CostModelExecutor;
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
-use engine::{Dur, Finished, Instance, InstanceConfig, InstanceId, Request, Time};
+use engine::{Dur, Evicted, Finished, Instance, InstanceConfig, InstanceId, Request, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Route};
 use std::collections::VecDeque;
 
@@ -51,6 +53,9 @@ pub struct SimFleet {
     queue: EventQueue<(InstanceId, Wake)>,
     events: Vec<FleetEvent>,
     finished: Vec<Finished>,
+    /// Requests evicted and not yet taken by the driver, with the instance they left.
+    evicted: Vec<(InstanceId, Request)>,
+    evicted_scratch: Vec<Evicted>,
     kv: KvOptions,
     /// KV events on their way to the controller, in order of delivery time.
     kv_in_flight: VecDeque<(Time, InstanceId, KvEvent)>,
@@ -66,6 +71,8 @@ impl SimFleet {
             queue: EventQueue::default(),
             events: Vec::new(),
             finished: Vec::new(),
+            evicted: Vec::new(),
+            evicted_scratch: Vec::new(),
             kv,
             kv_in_flight: VecDeque::new(),
             kv_scratch: Vec::new(),
@@ -110,9 +117,13 @@ impl SimFleet {
         let inst = &mut self.instances[id.0 as usize];
         if wake == Wake::StepDone {
             let before = self.finished.len();
-            inst.engine.end_step(now, &mut self.finished);
+            inst.engine.end_step(now, &mut self.finished, &mut self.evicted_scratch);
             for f in &self.finished[before..] {
                 self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id });
+            }
+            for e in self.evicted_scratch.drain(..) {
+                self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
+                self.evicted.push((id, e.request));
             }
             self.events.push(FleetEvent::Load { instance: id, load: inst.engine.load() });
         }
@@ -159,9 +170,20 @@ impl SimFleet {
         out.append(&mut self.finished);
     }
 
-    /// Requests queued or running anywhere.
+    /// Requests evicted since the last call, with the instance each left, for the driver to
+    /// place again.
+    pub fn take_evicted(&mut self, out: &mut Vec<(InstanceId, Request)>) {
+        out.append(&mut self.evicted);
+    }
+
+    /// Requests queued or running anywhere, or evicted and not yet taken.
     pub fn in_flight(&self) -> usize {
-        self.instances.iter().map(|i| i.engine.in_flight()).sum()
+        self.instances.iter().map(|i| i.engine.in_flight()).sum::<usize>() + self.evicted.len()
+    }
+
+    /// Time admission was paused up to `now`, summed over instances.
+    pub fn admission_paused(&self, now: Time) -> Dur {
+        self.instances.iter().fold(Dur::ZERO, |sum, i| sum + i.engine.paused_clock(now))
     }
 }
 
@@ -171,7 +193,9 @@ impl Fleet for SimFleet {
         let Some(inst) = self.instances.get_mut(id.0 as usize).filter(|i| i.state == State::Serving) else {
             return Err((DispatchError::NotServing { instance: id }, request));
         };
-        inst.engine.enqueue(request).map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r))?;
+        inst.engine
+            .enqueue(now, request)
+            .map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r))?;
         if !inst.busy {
             inst.busy = true;
             self.queue.push(now, (id, Wake::Start));

@@ -19,13 +19,18 @@
 //! | TPOT | `(finished_at − first_token_at) / (output_tokens − 1)`, only when `output_tokens ≥ 2` |
 //! | E2E | `finished_at − arrival` |
 //! | queue | `admitted_at − arrival` |
+//! | paused wait | time queued while its instance had paused admission (KV high water) |
+//!
+//! A request evicted from one instance and placed on another is one request: its TTFT ends
+//! at the first token it ever produced, its TPOT spans the eviction and the recompute.
 //!
 //! A request meets the SLO when its TTFT and its TPOT are both within target; one with fewer
 //! than two output tokens has no inter-token gap and meets the TPOT target by definition.
-//! Rejected requests never meet it. The run's span is first arrival to last finish among
+//! Rejected requests never meet it, nor do requests ended early (runaways under the
+//! `end` policy), whose latencies are still recorded. The run's span is first arrival to last finish among
 //! finished requests; rates (goodput, throughput) and GPU-hours are taken over that span.
 
-use engine::{Finished, Time};
+use engine::{Dur, Finished, Request, Time};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -47,11 +52,16 @@ pub struct Slo {
     pub tpot_ms: f64,
 }
 
-/// What the fleet costs to run: GPU count times the hourly price, over the run's span.
 /// Prompts of at least this many tokens are long in the per-class TTFT (the long requests of
 /// the long-input experiments are 32K to 256K tokens).
 pub const LONG_PROMPT_TOKENS: u32 = 32_768;
 
+/// Requests asking for at least this many output tokens have a long output in the
+/// per-class metrics (the long outputs of the long-output experiments are 8K tokens and
+/// more; ordinary chat outputs stay under 2K).
+pub const LONG_OUTPUT_TOKENS: u32 = 4_096;
+
+/// What the fleet costs to run: GPU count times the hourly price, over the run's span.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FleetCost {
     pub gpus: u32,
@@ -128,6 +138,30 @@ pub struct Summary {
     pub slo_met: u64,
     /// The targets the attainment was measured against.
     pub slo: Slo,
+    /// TTFT of requests asking for fewer than [`LONG_OUTPUT_TOKENS`] output tokens, and
+    /// their SLO attainment (over those finished or rejected).
+    #[serde(default)]
+    pub ttft_ms_short_output: Percentiles,
+    #[serde(default)]
+    pub slo_attainment_short_output: f64,
+    /// Requests (finished or rejected) asking for at least [`LONG_OUTPUT_TOKENS`].
+    #[serde(default)]
+    pub long_output_requests: u64,
+    /// Requests evicted from an instance by the KV high-water protection (a request evicted
+    /// twice counts twice), and evicted requests placed again.
+    #[serde(default)]
+    pub evictions: u64,
+    #[serde(default)]
+    pub reroutes: u64,
+    /// Requests ended early as runaways (the `end` policy).
+    #[serde(default)]
+    pub ended_runaway: u64,
+    /// Time instances spent with admission paused, summed over instances.
+    #[serde(default)]
+    pub admission_paused_s: f64,
+    /// Per request, time queued while admission was paused (zero for most).
+    #[serde(default)]
+    pub paused_wait_ms: Percentiles,
 }
 
 /// Token-weighted shares of prompt tokens served from each tier.
@@ -169,12 +203,22 @@ pub struct Metrics {
     ttft: Distribution,
     ttft_short: Distribution,
     ttft_long: Distribution,
+    ttft_short_output: Distribution,
     tpot: Distribution,
     e2e: Distribution,
     queue: Distribution,
+    paused_wait: Distribution,
     finished: u64,
     rejected: u64,
     slo_met: u64,
+    /// Short-output requests that met the SLO, and those rejected; long-output ones.
+    slo_met_short_output: u64,
+    rejected_short_output: u64,
+    long_output: u64,
+    evictions: u64,
+    reroutes: u64,
+    ended_runaway: u64,
+    admission_paused: Dur,
     input_tokens: u64,
     output_tokens: u64,
     cached_tokens: u64,
@@ -194,12 +238,21 @@ impl Metrics {
             ttft: Distribution::new(),
             ttft_short: Distribution::new(),
             ttft_long: Distribution::new(),
+            ttft_short_output: Distribution::new(),
             tpot: Distribution::new(),
             e2e: Distribution::new(),
             queue: Distribution::new(),
+            paused_wait: Distribution::new(),
             finished: 0,
             rejected: 0,
             slo_met: 0,
+            slo_met_short_output: 0,
+            rejected_short_output: 0,
+            long_output: 0,
+            evictions: 0,
+            reroutes: 0,
+            ended_runaway: 0,
+            admission_paused: Dur::ZERO,
             input_tokens: 0,
             output_tokens: 0,
             cached_tokens: 0,
@@ -234,8 +287,15 @@ impl Metrics {
         } else {
             self.ttft_short.record(ttft_us as f64);
         }
+        let short_output = f.request.max_output_tokens < LONG_OUTPUT_TOKENS;
+        if short_output {
+            self.ttft_short_output.record(ttft_us as f64);
+        } else {
+            self.long_output += 1;
+        }
         self.e2e.record(f.finished_at.since(arrival).0 as f64);
         self.queue.record(f.admitted_at.since(arrival).0 as f64);
+        self.paused_wait.record(f.paused_wait.0 as f64);
 
         let ttft_met = ttft_us as f64 <= self.slo.ttft_ms * 1e3;
         let tpot_met = if f.output_tokens >= 2 {
@@ -248,8 +308,11 @@ impl Metrics {
         } else {
             true
         };
-        if ttft_met && tpot_met {
+        if f.ended.is_some() {
+            self.ended_runaway += 1;
+        } else if ttft_met && tpot_met {
             self.slo_met += 1;
+            self.slo_met_short_output += u64::from(short_output);
         }
 
         self.finished += 1;
@@ -266,8 +329,28 @@ impl Metrics {
     }
 
     /// Counts a request the fleet turned away; it never meets the SLO.
-    pub fn record_rejected(&mut self) {
+    pub fn record_rejected(&mut self, request: &Request) {
         self.rejected += 1;
+        if request.max_output_tokens < LONG_OUTPUT_TOKENS {
+            self.rejected_short_output += 1;
+        } else {
+            self.long_output += 1;
+        }
+    }
+
+    /// Counts a request evicted from an instance (placed again or not).
+    pub fn record_eviction(&mut self) {
+        self.evictions += 1;
+    }
+
+    /// Counts an evicted request placed on an instance again.
+    pub fn record_reroute(&mut self) {
+        self.reroutes += 1;
+    }
+
+    /// Adds time an instance spent with admission paused.
+    pub fn record_admission_paused(&mut self, paused: Dur) {
+        self.admission_paused += paused;
     }
 
     /// First arrival to last finish, in seconds; 0.0 before any request finished.
@@ -315,6 +398,17 @@ impl Metrics {
             cached_tokens: self.cached_tokens,
             slo_met: self.slo_met,
             slo: self.slo,
+            ttft_ms_short_output: self.ttft_short_output.percentiles(),
+            slo_attainment_short_output: ratio(
+                self.slo_met_short_output as f64,
+                (self.ttft_short_output.count() + self.rejected_short_output) as f64,
+            ),
+            long_output_requests: self.long_output,
+            evictions: self.evictions,
+            reroutes: self.reroutes,
+            ended_runaway: self.ended_runaway,
+            admission_paused_s: self.admission_paused.as_secs_f64(),
+            paused_wait_ms: self.paused_wait.percentiles(),
         }
     }
 
@@ -414,7 +508,7 @@ fn finite(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::{Request, RequestId};
+    use engine::{CutShort, RequestId};
 
     const SLO: Slo = Slo { ttft_ms: 200.0, tpot_ms: 50.0 };
 
@@ -440,6 +534,7 @@ mod tests {
                 prompt_tokens: s.prompt_tokens,
                 max_output_tokens: s.output_tokens,
                 block_hashes: Vec::new(),
+                resume: None,
             },
             admitted_at: Time::from_millis(s.admitted_ms),
             first_token_at: Time::from_millis(s.first_token_ms),
@@ -448,6 +543,21 @@ mod tests {
             cached_tokens: [s.cached_tokens, 0, 0],
             preemptions: s.preemptions,
             yields: 0,
+            paused_wait: Dur::ZERO,
+            evictions: 0,
+            ended: None,
+        }
+    }
+
+    /// A request turned away, asking for `output_tokens`.
+    fn refused(output_tokens: u32) -> Request {
+        Request {
+            id: RequestId(99),
+            arrival: Time::ZERO,
+            prompt_tokens: 10,
+            max_output_tokens: output_tokens,
+            block_hashes: Vec::new(),
+            resume: None,
         }
     }
 
@@ -507,7 +617,7 @@ mod tests {
         for (id, spec) in specs.into_iter().enumerate() {
             m.record(&finished(id as u64, spec));
         }
-        m.record_rejected();
+        m.record_rejected(&refused(1));
         m
     }
 
@@ -562,6 +672,47 @@ mod tests {
     }
 
     #[test]
+    fn ended_runaways_miss_the_slo_and_short_outputs_are_measured_apart() {
+        let mut m = Metrics::new(SLO);
+        let spec = |first_token_ms, finished_ms, output_tokens| Spec {
+            arrival_ms: 0,
+            admitted_ms: 0,
+            first_token_ms,
+            finished_ms,
+            prompt_tokens: 100,
+            output_tokens,
+            cached_tokens: 0,
+            preemptions: 0,
+        };
+        // A short output within the SLO, after 30 ms of paused admission.
+        let mut short = finished(0, spec(100, 200, 3));
+        short.paused_wait = Dur::from_millis(30);
+        m.record(&short);
+        // A long output within the SLO, evicted once on the way.
+        let mut long = finished(1, spec(100, 100 + 40 * (LONG_OUTPUT_TOKENS as u64 - 1), LONG_OUTPUT_TOKENS));
+        long.evictions = 1;
+        m.record(&long);
+        // A long output ended early: within the targets, yet it misses the SLO.
+        let mut ended = finished(2, spec(50, 1_050, LONG_OUTPUT_TOKENS));
+        ended.output_tokens = 101;
+        ended.ended = Some(CutShort::Runaway { generated_here: 101, limit: 100 });
+        m.record(&ended);
+        // And a short one refused.
+        m.record_rejected(&refused(10));
+        m.record_eviction();
+        m.record_reroute();
+        m.record_admission_paused(Dur::from_millis(1_500));
+        let s = m.summary(&COST);
+        assert_eq!((s.requests, s.rejected, s.slo_met, s.ended_runaway), (3, 1, 2, 1));
+        assert_eq!((s.evictions, s.reroutes, s.long_output_requests), (1, 1, 2));
+        assert_eq!(s.slo_attainment_short_output, 0.5, "one met of one finished and one refused");
+        assert_eq!(s.ttft_ms_short_output.p99, 100.0);
+        assert_eq!(s.admission_paused_s, 1.5);
+        assert_eq!(s.paused_wait_ms.p99, 30.0);
+        assert_eq!(s.paused_wait_ms.p50, 0.0);
+    }
+
+    #[test]
     fn an_empty_run_summarizes_to_zeros_and_serializes() {
         let s = Metrics::new(SLO).summary(&COST);
         assert_eq!(s.requests, 0);
@@ -588,8 +739,8 @@ mod tests {
     #[test]
     fn rejections_alone_give_zero_attainment_and_no_nan() {
         let mut m = Metrics::new(SLO);
-        m.record_rejected();
-        m.record_rejected();
+        m.record_rejected(&refused(1));
+        m.record_rejected(&refused(1));
         let s = m.summary(&COST);
         assert_eq!(s.rejected, 2);
         assert_eq!(s.slo_attainment, 0.0);

@@ -77,6 +77,7 @@ const ROWS: &[Row] = &[
     Row { label: "TTFT short p99 (ms)", value: |s| s.ttft_ms_short.p99, decimals: 1 },
     Row { label: "TTFT long mean (ms)", value: |s| s.ttft_ms_long.mean, decimals: 1 },
     Row { label: "TTFT long p99 (ms)", value: |s| s.ttft_ms_long.p99, decimals: 1 },
+    Row { label: "TTFT short-output p99 (ms)", value: |s| s.ttft_ms_short_output.p99, decimals: 1 },
     Row { label: "TPOT mean (ms)", value: |s| s.tpot_ms.mean, decimals: 2 },
     Row { label: "TPOT p50 (ms)", value: |s| s.tpot_ms.p50, decimals: 2 },
     Row { label: "TPOT p99 (ms)", value: |s| s.tpot_ms.p99, decimals: 2 },
@@ -84,6 +85,7 @@ const ROWS: &[Row] = &[
     Row { label: "E2E p99 (ms)", value: |s| s.e2e_ms.p99, decimals: 1 },
     Row { label: "queue p99 (ms)", value: |s| s.queue_ms.p99, decimals: 1 },
     Row { label: "SLO attainment (%)", value: |s| s.slo_attainment * 100.0, decimals: 1 },
+    Row { label: "  short-output (%)", value: |s| s.slo_attainment_short_output * 100.0, decimals: 1 },
     Row { label: "goodput (req/s)", value: |s| s.goodput_rps, decimals: 2 },
     Row { label: "input (tok/s)", value: |s| s.throughput_tok_s.input, decimals: 0 },
     Row { label: "output (tok/s)", value: |s| s.throughput_tok_s.output, decimals: 0 },
@@ -96,6 +98,12 @@ const ROWS: &[Row] = &[
     Row { label: "cost ($/Mtok)", value: |s| s.cost_per_mtok, decimals: 3 },
     Row { label: "preemptions", value: |s| s.preemptions as f64, decimals: 0 },
     Row { label: "prefill yields", value: |s| s.yields as f64, decimals: 0 },
+    Row { label: "long-output requests", value: |s| s.long_output_requests as f64, decimals: 0 },
+    Row { label: "evictions", value: |s| s.evictions as f64, decimals: 0 },
+    Row { label: "re-routes", value: |s| s.reroutes as f64, decimals: 0 },
+    Row { label: "ended (runaway)", value: |s| s.ended_runaway as f64, decimals: 0 },
+    Row { label: "admission paused (s)", value: |s| s.admission_paused_s, decimals: 1 },
+    Row { label: "paused wait p99 (ms)", value: |s| s.paused_wait_ms.p99, decimals: 1 },
 ];
 
 /// One column per router and one row per metric. With exactly two routers, a last column

@@ -9,7 +9,9 @@
 //! instances = 8
 //! model = "llama-3.1-8b"
 //! gpu = "h100"
-//! tp = 1
+//! tp = 1                # TP inside one attention rank
+//! dp_attention = 1      # attention data-parallel ranks; the instance has tp × dp_attention GPUs
+//! ep = 1                # expert parallelism (MoE): 1 or tp × dp_attention
 //!
 //! [workload]
 //! trace = "../../shared/traces/mooncake-conversation.jsonl"   # relative to this file
@@ -32,7 +34,7 @@ use crate::metrics::Slo;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::{FairPrefill, InstanceConfig, PrefillPolicy};
+use engine::{FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction};
 use policies::{RouterConfig, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -71,7 +73,14 @@ pub struct FleetSection {
     pub instances: Option<u32>,
     pub model: Option<String>,
     pub gpu: Option<String>,
+    /// Tensor-parallel degree inside one attention rank.
     pub tp: Option<u32>,
+    /// Attention data-parallel ranks per instance (see [`Deployment`]).
+    #[serde(default)]
+    pub dp_attention: Option<u32>,
+    /// Expert-parallel degree: 1 or the instance's GPUs (`tp × dp_attention`).
+    #[serde(default)]
+    pub ep: Option<u32>,
     pub block_size: Option<u32>,
     pub max_batch_tokens: Option<u32>,
     pub max_seqs: Option<u32>,
@@ -88,7 +97,19 @@ pub struct WorkloadSection {
 }
 
 /// `[scheduler]`: `prefill = "fcfs"` (default) or `"fair"`, and fair prefill's knobs (see
-/// [`engine::FairPrefill`]).
+/// [`engine::FairPrefill`]); and the KV high-water protection (see [`engine::KvProtection`]):
+///
+/// ```toml
+/// [scheduler]
+/// kv_high_water = 0.9           # pause admission at 90% of KV blocks in use ...
+/// kv_low_water = 0.7            # ... until back at 70% [default: 80% of kv_high_water]
+/// runaway_output_tokens = 4096  # under pressure, evict requests past 4,096 tokens [default: none]
+/// runaway_action = "reroute"    # or "end" [default: reroute]
+/// ```
+///
+/// Protection is on when `kv_high_water` is given, for every run but those written
+/// `router@nohw`; a run written `router@hw` has it on either way (at a high-water mark of
+/// [`DEFAULT_KV_HIGH_WATER`] when none is given).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerSection {
@@ -101,7 +122,22 @@ pub struct SchedulerSection {
     pub quota_growth: Option<f64>,
     /// Tokens of each iteration short prompts leave to long ones [default: 1024].
     pub long_min_tokens: Option<u32>,
+    /// Share of KV blocks in use at which admission pauses, in (0, 1].
+    pub kv_high_water: Option<f64>,
+    /// Share at which it resumes, in (0, kv_high_water) [default: 80% of kv_high_water].
+    pub kv_low_water: Option<f64>,
+    /// Tokens a request may generate on an instance before it counts as a runaway, evicted
+    /// when KV use is at the high-water mark [default: none, no eviction].
+    pub runaway_output_tokens: Option<u32>,
+    /// What becomes of an evicted runaway: `reroute` (placed on another instance) or `end`.
+    pub runaway_action: Option<String>,
 }
+
+/// The high-water mark of `router@hw` runs when the scenario gives none.
+pub const DEFAULT_KV_HIGH_WATER: f64 = 0.9;
+
+/// The low-water mark, as a share of the high-water mark, when none is given.
+pub const DEFAULT_KV_LOW_WATER_SHARE: f64 = 0.8;
 
 impl SchedulerSection {
     fn overlay(self, over: SchedulerSection) -> SchedulerSection {
@@ -111,7 +147,43 @@ impl SchedulerSection {
             quota_kv_share: over.quota_kv_share.or(self.quota_kv_share),
             quota_growth: over.quota_growth.or(self.quota_growth),
             long_min_tokens: over.long_min_tokens.or(self.long_min_tokens),
+            kv_high_water: over.kv_high_water.or(self.kv_high_water),
+            kv_low_water: over.kv_low_water.or(self.kv_low_water),
+            runaway_output_tokens: over.runaway_output_tokens.or(self.runaway_output_tokens),
+            runaway_action: over.runaway_action.or(self.runaway_action),
         }
+    }
+
+    /// The KV high-water protection: its knobs, checked, and whether runs have it on unless
+    /// their name says otherwise (`kv_high_water` given).
+    fn resolve_protection(&self) -> Result<(KvProtection, bool), ScenarioError> {
+        let high_water = self.kv_high_water.unwrap_or(DEFAULT_KV_HIGH_WATER);
+        if !(high_water.is_finite() && high_water > 0.0 && high_water <= 1.0) {
+            return Err(invalid("scheduler.kv_high_water", format!("{high_water} is not a share in (0, 1]")));
+        }
+        let low_water = self.kv_low_water.unwrap_or(high_water * DEFAULT_KV_LOW_WATER_SHARE);
+        if !(low_water.is_finite() && low_water > 0.0 && low_water < high_water) {
+            return Err(invalid(
+                "scheduler.kv_low_water",
+                format!("{low_water} is not a share in (0, kv_high_water = {high_water})"),
+            ));
+        }
+        if self.runaway_output_tokens == Some(0) {
+            return Err(invalid("scheduler.runaway_output_tokens", "must be at least 1"));
+        }
+        let runaway_action = match self.runaway_action.as_deref().unwrap_or("reroute") {
+            "reroute" => RunawayAction::Reroute,
+            "end" => RunawayAction::End,
+            other => {
+                return Err(invalid(
+                    "scheduler.runaway_action",
+                    format!("unknown runaway action `{other}` (valid: reroute, end)"),
+                ))
+            }
+        };
+        let protection =
+            KvProtection { high_water, low_water, runaway_output_tokens: self.runaway_output_tokens, runaway_action };
+        Ok((protection, self.kv_high_water.is_some()))
     }
 
     fn resolve(&self) -> Result<PrefillPolicy, ScenarioError> {
@@ -179,13 +251,18 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ScenarioError {
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkloadSource {
-    Trace { path: PathBuf, format: TraceFormat },
-    Synthetic(SyntheticConfig),
+    Trace {
+        path: PathBuf,
+        format: TraceFormat,
+    },
+    /// Boxed: the description is large, and read once per run.
+    Synthetic(Box<SyntheticConfig>),
 }
 
 /// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
-/// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`) and the prefill scheduler
-/// (`fcfs`, `fair`). So an L1-only baseline and a tiered fleet, or FCFS and fair prefill,
+/// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`), the prefill scheduler
+/// (`fcfs`, `fair`) and the KV high-water protection (`hw` on, `nohw` off). So an L1-only
+/// baseline and a tiered fleet, FCFS and fair prefill, or runs with and without protection,
 /// run on the same arrivals in one command.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
@@ -194,6 +271,7 @@ pub struct RunSpec {
     pub variant: Option<String>,
     pub tiers: KvTiers,
     pub prefill: PrefillPolicy,
+    pub kv_protection: Option<KvProtection>,
 }
 
 impl RunSpec {
@@ -256,6 +334,8 @@ impl Scenario {
                 model: f.model.or(self.fleet.model),
                 gpu: f.gpu.or(self.fleet.gpu),
                 tp: f.tp.or(self.fleet.tp),
+                dp_attention: f.dp_attention.or(self.fleet.dp_attention),
+                ep: f.ep.or(self.fleet.ep),
                 block_size: f.block_size.or(self.fleet.block_size),
                 max_batch_tokens: f.max_batch_tokens.or(self.fleet.max_batch_tokens),
                 max_seqs: f.max_seqs.or(self.fleet.max_seqs),
@@ -292,7 +372,9 @@ impl Scenario {
         let model = model_by_name(f.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
         let gpu = gpu_by_name(f.gpu.as_deref().unwrap_or(DEFAULT_GPU))?;
         let params = self.cost.clone().unwrap_or_default();
-        let cost = CostModel::new(model, gpu, Deployment { tp: f.tp.unwrap_or(1) }, params)?;
+        let deployment =
+            Deployment { tp: f.tp.unwrap_or(1), dp_attention: f.dp_attention.unwrap_or(1), ep: f.ep.unwrap_or(1) };
+        let cost = CostModel::new(model, gpu, deployment, params)?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
         if block_size == 0 || !block_size.is_power_of_two() || block_size > 512 {
@@ -308,6 +390,8 @@ impl Scenario {
         }
         let tiers = self.kv.resolve(&cost, block_size)?;
         let prefill = self.scheduler.resolve()?;
+        let (protection, protection_on) = self.scheduler.resolve_protection()?;
+        let kv_protection = protection_on.then_some(protection);
         let mut routers = Vec::with_capacity(names.len());
         for spec in &names {
             let (name, variant) = match spec.trim().split_once('@') {
@@ -315,13 +399,26 @@ impl Scenario {
                 None => (spec.trim(), None),
             };
             let router: RouterConfig = name.parse()?;
-            let (mut run_tiers, mut run_prefill) = (tiers, prefill);
+            let (mut run_tiers, mut run_prefill, mut run_protection) = (tiers, prefill, kv_protection);
             if let Some(v) = &variant {
                 let parts: Vec<&str> = v.split('+').map(str::trim).collect();
+                const VARIANTS: [&str; 7] = ["l1", "l2", "l3", "fcfs", "fair", "hw", "nohw"];
+                if let Some(unknown) = parts.iter().find(|p| !VARIANTS.contains(p)) {
+                    let reason = format!("unknown variant `{unknown}` in `{spec}` (valid: {})", VARIANTS.join(", "));
+                    return Err(invalid("routers", reason));
+                }
+                let (switches, parts): (Vec<&str>, Vec<&str>) =
+                    parts.into_iter().partition(|p| matches!(*p, "hw" | "nohw"));
                 let (scheduler, tier_names): (Vec<&str>, Vec<&str>) =
                     parts.into_iter().partition(|p| matches!(*p, "fcfs" | "fair"));
                 if scheduler.len() > 1 {
                     return Err(invalid("routers", format!("`{spec}` names two prefill schedulers")));
+                }
+                match switches[..] {
+                    [] => {}
+                    ["hw"] => run_protection = Some(protection),
+                    ["nohw"] => run_protection = None,
+                    _ => return Err(invalid("routers", format!("`{spec}` names hw or nohw twice"))),
                 }
                 if let Some(&s) = scheduler.first() {
                     let section = SchedulerSection { prefill: Some(s.to_string()), ..self.scheduler.clone() };
@@ -332,7 +429,13 @@ impl Scenario {
                     run_tiers = section.resolve(&cost, block_size)?;
                 }
             }
-            routers.push(RunSpec { router, variant, tiers: run_tiers, prefill: run_prefill });
+            routers.push(RunSpec {
+                router,
+                variant,
+                tiers: run_tiers,
+                prefill: run_prefill,
+                kv_protection: run_protection,
+            });
         }
         // The links are the same for every run; only which tiers are on differs.
         let cost = cost.with_links(tiers.links);
@@ -344,6 +447,7 @@ impl Scenario {
             admission_watermark: defaults.admission_watermark,
             l2_blocks: tiers.l2_blocks,
             prefill,
+            kv_protection,
         };
         let w = &self.workload;
         let workload = match (&w.trace, &w.synthetic) {
@@ -358,7 +462,7 @@ impl Scenario {
                 };
                 WorkloadSource::Trace { path: path.clone(), format }
             }
-            (None, Some(cfg)) => WorkloadSource::Synthetic(cfg.clone()),
+            (None, Some(cfg)) => WorkloadSource::Synthetic(Box::new(cfg.clone())),
         };
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
@@ -391,7 +495,13 @@ impl Scenario {
 impl Settings {
     /// A run of `router` on the scenario's own tiers.
     pub fn run_of(&self, router: RouterConfig) -> RunSpec {
-        RunSpec { router, variant: None, tiers: self.tiers, prefill: self.instance.prefill }
+        RunSpec {
+            router,
+            variant: None,
+            tiers: self.tiers,
+            prefill: self.instance.prefill,
+            kv_protection: self.instance.kv_protection,
+        }
     }
 
     pub fn sim_config(&self, run: &RunSpec) -> SimConfig {
@@ -400,7 +510,12 @@ impl Settings {
             label: run.label(),
             router: run.router,
             instances: self.instances,
-            instance: InstanceConfig { l2_blocks: run.tiers.l2_blocks, prefill: run.prefill, ..self.instance.clone() },
+            instance: InstanceConfig {
+                l2_blocks: run.tiers.l2_blocks,
+                prefill: run.prefill,
+                kv_protection: run.kv_protection,
+                ..self.instance.clone()
+            },
             cost: self.cost.clone(),
             slo: self.slo,
             l3_blocks: run.tiers.l3_blocks,

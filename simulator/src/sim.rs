@@ -2,9 +2,15 @@
 //! simulated fleet, metrics.
 //!
 //! One loop, always the same short sequence: take the earliest of (next arrival, next fleet
-//! event, controller deadline); deliver it; hand the fleet's news to the controller and its
-//! finished requests to the metrics. Arrivals win ties with fleet events, so requests that
+//! event, controller deadline); deliver it; hand the fleet's news to the controller, its
+//! finished requests to the metrics, and the requests it evicted back to the controller to be
+//! placed again (away from the instance they left when another admits: see
+//! [`policies::Controller::reroute`]). Arrivals win ties with fleet events, so requests that
 //! arrive at the same microsecond share an iteration, as they would in a real engine.
+//!
+//! An evicted request keeps its id, arrival and progress (`Request::resume`): the next
+//! instance recomputes its prompt and output so far and generates the rest, and it is
+//! recorded once, when it finishes (or counted as refused if no instance can take it).
 
 use crate::cost::{CostModel, CostModelExecutor};
 use crate::fleet::{KvOptions, SimFleet};
@@ -120,6 +126,7 @@ pub fn run(
     let mut metrics = Metrics::new(config.slo);
     let mut events: Vec<FleetEvent> = Vec::new();
     let mut finished: Vec<Finished> = Vec::new();
+    let mut evicted: Vec<(InstanceId, Request)> = Vec::new();
     let mut commands = Vec::new();
     // Hash buffers of finished requests, handed back to the workload to fill.
     let mut spare: Vec<Vec<BlockHash>> = Vec::new();
@@ -152,6 +159,7 @@ pub fn run(
                 prompt_tokens: a.prompt_tokens,
                 max_output_tokens: a.output_tokens,
                 block_hashes: a.block_hashes,
+                resume: None,
             };
             arrivals += 1;
             if let Some(b) = &mut bound {
@@ -173,7 +181,7 @@ pub fn run(
                 Err(e) => Some((e.to_string(), request)),
             };
             if let Some((reason, request)) = refused {
-                metrics.record_rejected();
+                metrics.record_rejected(&request);
                 first_rejection.get_or_insert_with(|| format!("{}: {reason}", request.id));
                 spare.push(request.block_hashes);
             }
@@ -197,8 +205,25 @@ pub fn run(
             metrics.record(&f);
             spare.push(f.request.block_hashes);
         }
+        fleet.take_evicted(&mut evicted);
+        for (from, request) in evicted.drain(..) {
+            metrics.record_eviction();
+            let refused = match controller.reroute(now, &request, from) {
+                Ok(route) => fleet.dispatch(now, request, &route).err().map(|(e, r)| (e.to_string(), r)),
+                Err(e) => Some((e.to_string(), request)),
+            };
+            match refused {
+                None => metrics.record_reroute(),
+                Some((reason, request)) => {
+                    metrics.record_rejected(&request);
+                    first_rejection.get_or_insert_with(|| format!("{} (evicted from {from}): {reason}", request.id));
+                    spare.push(request.block_hashes);
+                }
+            }
+        }
     }
     assert_eq!(fleet.in_flight(), 0, "the fleet went idle with requests in flight");
+    metrics.record_admission_paused(fleet.admission_paused(now));
     progress(Progress { arrivals, now });
     let gpus = config.instances * config.cost.gpus();
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };

@@ -3,10 +3,10 @@
 
 use policies::RouterConfig;
 use simulator::report::{Report, RunReport};
-use simulator::scenario::{FleetSection, Scenario, Settings, WorkloadSection};
+use simulator::scenario::{FleetSection, Scenario, SchedulerSection, Settings, WorkloadSection};
 use simulator::sim;
 use simulator::tiers::KvSection;
-use simulator::workload::SyntheticConfig;
+use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, SyntheticConfig};
 
 fn mooncake(instances: u32, max_requests: u64) -> Settings {
     Scenario {
@@ -159,4 +159,71 @@ fn cache_aware_routing_does_not_lose_where_nothing_is_shared() {
     let [lo, ca] = <[_; 2]>::try_from(summaries(&s)).expect("two runs");
     assert_eq!(ca.cache_hit_rate, 0.0);
     assert!(ca.ttft_ms.mean <= lo.ttft_ms.mean * 1.05, "{} vs {}", ca.ttft_ms.mean, lo.ttft_ms.mean);
+}
+
+/// Two small-KV instances (Qwen3-32B on one H100 each: about 37K tokens of KV) under short
+/// requests and, from 10 s to 30 s, a burst of 4K to 8K-token outputs.
+fn long_output_burst(routers: &[&str], runaway_action: &str) -> Settings {
+    let synthetic = SyntheticConfig {
+        requests: 400,
+        arrival: ArrivalProcess::Poisson { rate_rps: 8.0 },
+        rate_schedule: Vec::new(),
+        input: LengthDist::Lognormal { median: 512.0, sigma: 0.8, min: 16, max: 2048 },
+        output: LengthDist::Lognormal { median: 100.0, sigma: 0.8, min: 1, max: 1024 },
+        prefix: None,
+        long: None,
+        long_output: Some(LongOutputs {
+            share: 0.3,
+            output: LengthDist::Uniform { min: 4096, max: 8192 },
+            from_s: Some(10.0),
+            until_s: Some(30.0),
+        }),
+    };
+    Scenario {
+        routers: Some(routers.iter().map(|s| s.to_string()).collect()),
+        fleet: FleetSection {
+            instances: Some(2),
+            model: Some("qwen3-32b".into()),
+            gpu: Some("h100".into()),
+            ..FleetSection::default()
+        },
+        workload: WorkloadSection { synthetic: Some(synthetic), ..WorkloadSection::default() },
+        scheduler: SchedulerSection {
+            kv_high_water: Some(0.9),
+            kv_low_water: Some(0.7),
+            runaway_output_tokens: Some(1024),
+            runaway_action: Some(runaway_action.into()),
+            ..SchedulerSection::default()
+        },
+        ..Scenario::default()
+    }
+    .resolve()
+    .expect("valid scenario")
+}
+
+#[test]
+fn a_burst_of_long_outputs_is_evicted_and_rerouted_and_every_request_finishes() {
+    let s = long_output_burst(&["least-outstanding@nohw", "least-outstanding@hw", "round-robin"], "reroute");
+    let [off, on, round_robin] = <[_; 3]>::try_from(summaries(&s)).expect("three runs");
+    for x in [&off, &on, &round_robin] {
+        assert_eq!((x.requests, x.rejected, x.ended_runaway), (400, 0, 0), "every request finishes");
+        assert!(x.long_output_requests > 20, "the burst has long outputs: {}", x.long_output_requests);
+    }
+    assert_eq!((off.evictions, off.admission_paused_s, off.paused_wait_ms.p99), (0, 0.0, 0.0), "@nohw: off");
+    // Plain runs follow the scenario, which sets a high-water mark: on.
+    for x in [&on, &round_robin] {
+        assert!(x.evictions > 0 && x.admission_paused_s > 0.0, "{x:?}");
+        assert_eq!(x.reroutes, x.evictions, "every evicted request is placed again");
+        assert!(x.output_tokens == off.output_tokens, "each generates all of its output, once");
+    }
+    assert!(on.preemptions < off.preemptions, "{} vs {}", on.preemptions, off.preemptions);
+}
+
+#[test]
+fn runaways_ended_by_policy_are_counted_and_never_meet_the_slo() {
+    let s = long_output_burst(&["least-outstanding"], "end");
+    let [x] = <[_; 1]>::try_from(summaries(&s)).expect("one run");
+    assert_eq!((x.requests, x.rejected, x.evictions, x.reroutes), (400, 0, 0, 0));
+    assert!(x.ended_runaway > 0);
+    assert!(x.slo_met + x.ended_runaway <= x.requests);
 }

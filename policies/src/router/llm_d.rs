@@ -47,7 +47,9 @@
 //!   after such a gap counts here and not there (L1 blocks are always a prefix's first).
 //! - **Staleness.** Queue and KV usage come from the last load report, as the endpoint picker
 //!   reads the last metrics scrape; requests routed since are not counted by either.
-//! - **No filters.** The candidates are the serving instances that can hold the request.
+//! - **No filters** of llm-d's own. The candidates are those of
+//!   [`FleetView::candidates`]: serving instances that can hold the request, without those
+//!   that paused admission unless all did.
 
 use super::{Pick, Router, Why};
 use crate::prefix_index::PrefixMatches;

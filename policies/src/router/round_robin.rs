@@ -1,4 +1,4 @@
-//! `round-robin`: each request goes to the next serving instance in id order.
+//! `round-robin`: each request goes to the next candidate instance in id order.
 //!
 //! Blind to load and cache: the baseline every other router must beat.
 
@@ -21,9 +21,8 @@ impl Router for RoundRobin {
         let all = fleet.all();
         let n = all.len();
         let start = self.next;
-        let i = (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&i| all[i].is_serving() && request.peak_kv_tokens() <= all[i].capacity_tokens)?;
+        let rule = fleet.candidate_rule(request);
+        let i = (0..n).map(|k| (start + k) % n).find(|&i| rule.admits(&all[i]))?;
         self.next = i + 1;
         Some(Pick { instance: all[i].id, why: Why::Turn })
     }

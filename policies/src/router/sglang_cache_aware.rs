@@ -60,8 +60,9 @@
 //!   deepest matched node.
 //! - **Candidates.** SGLang takes min and max load over all workers, healthy or not, and may
 //!   pick a tenant that is unhealthy (then falls back to the first healthy worker). Here
-//!   loads, matches and picks are over the candidates only: serving instances that can hold
-//!   the request.
+//!   loads, matches and picks are over the candidates only ([`FleetView::candidates`]:
+//!   serving instances that can hold the request, without those that paused admission unless
+//!   all did).
 //! - **Instances that go down** are forgotten, as SGLang's `remove_worker` removes a tenant.
 //!
 //! # Cost

@@ -12,6 +12,7 @@ fn request(prompt: u32, output: u32) -> Request {
         prompt_tokens: prompt,
         max_output_tokens: output,
         block_hashes: Vec::new(),
+        resume: None,
     }
 }
 
@@ -85,6 +86,78 @@ fn router_names_round_trip_and_unknown_names_list_the_valid_ones() {
     );
     for name in ["sglang-cache-aware", "dynamo-kv", "llm-d"] {
         assert!(err.contains(name), "{err}");
+    }
+}
+
+/// A load report of an instance whose KV is at `kv_used_blocks` of 1,000 blocks, with
+/// admission paused or not, and `prefill_tokens_left` of queued work.
+fn report_kv(c: &mut Controller, instance: u32, kv_used_blocks: u32, paused: bool, prefill_tokens_left: u64) {
+    let load = Load {
+        kv_used_blocks,
+        kv_total_blocks: 1_000,
+        admission_paused: paused,
+        prefill_tokens_left,
+        ..Load::default()
+    };
+    c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(instance), load });
+}
+
+#[test]
+fn every_router_avoids_instances_that_paused_admission_unless_all_did() {
+    for router in RouterConfig::ALL {
+        let mut c = controller(router, &[100_000; 3]);
+        // 0 and 1 are idle and hold the prompt's prefix, but paused admission (KV above the
+        // high-water mark); 2 admits but has a long queue.
+        let prompt = chain(1, 8);
+        store(&mut c, 0, Tier::L1, &prompt);
+        store(&mut c, 1, Tier::L1, &prompt);
+        report_kv(&mut c, 0, 950, true, 0);
+        report_kv(&mut c, 1, 950, true, 0);
+        report_kv(&mut c, 2, 100, false, 50_000);
+        for _ in 0..10 {
+            assert_eq!(c.route(Time::ZERO, &request_of(&prompt)).unwrap().prefill, InstanceId(2), "{router}");
+        }
+        // When every instance paused, requests are still placed, by the router's own rule.
+        report_kv(&mut c, 2, 950, true, 50_000);
+        assert!(c.route(Time::ZERO, &request_of(&prompt)).is_ok(), "{router}");
+        // One that falls back to its low-water mark is preferred again.
+        report_kv(&mut c, 1, 300, false, 0);
+        assert_eq!(c.route(Time::ZERO, &request_of(&prompt)).unwrap().prefill, InstanceId(1), "{router}");
+    }
+}
+
+#[test]
+fn every_router_places_an_evicted_request_away_from_the_instance_it_left() {
+    let evicted = |c: &mut Controller, instance: u32| {
+        let reason = engine::CutShort::Runaway { generated_here: 5_000, limit: 4_096 };
+        c.on_event(
+            Time::ZERO,
+            &FleetEvent::RequestEvicted { instance: InstanceId(instance), request: RequestId(0), reason },
+        );
+    };
+    for router in RouterConfig::ALL {
+        let mut c = controller(router, &[100_000; 2]);
+        // 0 caches the prompt and is idle: the first choice of every router but for the eviction.
+        let prompt = chain(1, 8);
+        store(&mut c, 0, Tier::L1, &prompt);
+        report_kv(&mut c, 1, 100, false, 20_000);
+        let request = request_of(&prompt);
+        let first = c.route(Time::ZERO, &request).unwrap().prefill;
+        evicted(&mut c, first.0);
+        assert_eq!(c.fleet().get(first).unwrap().in_flight, 0, "{router}: an eviction ends its stay");
+        let again = c.reroute(Time::ZERO, &request, first).unwrap().prefill;
+        assert_ne!(again, first, "{router}");
+        assert_eq!(c.fleet().get(again).unwrap().in_flight, 1, "{router}");
+        // The instance it left, admitting again, beats one that paused admission.
+        evicted(&mut c, again.0);
+        report_kv(&mut c, again.0, 950, true, 0);
+        assert_eq!(c.reroute(Time::ZERO, &request, first).unwrap().prefill, first, "{router}");
+        // And with no other instance serving, it goes back where it was.
+        evicted(&mut c, first.0);
+        c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: again });
+        assert_eq!(c.reroute(Time::ZERO, &request, first).unwrap().prefill, first, "{router}");
+        // Routing afterwards is not affected by the last re-route's exclusion.
+        assert_eq!(c.route(Time::ZERO, &request).unwrap().prefill, first, "{router}");
     }
 }
 

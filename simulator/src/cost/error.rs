@@ -3,6 +3,8 @@
 //! These are operating errors (a user typed a name or a TP degree), so they are returned,
 //! never panicked on, and each message names what was wrong and what would have been valid.
 
+use super::params::Deployment;
+
 /// A catalog lookup (`model_by_name`, `gpu_by_name`) that found nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {kind} `{name}` (valid: {})", .valid.join(", "))]
@@ -42,16 +44,20 @@ pub enum CostError {
     #[error("model `{model}`: {heads} {what} cannot be split over tp {tp}")]
     HeadsNotDivisible { model: &'static str, what: &'static str, heads: u32, tp: u32 },
 
+    /// A deployment degree out of range or inconsistent with the others or with the model.
+    #[error("invalid deployment: {field} = {value}: {reason}")]
+    InvalidLayout { field: &'static str, value: u32, reason: String },
+
     #[error(
-        "model `{model}` does not fit on gpu `{gpu}` with tp {tp}: weights need {} per GPU, \
+        "model `{model}` does not fit on gpu `{gpu}` with {deployment}: weights need {} per GPU, \
          {} available ({} x {memory_utilization} memory utilization - {} activation reserve)",
         gb(*.needed_bytes), gb(*.available_bytes), gb(*.memory_bytes), gb(*.activation_reserve_bytes)
     )]
     WeightsDoNotFit {
         model: &'static str,
         gpu: &'static str,
-        tp: u32,
-        /// Weight bytes per GPU (weights / tp).
+        deployment: Deployment,
+        /// Weight bytes on the most loaded GPU under the deployment.
         needed_bytes: u64,
         /// Memory per GPU the engine may use, less the activation reserve.
         available_bytes: u64,

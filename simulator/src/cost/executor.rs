@@ -42,8 +42,9 @@ mod tests {
     #[test]
     fn the_executor_returns_the_cost_model_step_time_and_no_tokens() {
         let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h200"));
-        let model = CostModel::new(m.expect("model"), g.expect("gpu"), Deployment { tp: 1 }, CostParams::default())
-            .expect("fits");
+        let model =
+            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
+                .expect("fits");
         let mut batch = Batch::default();
         let entry = BatchEntry {
             request: RequestId(7),

@@ -1,41 +1,69 @@
 //! The roofline cost model: how long one engine iteration takes on a given model, GPU type
-//! and tensor-parallel degree, and how many tokens of KV cache an instance holds.
+//! and deployment layout (tensor parallelism, attention data parallelism, expert
+//! parallelism), and how many tokens of KV cache an instance holds.
 //!
 //! It replaces the GPU's forward pass in the simulator through [`CostModelExecutor`]; the
 //! scheduler, KV cache and policies above it are the real code.
 //!
 //! | file | purpose |
 //! | --- | --- |
-//! | `model.rs` | [`ModelSpec`]: shapes, parameter counts, attention kind (GQA / MLA), MoE layout, dtypes; the model catalog |
+//! | `model.rs` | [`ModelSpec`]: shapes, parameter counts (attention projections from the shapes), attention kind (GQA / MLA), MoE layout, dtypes; the model catalog |
 //! | `gpu.rs` | [`GpuSpec`]: memory, HBM and NVLink bandwidth, BF16 / FP8 peaks, assumed price; the GPU catalog |
-//! | `params.rs` | [`CostParams`] (efficiencies, overheads, memory reserve) and [`Deployment`] (TP degree), with validation |
-//! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, GPUs and price per instance |
+//! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP), with validation |
+//! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance |
 //! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`] |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
-//! The formulas, in words (all per GPU of an instance with tensor parallelism `tp`):
+//! **The layout.** An instance has `G = tp × dp_attention` GPUs of one node. Attention runs
+//! on `dp_attention` ranks of `tp` GPUs each; a rank serves only its own requests. The
+//! *attention side* (attention projections, embedding table, KV cache) is split by `tp`
+//! inside a rank and replicated across ranks; the *expert / dense side* (routed experts,
+//! shared experts, dense FFN, LM head) is spread over all `G` GPUs, the routed experts by
+//! expert when `ep = G` and by TP when `ep = 1`. Plain TP is `dp_attention = ep = 1`, and
+//! then every formula below reduces to the TP-only one. docs/LAYOUTS.md has the worked
+//! numbers.
 //!
-//! - **step time** = fixed overhead + the larger of compute time and memory time + TP
+//! The formulas, in words (on the busiest GPU of an instance):
+//!
+//! - **step time** = fixed overhead + the larger of compute time and memory time +
 //!   communication; an empty batch takes no time.
+//! - **DP imbalance**: the busiest attention rank does `f(n)/dp` of the batch's attention
+//!   work, `f(n) = min(dp, max(dp/n, 1 + c·√(dp/n)))` for `n` sequences with `c` =
+//!   [`CostParams::dp_imbalance`] (0.5); `f = 1` when `dp_attention = 1`.
 //! - **compute** = 2 FLOPs per active non-embedding parameter per token, plus the LM head
 //!   (2 × hidden × vocab) per sequence that samples, plus attention FLOPs per (query, key)
-//!   pair; divided by `tp` × peak (FP8 peak for FP8 weights) × compute efficiency.
-//! - **memory** = weights / `tp` read once per step (an MoE reads only the routed experts the
-//!   batch's tokens are expected to touch, `E × (1 − (1 − k/E)^N)`), plus each sequence's KV
-//!   context read once, plus the new tokens' KV written; divided by HBM bandwidth × memory
-//!   efficiency.
-//! - **communication** = two ring all-reduces of tokens × hidden bf16 activations per layer,
-//!   each `2(tp − 1)/tp × bytes / NVLink bandwidth + latency`; zero at `tp` = 1.
-//! - **KV load-back** from L2 / L3 = tokens × KV bytes per token per GPU / link bandwidth
-//!   (+ the store's latency for L3), overlapped layer by layer with the step's compute: only
-//!   the first layer's share and the latency are exposed.
-//! - **KV capacity** = (GPU memory × utilization − weights / `tp` − activation reserve) /
-//!   KV bytes per token on one rank. GQA splits KV heads over ranks (one replicated head per
-//!   rank when there are fewer heads than ranks); MLA's latent is replicated on every rank,
-//!   so TP does not grow MLA's capacity.
+//!   pair; attention-side work (projections, attention) is the busiest rank's share over
+//!   `tp` GPUs, the rest the whole batch over `G`; each over peak (FP8 peak for FP8 weights)
+//!   × compute efficiency.
+//! - **memory** = the weights of one GPU read once per step (an MoE reads only the routed
+//!   experts the batch's tokens are expected to touch, `E × (1 − (1 − k/E)^N)` for the
+//!   batch's `N` tokens, `1/G` of each), plus the busiest rank's KV context read once and
+//!   new tokens' KV written; divided by HBM bandwidth × memory efficiency.
+//! - **communication**, bf16 activations of `hidden` values per token, over the GPU's NVLink
+//!   bandwidth; a ring collective over `n` GPUs moves `2(n − 1)/n` of the message:
+//!   - per layer, an all-reduce inside the rank's TP group of the rank's tokens (`tp > 1`);
+//!   - per layer with an FFN spread TP-style (dense FFN or shared experts, or routed experts
+//!     without EP), a collective over `G` of all the batch's tokens: the second all-reduce
+//!     of plain TP, or an all-gather plus a reduce-scatter under attention DP (two
+//!     latencies);
+//!   - per MoE layer with `ep > 1`, a dispatch and a combine all-to-all: each of the rank's
+//!     tokens (over its `tp` GPUs) goes to the `(ep − 1)(1 − (1 − 1/ep)^k)` other GPUs
+//!     that host one of its top-k experts, `hidden × 2` bytes each way, plus
+//!     [`CostParams::alltoall_latency_us`] per all-to-all;
+//!   - each collective pays its latency ([`CostParams::allreduce_latency_us`]); all terms
+//!     are zero at degree 1, and nothing overlaps communication with compute.
+//! - **KV load-back** from L2 / L3 = the busiest rank's tokens × KV bytes per token per GPU /
+//!   link bandwidth (+ the store's latency for L3), overlapped layer by layer with the step's
+//!   compute: only the first layer's share and the latency are exposed.
+//! - **KV capacity** = `dp_attention` × (GPU memory × utilization − weights per GPU −
+//!   activation reserve) / KV bytes per token on one GPU. Weights per GPU = attention side
+//!   / `tp` + the rest / `G`. GQA splits KV heads over the `tp` GPUs of a rank (one
+//!   replicated head per GPU when there are fewer heads than GPUs); MLA's latent is
+//!   replicated on every GPU of a rank, so TP does not grow MLA's capacity and attention DP
+//!   does.
 //!
 //! Guardrails: constructing a [`CostModel`] validates everything that could make a step time
-//! meaningless (TP degree, head split, parameter ranges, weights that do not fit), so
+//! meaningless (layout degrees, head split, parameter ranges, weights that do not fit), so
 //! [`CostModel::step_time`] cannot fail; it does no allocation and no string work because it
 //! runs once per simulated iteration.
 

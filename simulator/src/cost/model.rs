@@ -15,8 +15,9 @@ pub enum Attention {
     Gqa,
     /// Multi-head latent attention (DeepSeek): one compressed latent of `kv_lora_rank` plus a
     /// decoupled RoPE key of `rope_head_dim` per layer, shared by all heads. Under TP every
-    /// rank keeps the whole latent (it cannot be split by head).
-    Mla { kv_lora_rank: u32, rope_head_dim: u32 },
+    /// rank keeps the whole latent (it cannot be split by head). Queries go through their own
+    /// low-rank compression of `q_lora_rank`, which only the weight count needs.
+    Mla { kv_lora_rank: u32, rope_head_dim: u32, q_lora_rank: u32 },
 }
 
 /// Mixture-of-experts FFN layout.
@@ -71,9 +72,31 @@ impl ModelSpec {
     pub fn kv_bytes_per_token(&self) -> u64 {
         let per_layer = match self.attention {
             Attention::Gqa => 2 * u64::from(self.kv_heads) * u64::from(self.head_dim),
-            Attention::Mla { kv_lora_rank, rope_head_dim } => u64::from(kv_lora_rank) + u64::from(rope_head_dim),
+            Attention::Mla { kv_lora_rank, rope_head_dim, .. } => u64::from(kv_lora_rank) + u64::from(rope_head_dim),
         };
         u64::from(self.layers) * per_layer * u64::from(self.kv_bytes_per_element)
+    }
+
+    /// Parameters of the attention projections over all layers, from the shapes (norms are
+    /// left out: a few thousand per layer). These are what attention data parallelism
+    /// replicates on every DP rank.
+    ///
+    /// - GQA: `W_q` (hidden × q_heads·head_dim), `W_k` and `W_v` (hidden × kv_heads·head_dim)
+    ///   and `W_o` (q_heads·head_dim × hidden).
+    /// - MLA: `q_a` (hidden × q_lora), `q_b` (q_lora × heads·(head_dim + rope)), `kv_a`
+    ///   (hidden × (kv_lora + rope)), `kv_b` (kv_lora × heads·2·head_dim: K without RoPE and
+    ///   V) and `o` (heads·head_dim × hidden); DeepSeek's qk_nope and v head sizes are both
+    ///   `head_dim`.
+    pub fn attention_params(&self) -> u64 {
+        let (h, hd, q) = (u64::from(self.hidden), u64::from(self.head_dim), u64::from(self.q_heads));
+        let per_layer = match self.attention {
+            Attention::Gqa => 2 * h * q * hd + 2 * h * u64::from(self.kv_heads) * hd,
+            Attention::Mla { kv_lora_rank, rope_head_dim, q_lora_rank } => {
+                let (kv, rope, ql) = (u64::from(kv_lora_rank), u64::from(rope_head_dim), u64::from(q_lora_rank));
+                h * ql + ql * q * (hd + rope) + h * (kv + rope) + kv * q * 2 * hd + q * hd * h
+            }
+        };
+        u64::from(self.layers) * per_layer
     }
 
     /// Bytes of all weights, unsharded.
@@ -106,6 +129,12 @@ impl ModelSpec {
     /// projections). Zero for a dense model.
     pub fn params_per_routed_expert(&self) -> u64 {
         self.moe.map_or(0, |m| 3 * u64::from(self.hidden) * u64::from(m.expert_ffn) * u64::from(self.moe_layers()))
+    }
+
+    /// Parameters of the always-on shared experts summed over all MoE layers. Zero for a dense
+    /// model.
+    pub fn shared_expert_params(&self) -> u64 {
+        self.moe.map_or(0, |m| u64::from(m.shared_experts) * self.params_per_routed_expert())
     }
 
     /// Parameters of all routed experts; the rest of `total_params` is read on every step.
@@ -179,7 +208,7 @@ static MODELS: [ModelSpec; 4] = [
         vocab: 129_280,
         total_params: 671_000_000_000,
         active_params: 37_000_000_000,
-        attention: Attention::Mla { kv_lora_rank: 512, rope_head_dim: 64 },
+        attention: Attention::Mla { kv_lora_rank: 512, rope_head_dim: 64, q_lora_rank: 1536 },
         moe: Some(MoeSpec { experts: 256, experts_per_token: 8, shared_experts: 1, expert_ffn: 2048, dense_layers: 3 }),
         weight_bytes_per_param: 1,
         kv_bytes_per_element: 2,
@@ -244,6 +273,20 @@ mod tests {
         assert_eq!(model("llama-3.1-70b").kv_bytes_per_token(), 327_680);
         // 61 layers × (512 + 64) × 2 bytes.
         assert_eq!(model("deepseek-v3").kv_bytes_per_token(), 70_272);
+    }
+
+    #[test]
+    fn attention_params_follow_the_projection_shapes() {
+        // Llama-3.1-70B per layer: W_q and W_o 8192 × 8192 each, W_k and W_v 8192 × 1024 each
+        // = 150_994_944; × 80 layers.
+        assert_eq!(model("llama-3.1-70b").attention_params(), 80 * 150_994_944);
+        // DeepSeek-V3 per layer: q_a 7168 × 1536 = 11_010_048, q_b 1536 × 128 × 192 =
+        // 37_748_736, kv_a 7168 × 576 = 4_128_768, kv_b 512 × 128 × 256 = 16_777_216,
+        // o 16384 × 7168 = 117_440_512: 187_105_280; × 61 layers = 11.4B.
+        assert_eq!(model("deepseek-v3").attention_params(), 61 * 187_105_280);
+        // One shared expert of 3 × 7168 × 2048 in each of the 58 MoE layers.
+        assert_eq!(model("deepseek-v3").shared_expert_params(), 58 * 3 * 7168 * 2048);
+        assert_eq!(model("llama-3.1-8b").shared_expert_params(), 0);
     }
 
     #[test]

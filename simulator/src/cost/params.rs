@@ -30,6 +30,18 @@ pub struct CostParams {
     /// Latency of one all-reduce in microseconds (launch and synchronization), paid twice per
     /// layer under tensor parallelism regardless of the message size.
     pub allreduce_latency_us: f64,
+    /// Latency of one all-to-all in microseconds (expert parallelism's dispatch or combine:
+    /// layout of the routing metadata, launch and synchronization), paid twice per MoE layer
+    /// when `ep` > 1 regardless of the message size. 20 µs is the order of DeepEP's
+    /// intra-node kernels on small batches.
+    pub alltoall_latency_us: f64,
+    /// Load imbalance across attention-DP ranks: how much more attention work than the mean
+    /// the busiest rank has when each rank runs one sequence. It shrinks as `1/√(sequences
+    /// per rank)` (see [`crate::cost::CostModel::dp_imbalance_factor`]); it is about the
+    /// coefficient of variation of one sequence's attention work times the expected maximum
+    /// of `dp` standard normals (≈ 1.4 at 8 ranks) once the DP scheduler has balanced ranks
+    /// by tokens. Unused when `dp_attention` = 1.
+    pub dp_imbalance: f64,
 }
 
 impl Default for CostParams {
@@ -41,6 +53,8 @@ impl Default for CostParams {
             memory_utilization: 0.9,
             activation_reserve_bytes: 2 << 30,
             allreduce_latency_us: 8.0,
+            alltoall_latency_us: 20.0,
+            dp_imbalance: 0.5,
         }
     }
 }
@@ -50,12 +64,20 @@ impl CostParams {
     pub fn validate(&self) -> Result<(), CostError> {
         let share = "a share in (0, 1]";
         let micros = "a finite number of microseconds >= 0";
+        let excess = "a finite share >= 0";
         let checks = [
             ("compute_efficiency", self.compute_efficiency, is_share(self.compute_efficiency), share),
             ("memory_efficiency", self.memory_efficiency, is_share(self.memory_efficiency), share),
             ("memory_utilization", self.memory_utilization, is_share(self.memory_utilization), share),
-            ("step_overhead_us", self.step_overhead_us, is_micros(self.step_overhead_us), micros),
-            ("allreduce_latency_us", self.allreduce_latency_us, is_micros(self.allreduce_latency_us), micros),
+            ("step_overhead_us", self.step_overhead_us, is_finite_non_negative(self.step_overhead_us), micros),
+            (
+                "allreduce_latency_us",
+                self.allreduce_latency_us,
+                is_finite_non_negative(self.allreduce_latency_us),
+                micros,
+            ),
+            ("alltoall_latency_us", self.alltoall_latency_us, is_finite_non_negative(self.alltoall_latency_us), micros),
+            ("dp_imbalance", self.dp_imbalance, is_finite_non_negative(self.dp_imbalance), excess),
         ];
         match checks.into_iter().find(|c| !c.2) {
             Some((field, value, _, expected)) => Err(CostError::InvalidParam { field, value, expected }),
@@ -68,33 +90,125 @@ fn is_share(x: f64) -> bool {
     x > 0.0 && x <= 1.0
 }
 
-fn is_micros(x: f64) -> bool {
+fn is_finite_non_negative(x: f64) -> bool {
     x.is_finite() && x >= 0.0
 }
 
-/// How one engine instance spreads the model over GPUs. Only tensor parallelism within one
-/// node is modelled: every rank holds `1/tp` of every weight matrix and the ranks all-reduce
-/// activations twice per layer.
+/// How one engine instance spreads the model over the GPUs of one node.
+///
+/// The instance has `gpus() = tp × dp_attention` GPUs (at most [`Deployment::MAX_GPUS`]):
+///
+/// - **Attention** runs data-parallel on `dp_attention` ranks, each a group of `tp` GPUs
+///   that splits the heads (tensor parallelism inside the rank). A rank serves only its own
+///   requests and keeps only their KV; attention weights (and the embedding table) are
+///   replicated on every rank. With `dp_attention` = 1 this is plain TP.
+/// - **Routed experts** are spread over all `gpus()`: sharded by expert when `ep` = `gpus()`
+///   (expert parallelism, tokens move by all-to-all), or every expert split by TP when
+///   `ep` = 1 (tokens are gathered to every GPU). Other `ep` values are refused.
+/// - **The rest** (dense FFN layers, shared experts, the LM head) is split TP-style over all
+///   `gpus()`, the seed's "dense / shared FFN keep TP" (SGLang with DeepEP instead
+///   replicates the shared experts on every rank, which costs KV capacity).
+///
+/// SGLang's `--tp 8 --dp 8 --enable-dp-attention --ep 8` is `tp = 1, dp_attention = 8,
+/// ep = 8` here (SGLang's `--tp` counts the instance's GPUs; ours is the TP degree inside one
+/// attention rank), and its `--tp 8` is `tp = 8`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Deployment {
-    /// Tensor-parallel degree: 1, 2, 4 or 8 (GPUs of one NVLink node).
+    /// Tensor-parallel degree inside one attention rank: 1, 2, 4 or 8.
     pub tp: u32,
+    /// Attention data-parallel ranks: 1, 2, 4 or 8.
+    #[serde(default = "one")]
+    pub dp_attention: u32,
+    /// Expert-parallel degree: 1 (experts split by TP) or `gpus()` (MoE models only).
+    #[serde(default = "one")]
+    pub ep: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Default for Deployment {
     fn default() -> Self {
-        Deployment { tp: 1 }
+        Deployment::tensor_parallel(1)
+    }
+}
+
+impl std::fmt::Display for Deployment {
+    /// `tp 8` for plain TP, `tp 1, dp-attention 8, ep 8` otherwise.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "tp {}", self.tp)?;
+        if self.dp_attention != 1 || self.ep != 1 {
+            write!(f, ", dp-attention {}, ep {}", self.dp_attention, self.ep)?;
+        }
+        Ok(())
     }
 }
 
 impl Deployment {
-    /// Checks that `model` can be split `tp` ways: query heads evenly, KV heads either evenly
-    /// or, when there are fewer KV heads than ranks, replicated evenly.
+    /// GPUs of one NVLink node, the most one instance spans.
+    pub const MAX_GPUS: u32 = 8;
+
+    /// Plain tensor parallelism over `tp` GPUs.
+    pub fn tensor_parallel(tp: u32) -> Deployment {
+        Deployment { tp, dp_attention: 1, ep: 1 }
+    }
+
+    /// GPUs one instance occupies: `tp × dp_attention`.
+    pub fn gpus(&self) -> u32 {
+        self.tp.saturating_mul(self.dp_attention)
+    }
+
+    /// Checks that `model` can be laid out this way: degrees in range, at most one node, `ep`
+    /// 1 or all the GPUs of an MoE whose experts it divides, and query heads split evenly
+    /// over `tp`, KV heads either evenly or, when there are fewer KV heads than ranks,
+    /// replicated evenly.
     pub fn validate(&self, model: &ModelSpec) -> Result<(), CostError> {
         let tp = self.tp;
         if !matches!(tp, 1 | 2 | 4 | 8) {
             return Err(CostError::UnsupportedTp { tp });
+        }
+        let invalid = |field, value, reason: String| CostError::InvalidLayout { field, value, reason };
+        let dp = self.dp_attention;
+        if !matches!(dp, 1 | 2 | 4 | 8) {
+            return Err(invalid("dp_attention", dp, "must be 1, 2, 4 or 8".into()));
+        }
+        let gpus = self.gpus();
+        if gpus > Self::MAX_GPUS {
+            return Err(invalid(
+                "dp_attention",
+                dp,
+                format!(
+                    "tp {tp} x dp_attention {dp} = {gpus} GPUs, more than one {}-GPU node (tp is the TP degree \
+                     inside one attention rank: SGLang's --tp 8 --dp 8 is tp 1, dp_attention 8 here)",
+                    Self::MAX_GPUS
+                ),
+            ));
+        }
+        let ep = self.ep;
+        if ep != 1 {
+            let Some(moe) = model.moe else {
+                return Err(invalid(
+                    "ep",
+                    ep,
+                    format!("model `{}` is dense; expert parallelism needs an MoE", model.name),
+                ));
+            };
+            if ep != gpus {
+                return Err(invalid(
+                    "ep",
+                    ep,
+                    format!("must be 1 or the instance's GPUs (tp {tp} x dp_attention {dp} = {gpus})"),
+                ));
+            }
+            if moe.experts % ep != 0 {
+                return Err(invalid(
+                    "ep",
+                    ep,
+                    format!("model `{}`: {} experts cannot be sharded {ep} ways", model.name, moe.experts),
+                ));
+            }
         }
         let not_divisible = |what, heads| CostError::HeadsNotDivisible { model: model.name, what, heads, tp };
         // `checked_rem` also answers "no" for zero heads instead of dividing by zero.
@@ -113,7 +227,7 @@ impl Deployment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::model::{model_by_name, Attention};
+    use crate::cost::model::{model_by_name, Attention, MoeSpec};
 
     #[test]
     fn empty_toml_gives_the_default_params() {
@@ -138,7 +252,7 @@ mod tests {
     #[test]
     fn tp_three_is_rejected() {
         let m = model_by_name("llama-3.1-8b").expect("catalog model");
-        let err = Deployment { tp: 3 }.validate(m).expect_err("tp 3");
+        let err = Deployment::tensor_parallel(3).validate(m).expect_err("tp 3");
         assert_eq!(err.to_string(), "tensor parallelism 3 is not supported (valid: 1, 2, 4, 8)");
     }
 
@@ -151,16 +265,65 @@ mod tests {
             attention: Attention::Gqa,
             ..*model_by_name("llama-3.1-8b").expect("catalog model")
         };
-        let err = Deployment { tp: 8 }.validate(&odd).expect_err("12 heads over 8 ranks");
+        let err = Deployment::tensor_parallel(8).validate(&odd).expect_err("12 heads over 8 ranks");
         assert_eq!(err.to_string(), "model `odd`: 12 query heads cannot be split over tp 8");
         let few_kv = ModelSpec { q_heads: 16, kv_heads: 3, ..odd };
-        let err = Deployment { tp: 4 }.validate(&few_kv).expect_err("3 kv heads over 4 ranks");
+        let err = Deployment::tensor_parallel(4).validate(&few_kv).expect_err("3 kv heads over 4 ranks");
         assert_eq!(err.to_string(), "model `odd`: 3 kv heads cannot be split over tp 4");
+    }
+
+    #[test]
+    fn old_deployment_tables_parse_with_one_dp_rank_and_no_expert_parallelism() {
+        let d: Deployment = toml::from_str("tp = 8").expect("tp only");
+        assert_eq!(d, Deployment::tensor_parallel(8));
+        let d: Deployment = toml::from_str("tp = 1\ndp_attention = 8\nep = 8").expect("dp and ep");
+        assert_eq!((d.gpus(), d.to_string()), (8, "tp 1, dp-attention 8, ep 8".to_string()));
+        assert!(toml::from_str::<Deployment>("tp = 1\ndp = 8")
+            .expect_err("dp is not a field")
+            .to_string()
+            .contains("dp"));
+    }
+
+    #[test]
+    fn impossible_layouts_name_the_field_and_the_rule() {
+        let v3 = model_by_name("deepseek-v3").expect("catalog model");
+        let llama = model_by_name("llama-3.1-8b").expect("catalog model");
+        let layout = |tp, dp_attention, ep| Deployment { tp, dp_attention, ep };
+        let check = |d: Deployment, m: &ModelSpec, expected: &str| {
+            assert_eq!(d.validate(m).expect_err("invalid layout").to_string(), expected);
+        };
+        check(layout(1, 3, 1), v3, "invalid deployment: dp_attention = 3: must be 1, 2, 4 or 8");
+        check(
+            layout(8, 8, 8),
+            v3,
+            "invalid deployment: dp_attention = 8: tp 8 x dp_attention 8 = 64 GPUs, more than one 8-GPU node \
+             (tp is the TP degree inside one attention rank: SGLang's --tp 8 --dp 8 is tp 1, dp_attention 8 here)",
+        );
+        check(
+            layout(1, 8, 4),
+            v3,
+            "invalid deployment: ep = 4: must be 1 or the instance's GPUs (tp 1 x dp_attention 8 = 8)",
+        );
+        check(
+            layout(8, 1, 8),
+            llama,
+            "invalid deployment: ep = 8: model `llama-3.1-8b` is dense; expert parallelism needs an MoE",
+        );
+        let odd_experts = ModelSpec { moe: v3.moe.map(|m| MoeSpec { experts: 100, ..m }), ..*v3 };
+        check(
+            layout(1, 8, 8),
+            &odd_experts,
+            "invalid deployment: ep = 8: model `deepseek-v3`: 100 experts cannot be sharded 8 ways",
+        );
+        for ok in [layout(1, 8, 8), layout(2, 4, 8), layout(8, 1, 8), layout(1, 8, 1), layout(4, 2, 1)] {
+            assert_eq!(ok.validate(v3), Ok(()), "{ok}");
+        }
+        assert_eq!(layout(1, 8, 1).validate(llama), Ok(()), "attention DP also applies to a dense model");
     }
 
     #[test]
     fn fewer_kv_heads_than_ranks_are_replicated() {
         let m = ModelSpec { kv_heads: 2, ..*model_by_name("llama-3.1-8b").expect("catalog model") };
-        assert_eq!(Deployment { tp: 8 }.validate(&m), Ok(()));
+        assert_eq!(Deployment::tensor_parallel(8).validate(&m), Ok(()));
     }
 }

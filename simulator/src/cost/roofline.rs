@@ -1,14 +1,26 @@
 //! The roofline: one iteration's time from its [`BatchStats`], and an instance's KV capacity.
 //!
-//! `step = overhead + max(compute, memory) + tp_comm`, all per GPU:
+//! `step = overhead + max(compute, memory) + comm`, all on the busiest GPU. The model is
+//! split in two sides (see [`Deployment`]): the **attention side** (attention projections
+//! and the attention itself, the KV cache, the embedding table) runs on the DP rank that owns
+//! each sequence, split by `tp` inside the rank; the **expert / dense side** (routed and
+//! shared experts, dense FFN, LM head) is spread over all
+//! `G = tp × dp_attention` GPUs. The busiest rank does `f(n) / dp` of the batch's attention
+//! work, where `f` is the DP load-imbalance factor ([`CostModel::dp_imbalance_factor`]; 1
+//! under plain TP).
 //!
-//! - compute: `2 × active body params × tokens` (GEMMs) `+ 2 × hidden × vocab` per sampling
-//!   sequence (LM head) `+` attention FLOPs per (query, key) pair, divided by
-//!   `tp × peak × compute_efficiency`. GEMMs run at the FP8 peak when the weights are FP8.
-//! - memory: weights streamed once per step (`weights / tp`, without the embedding table of
+//! - compute: `2 × attention-side params × tokens × f/dp / tp` `+ 2 × other body params ×
+//!   tokens / G` (GEMMs) `+ 2 × hidden × vocab / G` per sampling sequence (LM head) `+`
+//!   attention FLOPs per (query, key) pair `× f/dp / tp`, each over `peak ×
+//!   compute_efficiency`. GEMMs run at the FP8 peak when the weights are FP8.
+//! - memory: the weights of one GPU streamed once per step (without the embedding table, of
 //!   which only a few rows are read; for an MoE only the routed experts the batch touches)
-//!   plus KV read and written, divided by `hbm × memory_efficiency`.
-//! - tp_comm: two ring all-reduces of the activations per layer.
+//!   plus the rank's KV read and written (`× f/dp`), divided by `hbm × memory_efficiency`.
+//! - comm: per layer, a ring all-reduce inside the attention TP group of the rank's tokens;
+//!   per layer with an FFN spread TP-style (dense FFN, shared experts, or routed experts
+//!   without EP), a collective over all `G` GPUs of the batch's tokens (an all-reduce under plain TP; an all-gather plus a reduce-scatter
+//!   under attention DP); per MoE layer with EP, an all-to-all dispatch and combine of the
+//!   rank's tokens. Formulas at [`Coefficients::derive`].
 //!
 //! Everything that does not depend on the batch is folded into [`Coefficients`] when the
 //! model is built, so [`CostModel::step_time`] is a handful of multiply-adds: it runs once per
@@ -53,9 +65,13 @@ impl Default for TierLinks {
     }
 }
 
-/// Batch-independent factors, in seconds per unit of work on one GPU.
+/// Batch-independent factors, in seconds per unit of work on one GPU. "Per rank token" terms
+/// multiply the busiest attention rank's tokens, the others the whole batch's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Coefficients {
+    /// Attention-side GEMMs (the projections) on one rank's `tp` GPUs.
+    attention_gemm_s_per_token: f64,
+    /// The other GEMMs, spread over all the instance's GPUs.
     gemm_s_per_token: f64,
     lm_head_s_per_sample: f64,
     attention_s_per_pair: f64,
@@ -65,7 +81,12 @@ struct Coefficients {
     routed: Option<RoutedExperts>,
     /// Time to read or write one token's KV on one rank.
     kv_s_per_token: f64,
+    /// The all-reduce inside an attention TP group.
+    comm_s_per_rank_token: f64,
+    /// The collectives over all GPUs around FFNs spread TP-style.
     comm_s_per_token: f64,
+    /// Expert parallelism's dispatch and combine.
+    alltoall_s_per_rank_token: f64,
     comm_s_per_step: f64,
     overhead_s: f64,
     kv_capacity_tokens: u64,
@@ -78,7 +99,8 @@ struct RoutedExperts {
     /// `ln(1 − k/E)`: a token misses a given expert with probability `1 − k/E`, so `N` tokens
     /// all miss it with `exp(N · ln(1 − k/E))`.
     ln_miss: f64,
-    /// Time to stream one expert's weights over all MoE layers (this rank's shard).
+    /// Time to stream one expert's weights over all MoE layers, per GPU (its 1/G shard under
+    /// TP, or under EP a whole expert on 1/G of the GPUs: the same in expectation).
     s_per_expert: f64,
 }
 
@@ -121,15 +143,14 @@ impl CostModel {
     ) -> Result<CostModel, CostError> {
         deployment.validate(model)?;
         params.validate()?;
-        let tp = u64::from(deployment.tp);
         let usable_bytes = (gpu.memory_bytes as f64 * params.memory_utilization).floor() as u64;
         let available_bytes = usable_bytes.saturating_sub(params.activation_reserve_bytes);
-        let weight_bytes_per_gpu = model.weight_bytes().div_ceil(tp);
+        let weight_bytes_per_gpu = weight_bytes_per_gpu(model, deployment);
         if weight_bytes_per_gpu >= available_bytes {
             return Err(CostError::WeightsDoNotFit {
                 model: model.name,
                 gpu: gpu.name,
-                tp: deployment.tp,
+                deployment,
                 needed_bytes: weight_bytes_per_gpu,
                 available_bytes,
                 memory_bytes: gpu.memory_bytes,
@@ -138,8 +159,11 @@ impl CostModel {
             });
         }
         let kv_bytes_per_token = kv_bytes_per_token_per_rank(model, deployment.tp);
-        let k = Coefficients::derive(model, gpu, deployment.tp, &params, kv_bytes_per_token)
-            .with_capacity((available_bytes - weight_bytes_per_gpu) / kv_bytes_per_token);
+        // Every GPU of a DP rank holds the same share of the rank's requests' KV, so a rank
+        // holds what one of its GPUs does, and the instance the sum over its DP ranks.
+        let per_rank_tokens = (available_bytes - weight_bytes_per_gpu) / kv_bytes_per_token;
+        let k = Coefficients::derive(model, gpu, deployment, &params, kv_bytes_per_token)
+            .with_capacity(per_rank_tokens * u64::from(deployment.dp_attention));
         Ok(CostModel { model, gpu, deployment, params, links: TierLinks::default(), k })
     }
 
@@ -152,21 +176,47 @@ impl CostModel {
         self.links
     }
 
-    /// Bytes of KV one token occupies on one GPU of the instance.
+    /// Bytes of KV one token occupies on one GPU of the DP rank that owns it (all GPUs of the
+    /// instance under plain TP).
     pub fn kv_bytes_per_token_per_gpu(&self) -> u64 {
         kv_bytes_per_token_per_rank(self.model, self.deployment.tp)
     }
 
-    /// Seconds to load `l2_tokens` from host memory and `l3_tokens` from the shared store,
-    /// and the part of it no compute can hide.
-    fn load_time(&self, l2_tokens: u64, l3_tokens: u64) -> (f64, f64) {
-        if l2_tokens == 0 && l3_tokens == 0 {
+    /// Bytes of weights on one GPU under the deployment.
+    pub fn weight_bytes_per_gpu(&self) -> u64 {
+        weight_bytes_per_gpu(self.model, self.deployment)
+    }
+
+    /// How much more attention work than the mean the busiest of `dp` attention ranks has in
+    /// a batch of `seqs` sequences:
+    ///
+    /// `f(n) = min(dp, max(dp / n, 1 + c·√(dp / n)))`, and 1 under plain TP,
+    ///
+    /// with `c` = [`CostParams::dp_imbalance`]. With fewer sequences than ranks some ranks
+    /// idle and the busiest holds a whole sequence (`dp / n`: one prefill alone runs on one
+    /// rank, `dp` times the mean); with many, the excess of the busiest rank falls as the
+    /// spread of a sum of `n / dp` sequences does, `1/√(n / dp)`. It assumes each rank's
+    /// scheduler takes a share of the batch's token budget (SGLang divides
+    /// `chunked_prefill_size` by the DP size), so a long prompt's chunks spread over ranks
+    /// when many requests are waiting.
+    pub fn dp_imbalance_factor(&self, seqs: u32) -> f64 {
+        if self.deployment.dp_attention <= 1 || seqs == 0 {
+            return 1.0;
+        }
+        let (dp, n) = (f64::from(self.deployment.dp_attention), f64::from(seqs));
+        (dp / n).max(1.0 + self.params.dp_imbalance * (dp / n).sqrt()).min(dp)
+    }
+
+    /// Seconds to load `l2_tokens` from host memory and `l3_tokens` from the shared store
+    /// (on the busiest rank), and the part of it no compute can hide.
+    fn load_time(&self, l2_tokens: f64, l3_tokens: f64) -> (f64, f64) {
+        if l2_tokens == 0.0 && l3_tokens == 0.0 {
             return (0.0, 0.0);
         }
         let bytes = self.kv_bytes_per_token_per_gpu() as f64;
         let l = self.links;
-        let latency = if l3_tokens > 0 { l.l3_latency_s } else { 0.0 };
-        let transfer = l2_tokens as f64 * bytes / l.l2_bytes_per_s + l3_tokens as f64 * bytes / l.l3_bytes_per_s;
+        let latency = if l3_tokens > 0.0 { l.l3_latency_s } else { 0.0 };
+        let transfer = l2_tokens * bytes / l.l2_bytes_per_s + l3_tokens * bytes / l.l3_bytes_per_s;
         (transfer + latency, transfer / f64::from(self.model.layers) + latency)
     }
 
@@ -200,7 +250,14 @@ impl CostModel {
         let tokens = s.tokens() as f64;
         let samples = f64::from(s.prefill_seqs) + f64::from(s.decode_seqs);
         let pairs = (s.prefill_attention_pairs + s.decode_context_tokens) as f64;
-        let compute_s = k.gemm_s_per_token * tokens + k.lm_head_s_per_sample * samples + k.attention_s_per_pair * pairs;
+        // The busiest attention rank's share of the batch: exactly 1 under plain TP.
+        let rank_share =
+            self.dp_imbalance_factor(s.prefill_seqs + s.decode_seqs) / f64::from(self.deployment.dp_attention);
+        let rank_tokens = tokens * rank_share;
+        let compute_s = k.attention_gemm_s_per_token * rank_tokens
+            + k.gemm_s_per_token * tokens
+            + k.lm_head_s_per_sample * samples
+            + k.attention_s_per_pair * pairs * rank_share;
 
         let weights_s = k.always_read_weights_s
             + k.routed.map_or(0.0, |r| r.experts * (1.0 - (tokens * r.ln_miss).exp()) * r.s_per_expert);
@@ -216,22 +273,23 @@ impl CostModel {
             0.0
         };
         let kv_tokens = s.decode_context_tokens as f64 + prefill_read + tokens;
-        let memory_s = weights_s + k.kv_s_per_token * kv_tokens;
+        let memory_s = weights_s + k.kv_s_per_token * kv_tokens * rank_share;
 
-        let (load_s, load_exposed_s) = self.load_time(s.load_l2_tokens, s.load_l3_tokens);
-        StepBreakdown {
-            compute_s,
-            memory_s,
-            comm_s: k.comm_s_per_step + k.comm_s_per_token * tokens,
-            overhead_s: k.overhead_s,
-            load_s,
-            load_exposed_s,
-        }
+        let (load_s, load_exposed_s) =
+            self.load_time(s.load_l2_tokens as f64 * rank_share, s.load_l3_tokens as f64 * rank_share);
+        let comm_s = k.comm_s_per_step
+            + k.comm_s_per_rank_token * rank_tokens
+            + k.comm_s_per_token * tokens
+            + k.alltoall_s_per_rank_token * rank_tokens;
+        StepBreakdown { compute_s, memory_s, comm_s, overhead_s: k.overhead_s, load_s, load_exposed_s }
     }
 
     /// Tokens of KV the instance can hold. Under pure TP every rank stores its shard of every
     /// token, so the ranks are identical and one rank's free memory over its per-token bytes
-    /// is the instance's capacity (not multiplied by `tp`).
+    /// is the instance's capacity (not multiplied by `tp`). Under attention DP each rank keeps
+    /// only its own requests' KV, so the instance holds the sum over its `dp_attention` ranks.
+    /// The engine sees one pool of that size: it does not model a rank filling up while
+    /// another has room (a request larger than one rank's share would not fit on a real one).
     pub fn kv_capacity_tokens(&self) -> u64 {
         self.k.kv_capacity_tokens
     }
@@ -242,9 +300,9 @@ impl CostModel {
         u32::try_from(self.k.kv_capacity_tokens / u64::from(block_size)).unwrap_or(u32::MAX)
     }
 
-    /// GPUs one instance occupies.
+    /// GPUs one instance occupies: `tp × dp_attention`.
     pub fn gpus(&self) -> u32 {
-        self.deployment.tp
+        self.deployment.gpus()
     }
 
     /// Assumed price of one instance per hour in USD.
@@ -270,14 +328,33 @@ fn kv_bytes_per_token_per_rank(model: &ModelSpec, tp: u32) -> u64 {
     .max(1)
 }
 
+/// Parameters on the attention side of the split: replicated on every DP rank, split by `tp`
+/// inside it.
+fn attention_side_params(m: &ModelSpec) -> u64 {
+    m.attention_params() + m.embedding_params()
+}
+
+/// Weight bytes on one GPU: `attention side / tp + everything else / G`, with `G = tp × dp`
+/// GPUs (routed experts sharded by expert under EP and by TP without: the same bytes per
+/// GPU). Written over the common denominator `G`, so that plain TP is exactly
+/// `weights / tp`, rounded up.
+fn weight_bytes_per_gpu(m: &ModelSpec, d: Deployment) -> u64 {
+    let attention = u128::from(attention_side_params(m).min(m.total_params));
+    let rest = u128::from(m.total_params) - attention;
+    let bytes = (attention * u128::from(d.dp_attention) + rest) * u128::from(m.weight_bytes_per_param);
+    u64::try_from(bytes.div_ceil(u128::from(d.gpus()))).unwrap_or(u64::MAX)
+}
+
 impl Coefficients {
-    fn derive(m: &ModelSpec, gpu: &GpuSpec, tp: u32, p: &CostParams, kv_bytes_per_token: u64) -> Coefficients {
-        let tp_f = f64::from(tp);
+    fn derive(m: &ModelSpec, gpu: &GpuSpec, d: Deployment, p: &CostParams, kv_bytes_per_token: u64) -> Coefficients {
+        let (tp, tp_f, gpus_f) = (d.tp, f64::from(d.tp), f64::from(d.gpus()));
         let (hidden, vocab, layers) = (f64::from(m.hidden), f64::from(m.vocab), f64::from(m.layers));
         // GEMMs run at the weights' precision; attention at the KV cache's.
         let gemm_peak = if m.weight_bytes_per_param == 1 { gpu.fp8_flops } else { gpu.bf16_flops };
         let attention_peak = if m.kv_bytes_per_element == 1 { gpu.fp8_flops } else { gpu.bf16_flops };
-        let gemm_flop_s = tp_f * gemm_peak * p.compute_efficiency;
+        // The attention side runs on one rank's `tp` GPUs, the rest on all `G`.
+        let rank_gemm_flop_s = tp_f * gemm_peak * p.compute_efficiency;
+        let gemm_flop_s = gpus_f * gemm_peak * p.compute_efficiency;
         let attention_flop_s = tp_f * attention_peak * p.compute_efficiency;
         // FLOPs per (query, key) pair over all layers and heads. GQA: QKᵀ and PV, each a
         // multiply-add over head_dim. MLA in its absorbed form works on the latent directly:
@@ -285,39 +362,80 @@ impl Coefficients {
         let heads = f64::from(m.q_heads);
         let attention_flops_per_pair = match m.attention {
             Attention::Gqa => 4.0 * layers * heads * f64::from(m.head_dim),
-            Attention::Mla { kv_lora_rank, rope_head_dim } => {
+            Attention::Mla { kv_lora_rank, rope_head_dim, .. } => {
                 2.0 * layers * heads * f64::from(kv_lora_rank + rope_head_dim) * 2.0
             }
         };
 
+        // GEMM parameters a token multiplies through on each side: the attention projections
+        // on its rank; the rest of the body on all GPUs.
+        let body = m.active_body_params();
+        let rank_body = m.attention_params().min(body);
+
         let hbm_bytes_per_s = gpu.hbm_bytes_per_s * p.memory_efficiency;
         let wbytes = f64::from(m.weight_bytes_per_param);
-        let always_read_params = m.total_params.saturating_sub(m.routed_expert_params() + m.embedding_params());
+        let rank_read_params = m.attention_params();
+        let rest_read_params =
+            m.total_params.saturating_sub(m.routed_expert_params() + m.embedding_params() + rank_read_params);
         let routed = m.moe.map(|moe| RoutedExperts {
             experts: f64::from(moe.experts),
             ln_miss: (1.0 - f64::from(moe.experts_per_token) / f64::from(moe.experts)).ln(),
-            s_per_expert: m.params_per_routed_expert() as f64 * wbytes / tp_f / hbm_bytes_per_s,
+            s_per_expert: m.params_per_routed_expert() as f64 * wbytes / gpus_f / hbm_bytes_per_s,
         });
 
-        // Two all-reduces per layer (after attention and after the FFN) of tokens × hidden
-        // bf16 activations; a ring moves 2(tp − 1)/tp of the message through each link.
-        let allreduces = 2.0 * layers;
-        let ring_share = 2.0 * (tp_f - 1.0) / tp_f;
-        let (comm_s_per_token, comm_s_per_step) = if tp > 1 {
-            (allreduces * ring_share * hidden * 2.0 / gpu.link_bytes_per_s, allreduces * p.allreduce_latency_us * 1e-6)
+        // Activations move as bf16, `hidden` values per token. A ring all-reduce over n GPUs
+        // moves 2(n − 1)/n of the message through each GPU's link; an all-gather followed by
+        // a reduce-scatter moves the same.
+        let token_bytes = hidden * 2.0;
+        let ring = |n: f64| 2.0 * (n - 1.0) / n * token_bytes / gpu.link_bytes_per_s;
+        let (allreduce_s, alltoall_s) = (p.allreduce_latency_us * 1e-6, p.alltoall_latency_us * 1e-6);
+        // (1) After attention, every layer: an all-reduce inside the rank's TP group of the
+        //     rank's tokens.
+        let (comm_s_per_rank_token, attention_latency_s) =
+            if tp > 1 { (layers * ring(tp_f), layers * allreduce_s) } else { (0.0, 0.0) };
+        // (2) After each FFN spread TP-style over all G GPUs (dense layers; MoE layers with
+        //     shared experts, or without EP): a collective of all the batch's tokens. Under
+        //     plain TP it is the layer's second all-reduce; under attention DP the ranks'
+        //     tokens are gathered to every GPU first and the results reduce-scattered back,
+        //     two collectives. It is not overlapped with the all-to-all of (3).
+        let moe_layers = f64::from(m.moe_layers());
+        let shared_experts = m.moe.is_some_and(|moe| moe.shared_experts > 0);
+        let gathered_layers = if d.ep > 1 && !shared_experts { layers - moe_layers } else { layers };
+        let collectives = if d.dp_attention > 1 { 2.0 } else { 1.0 };
+        let (comm_s_per_token, gathered_latency_s) = if d.gpus() > 1 {
+            (gathered_layers * ring(gpus_f), gathered_layers * collectives * allreduce_s)
         } else {
             (0.0, 0.0)
         };
+        // (3) Each MoE layer under EP: every GPU sends each of its tokens (the rank's tokens
+        //     over its `tp` GPUs) to the other GPUs that host one of the token's top-k experts,
+        //     and gets the results back (dispatch and combine, two all-to-alls). A given other
+        //     GPU hosts at least one of k experts drawn from E with probability
+        //     ≈ 1 − (1 − 1/ep)^k, so a token goes to `(ep − 1)(1 − (1 − 1/ep)^k)` other GPUs
+        //     (4.6 for top-8 at ep 8). At k = 1 this is the familiar `(ep − 1)/ep` share.
+        let (alltoall_s_per_rank_token, alltoall_latency_s) = match m.moe {
+            Some(moe) if d.ep > 1 => {
+                let ep = f64::from(d.ep);
+                let remote = (ep - 1.0) * (1.0 - (1.0 - 1.0 / ep).powi(moe.experts_per_token as i32));
+                let per_token = moe_layers * 2.0 * remote * token_bytes / gpu.link_bytes_per_s / tp_f;
+                (per_token, moe_layers * 2.0 * alltoall_s)
+            }
+            _ => (0.0, 0.0),
+        };
 
         Coefficients {
-            gemm_s_per_token: 2.0 * m.active_body_params() as f64 / gemm_flop_s,
+            attention_gemm_s_per_token: 2.0 * rank_body as f64 / rank_gemm_flop_s,
+            gemm_s_per_token: 2.0 * (body - rank_body) as f64 / gemm_flop_s,
             lm_head_s_per_sample: 2.0 * hidden * vocab / gemm_flop_s,
             attention_s_per_pair: attention_flops_per_pair / attention_flop_s,
-            always_read_weights_s: always_read_params as f64 * wbytes / tp_f / hbm_bytes_per_s,
+            always_read_weights_s: (rank_read_params as f64 / tp_f + rest_read_params as f64 / gpus_f) * wbytes
+                / hbm_bytes_per_s,
             routed,
             kv_s_per_token: kv_bytes_per_token as f64 / hbm_bytes_per_s,
+            comm_s_per_rank_token,
             comm_s_per_token,
-            comm_s_per_step,
+            alltoall_s_per_rank_token,
+            comm_s_per_step: attention_latency_s + gathered_latency_s + alltoall_latency_s,
             overhead_s: p.step_overhead_us * 1e-6,
             kv_capacity_tokens: 0,
         }
@@ -337,7 +455,7 @@ mod tests {
 
     fn cost(model: &str, gpu: &str, tp: u32) -> CostModel {
         let (m, g) = (model_by_name(model), gpu_by_name(gpu));
-        CostModel::new(m.expect("model"), g.expect("gpu"), Deployment { tp }, CostParams::default())
+        CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(tp), CostParams::default())
             .expect("deployment fits")
     }
 
@@ -438,11 +556,133 @@ mod tests {
         assert_eq!(c.kv_capacity_tokens(), 581_704);
     }
 
+    fn layout(model: &str, gpu: &str, tp: u32, dp_attention: u32, ep: u32) -> CostModel {
+        let (m, g) = (model_by_name(model), gpu_by_name(gpu));
+        let d = Deployment { tp, dp_attention, ep };
+        CostModel::new(m.expect("model"), g.expect("gpu"), d, CostParams::default()).expect("deployment fits")
+    }
+
+    #[test]
+    fn gqa_capacity_under_tp_2_by_attention_dp_4_matches_hand_calculation() {
+        let c = layout("llama-3.1-70b", "h100", 2, 4, 1);
+        // Attention side, replicated on each of the 4 DP ranks and split over its 2 GPUs:
+        //   projections 80 × 150_994_944 = 12_079_595_520 + embedding 128_256 × 8192 =
+        //   1_050_673_152 → 13_130_268_672 params. The other 57_423_437_824 params are split
+        //   over all 8 GPUs. Bytes per GPU: (13_130_268_672 × 4 + 57_423_437_824) × 2 / 8
+        //   = 27_486_128_128 (vs 17_638_426_624 under TP 8).
+        assert_eq!(c.weight_bytes_per_gpu(), 27_486_128_128);
+        assert_eq!(c.gpus(), 8);
+        // Free: 77_309_411_328 usable − 2 GiB reserve − 27_486_128_128 = 47_675_799_552.
+        // Per token per GPU: 8 kv heads / tp 2 = 4 heads: 2 × 80 × 4 × 128 × 2 = 163_840 bytes.
+        // One rank: 47_675_799_552 / 163_840 = 290_989.0 tokens; 4 ranks hold 1_163_956.
+        assert_eq!(c.kv_bytes_per_token_per_gpu(), 163_840);
+        assert_eq!(c.kv_capacity_tokens(), 4 * 290_989);
+        // GQA already splits its KV under TP, so attention DP loses capacity: TP 8 holds
+        // 1_404_382 tokens (`kv_capacity_of_llama_70b_on_8_h100_matches_hand_calculation`).
+        assert!(c.kv_capacity_tokens() < cost("llama-3.1-70b", "h100", 8).kv_capacity_tokens());
+    }
+
+    #[test]
+    fn mla_capacity_on_8_h200_grows_from_tp_8_to_attention_dp_8_with_ep_8() {
+        let tp8 = cost("deepseek-v3", "h200", 8);
+        let dp8 = layout("deepseek-v3", "h200", 1, 8, 8);
+        // TP 8: 671e9 fp8 bytes / 8 = 83_875_000_000 per GPU, 40_877_516_352 free, the whole
+        // latent (70_272 bytes per token) on every GPU: 581_704 tokens for the node.
+        assert_eq!((tp8.weight_bytes_per_gpu(), tp8.kv_capacity_tokens()), (83_875_000_000, 581_704));
+        // DP 8 + EP 8: attention projections 61 × 187_105_280 = 11_413_422_080 + embedding
+        // 129_280 × 7168 = 926_679_040 → 12_340_101_120 params on every GPU; the other
+        // 658_659_898_880 (routed experts by EP, dense and shared FFN and LM head by TP) / 8.
+        // (12_340_101_120 × 8 + 658_659_898_880) × 1 byte / 8 = 94_672_588_480 per GPU.
+        assert_eq!(dp8.weight_bytes_per_gpu(), 94_672_588_480);
+        // Free per GPU: 126_900_000_000 − 2_147_483_648 − 94_672_588_480 = 30_079_927_872;
+        // / 70_272 = 428_049.5 → 428_049 tokens of each rank's own requests; × 8 ranks.
+        assert_eq!(dp8.kv_bytes_per_token_per_gpu(), 70_272);
+        assert_eq!(dp8.kv_capacity_tokens(), 8 * 428_049);
+        // 3_424_392 / 581_704 = 5.89×: 8× the GPUs' KV, less the 10.8 GB of attention
+        // weights each GPU now keeps whole, out of the 40.9 GB TP 8 left free.
+        let ratio = dp8.kv_capacity_tokens() as f64 / tp8.kv_capacity_tokens() as f64;
+        assert!((5.88..5.89).contains(&ratio), "{ratio}");
+        assert_eq!((dp8.gpus(), dp8.price_per_hour()), (8, tp8.price_per_hour()));
+    }
+
+    #[test]
+    fn dp_imbalance_factor_follows_its_formula_and_is_one_without_dp() {
+        let tp8 = cost("deepseek-v3", "h200", 8);
+        let dp8 = layout("deepseek-v3", "h200", 1, 8, 8);
+        for n in [0, 1, 3, 8, 64, 4096] {
+            assert_eq!(tp8.dp_imbalance_factor(n), 1.0);
+        }
+        // f(n) = min(8, max(8 / n, 1 + 0.5 √(8 / n))).
+        let f = |n| dp8.dp_imbalance_factor(n);
+        assert_eq!(f(1), 8.0, "a lone sequence runs on one rank");
+        assert_eq!(f(4), 2.0, "four ranks busy, four idle");
+        assert!((f(8) - (1.0 + 0.5)).abs() < 1e-12);
+        assert!((f(512) - (1.0 + 0.5 / 8.0)).abs() < 1e-12);
+        let no_skew = layout_with(1, 8, 8, CostParams { dp_imbalance: 0.0, ..CostParams::default() });
+        assert_eq!(no_skew.dp_imbalance_factor(512), 1.0);
+    }
+
+    fn layout_with(tp: u32, dp_attention: u32, ep: u32, params: CostParams) -> CostModel {
+        let (m, g) = (model_by_name("deepseek-v3"), gpu_by_name("h200"));
+        let d = Deployment { tp, dp_attention, ep };
+        CostModel::new(m.expect("model"), g.expect("gpu"), d, params).expect("fits")
+    }
+
+    #[test]
+    fn plain_tp_steps_ignore_the_dp_and_expert_parallel_knobs() {
+        let knobs = CostParams { dp_imbalance: 3.0, alltoall_latency_us: 1000.0, ..CostParams::default() };
+        let (plain, tweaked) = (layout_with(8, 1, 1, CostParams::default()), layout_with(8, 1, 1, knobs));
+        for stats in [decode(1, 1024), decode(256, 32768), prefill(8192, 0), prefill(2048, 65536)] {
+            assert_eq!(plain.step_breakdown(&stats), tweaked.step_breakdown(&stats));
+        }
+        // TP 8 MoE: two all-reduces per layer, no all-to-all: 122 × 8 µs + 122 × 2 × 7/8 ×
+        // 14_336 bytes per token over 450 GB/s.
+        let b = plain.step_breakdown(&decode(64, 1024));
+        let expected_s = 122.0 * 8e-6 + 64.0 * 122.0 * 1.75 * 14_336.0 / 450e9;
+        assert!((b.comm_s - expected_s).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn expert_parallel_all_to_all_of_a_dp_8_decode_matches_hand_calculation() {
+        let c = layout("deepseek-v3", "h200", 1, 8, 8);
+        let b = c.step_breakdown(&decode(64, 1024));
+        // The busiest rank has f(64) / 8 of the 64 tokens: f = 1 + 0.5 √(1/8) = 1.1768.
+        let rank_tokens = 64.0 * (1.0 + 0.5 * (8.0f64 / 64.0).sqrt()) / 8.0;
+        // tp 1: no all-reduce inside a rank. All 61 layers have an FFN split over the 8 GPUs
+        // (3 dense, 58 with a shared expert): all-gather + reduce-scatter of the 64 tokens,
+        // 2 × 7/8 × 14_336 bytes each, and two 8 µs latencies.
+        let gathered_s = 61.0 * 2.0 * 8e-6 + 64.0 * 61.0 * 1.75 * 14_336.0 / 450e9;
+        // 58 MoE layers × (dispatch + combine): each token goes to 7 × (1 − (7/8)^8) = 4.59
+        // other GPUs, 14_336 bytes each way, plus two 20 µs latencies.
+        let remote = 7.0 * (1.0 - 0.875f64.powi(8));
+        let alltoall_s = 58.0 * 2.0 * 20e-6 + rank_tokens * 58.0 * 2.0 * remote * 14_336.0 / 450e9;
+        assert!((b.comm_s - (gathered_s + alltoall_s)).abs() < 1e-12, "{b:?}");
+        // Without EP the MoE layers are TP over all 8 GPUs: no all-to-all.
+        let no_ep = layout("deepseek-v3", "h200", 1, 8, 1).step_breakdown(&decode(64, 1024));
+        assert!((no_ep.comm_s - gathered_s).abs() < 1e-12, "{no_ep:?}");
+    }
+
+    #[test]
+    fn attention_dp_splits_decode_attention_but_not_a_lone_prefill() {
+        let (tp8, dp8) = (cost("deepseek-v3", "h200", 8), layout("deepseek-v3", "h200", 1, 8, 8));
+        // A lone 8K prompt runs its attention on one GPU under DP 8 instead of eight.
+        let lone = prefill(8192, 0);
+        assert!(dp8.step_time(&lone) > tp8.step_time(&lone));
+        // 256 decodes of 8K context (2.1M tokens: only DP 8 holds them, but the step is
+        // priced either way): each rank reads only its own requests' latents (1/8 × 1.09 of
+        // the batch's, 4.6 ms) where every TP rank reads all of them (34 ms), on top of
+        // about 20 ms of weights.
+        let (t, d) = (tp8.step_breakdown(&decode(256, 8192)), dp8.step_breakdown(&decode(256, 8192)));
+        assert!(d.memory_s < 0.6 * t.memory_s, "{t:?} {d:?}");
+        assert!(d.total_s() < t.total_s(), "{t:?} {d:?}");
+    }
+
     #[test]
     fn llama_70b_does_not_fit_on_one_a100() {
         let (m, g) = (model_by_name("llama-3.1-70b"), gpu_by_name("a100"));
-        let err = CostModel::new(m.expect("model"), g.expect("gpu"), Deployment { tp: 1 }, CostParams::default())
-            .expect_err("141 GB of weights on an 80 GB GPU");
+        let err =
+            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
+                .expect_err("141 GB of weights on an 80 GB GPU");
         assert_eq!(
             err.to_string(),
             "model `llama-3.1-70b` does not fit on gpu `a100` with tp 1: weights need 141.1 GB \

@@ -44,7 +44,9 @@ use std::str::FromStr;
 
 pub use limit::limit;
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
-pub use synthetic::{synthetic, ArrivalProcess, LengthDist, PrefixGroups, RateStep, SyntheticConfig};
+pub use synthetic::{
+    synthetic, ArrivalProcess, LengthDist, LongInputs, LongOutputs, PrefixGroups, RateStep, SyntheticConfig,
+};
 
 /// One request entering the fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 //! output = { kind = "lognormal", median = 128, sigma = 0.8, min = 1, max = 4096 }
 //! prefix = { groups = 16, tokens = 1024, share = 0.6 }
 //! long = { share = 0.05, input = { kind = "uniform", min = 32768, max = 262144 } }
+//! long_output = { share = 0.2, output = { kind = "uniform", min = 8192, max = 32768 }, from_s = 10.0, until_s = 40.0 }
 //! ```
 //!
 //! How a request is drawn:
@@ -21,7 +22,10 @@
 //!   pauses arrivals, and a last step of scale 0 ends the workload early.
 //! - **Lengths.** `input` is the request's own prompt part, `output` its output; lognormal
 //!   draws are rounded and clamped to `[min, max]`. With `long`, a share of the requests
-//!   draw their own part from `long.input` instead (a minority of very long prompts).
+//!   draw their own part from `long.input` instead (a minority of very long prompts). With
+//!   `long_output`, a share of the requests arriving in `[from_s, until_s)` (seconds of the
+//!   schedule, before `rate_scale`; either bound may be left out) draw their output from
+//!   `long_output.output` instead: a burst of long generations.
 //! - **Shared system prompts.** With probability `share`, a request starts with one of
 //!   `groups` shared prefixes of `tokens` tokens (group chosen uniformly), so its prompt is
 //!   `tokens + input`. The prefix's full blocks hash from (group, block index) and match
@@ -62,6 +66,30 @@ pub struct SyntheticConfig {
     /// drawn from `input` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub long: Option<LongInputs>,
+    /// Long outputs: with probability `share`, a request arriving in the window draws its
+    /// output from `output` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_output: Option<LongOutputs>,
+}
+
+/// `long_output = { share = 0.2, output = { kind = "constant", tokens = 16384 }, from_s = 10.0, until_s = 40.0 }`
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongOutputs {
+    pub share: f64,
+    pub output: LengthDist,
+    /// The window of arrival times, in seconds before `rate_scale` (default: from the start,
+    /// to the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_s: Option<f64>,
+}
+
+impl LongOutputs {
+    fn covers(&self, t_s: f64) -> bool {
+        self.from_s.is_none_or(|from| t_s >= from) && self.until_s.is_none_or(|until| t_s < until)
+    }
 }
 
 /// `long = { share = 0.05, input = { kind = "uniform", min = 32768, max = 262144 } }`
@@ -135,6 +163,7 @@ impl SyntheticConfig {
             output: LengthDist::Lognormal { median: 128.0, sigma: 0.8, min: 1, max: 2_048 },
             prefix: Some(PrefixGroups { groups: 32, tokens: 512, share: 0.5 }),
             long: None,
+            long_output: None,
         }
     }
 
@@ -175,6 +204,22 @@ impl SyntheticConfig {
             }
         }
         self.output.validate("output", 0)?;
+        if let Some(l) = &self.long_output {
+            l.output.validate("long_output.output", 0)?;
+            if !(0.0..=1.0).contains(&l.share) {
+                return Err(invalid("long_output.share", format!("must be in [0, 1] (got {})", l.share)));
+            }
+            for (key, bound) in [("long_output.from_s", l.from_s), ("long_output.until_s", l.until_s)] {
+                if let Some(s) = bound.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+                    return Err(invalid(key, format!("must be >= 0 (got {s})")));
+                }
+            }
+            if let (Some(from), Some(until)) = (l.from_s, l.until_s) {
+                if until <= from {
+                    return Err(invalid("long_output.until_s", format!("must be after from_s {from} (got {until})")));
+                }
+            }
+        }
         if let Some(p) = &self.prefix {
             if p.groups == 0 {
                 return Err(invalid("prefix.groups", "must be at least 1".into()));
@@ -259,6 +304,10 @@ pub fn synthetic(cfg: &SyntheticConfig, opts: &WorkloadOptions) -> Result<Box<dy
             None => None,
         },
         output: Lengths::new(&cfg.output, "output")?,
+        long_output: match &cfg.long_output {
+            Some(l) => Some((*l, Lengths::new(&l.output, "long_output.output")?)),
+            None => None,
+        },
         prefix: cfg.prefix,
         arrival_rng: ChaCha8Rng::seed_from_u64(mix64(opts.seed ^ ARRIVAL_TAG)),
         request_rng: ChaCha8Rng::seed_from_u64(mix64(opts.seed ^ REQUEST_TAG)),
@@ -289,6 +338,8 @@ struct Synthetic {
     /// Share and lengths of the long prompts.
     long: Option<(f64, Lengths)>,
     output: Lengths,
+    /// The long outputs' window and share, and their lengths.
+    long_output: Option<(LongOutputs, Lengths)>,
     prefix: Option<PrefixGroups>,
     /// Draws inter-arrival gaps only.
     arrival_rng: ChaCha8Rng,
@@ -324,7 +375,15 @@ impl Workload for Synthetic {
                 own_tokens = long.sample(rng);
             }
         }
-        let output_tokens = self.output.sample(rng);
+        let mut output_tokens = self.output.sample(rng);
+        if let Some((l, long)) = &self.long_output {
+            // Both drawn for every request, in the window or not, so that the window and the
+            // share change only the requests they turn long.
+            let (u, long_tokens) = (rng.random::<f64>(), long.sample(rng));
+            if u < l.share && l.covers(t_s) {
+                output_tokens = long_tokens;
+            }
+        }
         let group = match self.prefix {
             Some(p) if rng.random::<f64>() < p.share => Some((rng.random_range(0..p.groups), p.tokens)),
             _ => None,
@@ -675,6 +734,38 @@ mod tests {
         assert!(arrivals.iter().any(|a| a.prompt_tokens == 100) && arrivals.iter().any(|a| a.prompt_tokens == 2_000));
         let outputs: std::collections::BTreeSet<_> = arrivals.iter().map(|a| a.output_tokens).collect();
         assert_eq!(outputs.into_iter().collect::<Vec<_>>(), [3, 4, 5]);
+    }
+
+    #[test]
+    fn a_long_output_burst_changes_only_the_requests_in_its_window() {
+        let mut cfg = small(2_000);
+        cfg.arrival = ArrivalProcess::Poisson { rate_rps: 1_000.0 };
+        cfg.output = LengthDist::Uniform { min: 1, max: 100 };
+        let burst = LongOutputs {
+            share: 0.5,
+            output: LengthDist::Constant { tokens: 20_000 },
+            from_s: Some(0.5),
+            until_s: Some(1.0),
+        };
+        let base = generate(
+            &SyntheticConfig { long_output: Some(LongOutputs { share: 0.0, ..burst }), ..cfg.clone() },
+            &opts(3),
+        );
+        let with = generate(&SyntheticConfig { long_output: Some(burst), ..cfg.clone() }, &opts(3));
+        assert_eq!(base.len(), with.len());
+        let mut long = 0;
+        for (a, b) in base.iter().zip(&with) {
+            assert_eq!((a.at, a.prompt_tokens, &a.block_hashes), (b.at, b.prompt_tokens, &b.block_hashes));
+            if b.output_tokens != a.output_tokens {
+                assert_eq!(b.output_tokens, 20_000);
+                assert!((500_000..1_000_000).contains(&b.at.0), "long only in the window: {:?}", b.at);
+                long += 1;
+            }
+        }
+        // About half of the ~500 requests in the window.
+        assert!((150..350).contains(&long), "{long}");
+        let bad = SyntheticConfig { long_output: Some(LongOutputs { until_s: Some(0.2), ..burst }), ..cfg };
+        assert!(config_error(&bad).contains("long_output.until_s"), "{}", config_error(&bad));
     }
 
     #[test]
