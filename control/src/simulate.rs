@@ -10,7 +10,7 @@ use indicatif::MultiProgress;
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{comparison_table, write_json, Report, RunReport};
 use simulator::scenario::{RunSpec, Settings};
-use simulator::sim::{self, RunOutput};
+use simulator::sim::{self, RunOutput, SimConfig};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -56,18 +56,22 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 /// Runs each router on its own thread (runs share nothing; each re-reads the workload, so all
 /// see the same arrivals). Results come back in the order the routers were given.
+///
+/// The infinite-cache bound depends on the arrivals alone, so only the first run measures it
+/// and the others report its value.
 pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) -> Result<Vec<RunOutput>, Failure> {
     let multi = MultiProgress::new();
     let results: Vec<Result<RunOutput, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = routers
             .iter()
-            .map(|run| {
+            .enumerate()
+            .map(|(i, run)| {
                 let multi = &multi;
                 scope.spawn(move || {
                     let mut progress = RunProgress::new(multi, run.label());
                     let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
-                    sim::run(&settings.sim_config(run), workload, &mut |p| progress.update(p))
-                        .map_err(|e| Failure::Input(e.into()))
+                    let config = SimConfig { infinite_cache_bound: i == 0, ..settings.sim_config(run) };
+                    sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))
                 })
             })
             .collect();
@@ -76,5 +80,10 @@ pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) ->
             .map(|h| h.join().unwrap_or_else(|_| Err(Failure::Output(anyhow!("a simulation thread panicked")))))
             .collect()
     });
-    results.into_iter().collect()
+    let mut outputs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let bound = outputs.first().and_then(|o| o.summary.max_hit_rate);
+    for o in &mut outputs {
+        o.summary.max_hit_rate = bound;
+    }
+    Ok(outputs)
 }
