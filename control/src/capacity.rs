@@ -7,15 +7,18 @@
 //! counts whole requests per DP rank (a request's KV never straddles ranks). Step times are
 //! the roofline's, for the shapes below: one sequence's prefill chunk (under attention DP a
 //! lone chunk runs on one rank), the same tokens split evenly over the DP ranks, and decode
-//! steps at batch 1 and at the largest batch.
+//! steps at batch 1 and at the largest batch; and one `--context`-token prompt prefilled in
+//! `--chunk`-token chunks, as an engine with chunked prefill runs it (each chunk attends to
+//! the ones before it). Under context parallelism (`--cp`) the last line also says how much
+//! of the K/V exchange stays exposed and how much K/V one GPU holds per layer for it.
 
-use crate::cli::layout;
+use crate::cli::{layout, parse_cp_mode};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
 use engine::{BatchEntry, BatchStats, RequestId};
 use serde::Serialize;
-use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
+use simulator::cost::{drafter_by_name, gpu_by_name, model_by_name, CostModel, CostParams, CpMode, Deployment};
 use simulator::report::write_json;
 use std::path::PathBuf;
 
@@ -45,13 +48,32 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub ep: u32,
 
-    /// Context of each request for the largest batch and the decode steps, in tokens.
+    /// Context-parallel replicas per instance; an instance has tp x dp-attention x cp GPUs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub cp: u32,
+
+    /// How context-parallel replicas exchange K/V: ring or allgather.
+    #[arg(long, value_name = "MODE", default_value = "ring", value_parser = parse_cp_mode)]
+    pub cp_mode: CpMode,
+
+    /// Context of each request for the largest batch and the decode steps, and the length of
+    /// the prompt whose whole prefill is timed, in tokens.
     #[arg(long, value_name = "TOKENS", default_value_t = 32768)]
     pub context: u32,
 
-    /// Tokens of the prefill chunk whose step time is printed.
+    /// Tokens of the prefill chunk whose step time is printed, and the chunk size of the
+    /// `--context` prompt's prefill.
     #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
     pub chunk: u32,
+
+    /// Speculative decoding preset to price: eagle3, dflash or dspark (a calculation on the
+    /// decode steps above; see simulator::cost::Drafter for the assumptions).
+    #[arg(long, value_name = "NAME")]
+    pub spec: Option<String>,
+
+    /// Sequences per decode step for --spec, besides batch 1.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub spec_batch: u32,
 
     /// Write the numbers as JSON (kv_capacity_tokens_per_node, _per_gpu, ...).
     #[arg(long, value_name = "PATH")]
@@ -67,6 +89,10 @@ struct Capacity {
     tp: u32,
     dp_attention: u32,
     ep: u32,
+    cp: u32,
+    cp_mode: &'static str,
+    #[serde(skip)]
+    deployment: Deployment,
     gpus_per_instance: u32,
     gpus_per_node: u32,
     instances_per_node: u32,
@@ -85,6 +111,26 @@ struct Capacity {
     decode_step_ms_batch_1: f64,
     decode_step_ms_largest_batch: Option<f64>,
     decode_tokens_per_s_largest_batch: Option<f64>,
+    /// One prompt of `context_tokens` prefilled alone in chunks of `prefill_chunk_tokens`.
+    prefill_context_ms: f64,
+    prefill_context_tokens_per_s: f64,
+    /// Context-parallel K/V exchange left exposed over that whole prefill (zero at cp 1).
+    prefill_context_cp_exposed_ms: f64,
+    /// K/V of one layer one GPU holds at once during the last chunk's attention: the whole
+    /// layer's without CP and under all-gather CP, two ring blocks under ring CP.
+    prefill_context_peak_kv_bytes_per_layer: f64,
+    /// With `--spec`: the drafter, and its TPOT at batch 1 and at `--spec-batch`.
+    speculative: Option<Speculative>,
+}
+
+#[derive(Debug, Serialize)]
+struct Speculative {
+    drafter: &'static str,
+    drafted_tokens: usize,
+    verified_tokens: u32,
+    accepted_tokens_per_step: f64,
+    /// `(batch, plain TPOT ms, speculative TPOT ms)` at batch 1 and at `--spec-batch`.
+    tpot_ms: Vec<(u32, f64, f64)>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -99,7 +145,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
 fn capacity(args: &Args) -> anyhow::Result<Capacity> {
     let model = model_by_name(&args.model)?;
     let gpu = gpu_by_name(&args.gpu)?;
-    let deployment = Deployment { tp: args.tp, dp_attention: args.dp_attention, ep: args.ep };
+    let deployment =
+        Deployment { tp: args.tp, dp_attention: args.dp_attention, ep: args.ep, cp: args.cp, cp_mode: args.cp_mode };
     let cost = CostModel::new(model, gpu, deployment, CostParams::default()).context("invalid layout")?;
     let per_instance = cost.gpus();
     if args.gpus == 0 || !args.gpus.is_multiple_of(per_instance) {
@@ -121,12 +168,46 @@ fn capacity(args: &Args) -> anyhow::Result<Capacity> {
     let ms = |stats: &BatchStats| cost.step_time(stats).as_secs_f64() * 1e3;
     let split = (args.chunk / dp).max(1);
     let decode_largest = (largest_batch > 0).then(|| ms(&decode(largest_batch, args.context)));
+    let speculative = match &args.spec {
+        None => None,
+        Some(name) => {
+            let d = drafter_by_name(name)?;
+            let tpot_ms = [1, args.spec_batch.max(1)]
+                .map(|b| {
+                    let s = d.step(&cost, b, args.context);
+                    (b, s.plain_tpot_s * 1e3, s.tpot_s * 1e3)
+                })
+                .to_vec();
+            Some(Speculative {
+                drafter: d.name,
+                drafted_tokens: d.acceptance.len(),
+                verified_tokens: d.verified,
+                accepted_tokens_per_step: d.expected_accepted(),
+                tpot_ms,
+            })
+        }
+    };
+    let (mut prefill_context_ms, mut exposed_ms, mut peak_bytes) = (0.0, 0.0, 0.0);
+    let mut done = 0;
+    while done < args.context {
+        let n = args.chunk.min(args.context - done);
+        let mut chunk = BatchStats::default();
+        chunk.add(&entry(done, n, true));
+        prefill_context_ms += ms(&chunk);
+        let layer = cost.cp_prefill_layer(u64::from(done), u64::from(n));
+        exposed_ms += layer.exposed_s * f64::from(model.layers) * 1e3;
+        peak_bytes = layer.peak_kv_bytes;
+        done += n;
+    }
     Ok(Capacity {
         model: model.name,
         gpu: gpu.name,
         tp: deployment.tp,
         dp_attention: dp,
         ep: deployment.ep,
+        cp: deployment.cp,
+        cp_mode: deployment.cp_mode.name(),
+        deployment,
         gpus_per_instance: per_instance,
         gpus_per_node: args.gpus,
         instances_per_node: instances,
@@ -143,6 +224,11 @@ fn capacity(args: &Args) -> anyhow::Result<Capacity> {
         decode_step_ms_batch_1: ms(&decode(1, args.context)),
         decode_step_ms_largest_batch: decode_largest,
         decode_tokens_per_s_largest_batch: decode_largest.map(|t| largest_batch as f64 / t * 1e3),
+        prefill_context_ms,
+        prefill_context_tokens_per_s: f64::from(args.context) / prefill_context_ms * 1e3,
+        prefill_context_cp_exposed_ms: exposed_ms,
+        prefill_context_peak_kv_bytes_per_layer: peak_bytes,
+        speculative,
     })
 }
 
@@ -169,7 +255,7 @@ fn entry(context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
 }
 
 fn table(c: &Capacity) -> String {
-    let d = Deployment { tp: c.tp, dp_attention: c.dp_attention, ep: c.ep };
+    let d = c.deployment;
     let mut out = format!(
         "{} on {} ({}): {} GPUs per instance, {} instance(s) per {}-GPU node\n",
         c.model,
@@ -204,6 +290,28 @@ fn table(c: &Capacity) -> String {
         _ => "n/a: the context does not fit one rank".into(),
     };
     row(format!("decode step, batch {}", thousands(c.largest_batch)), largest);
+    let (context, chunk) = (thousands(c.context_tokens.into()), thousands(c.prefill_chunk_tokens.into()));
+    row(format!("prefill of one {context}-token prompt in {chunk}-token chunks"), {
+        format!("{:.1} ms ({:.0} tokens/s)", c.prefill_context_ms, c.prefill_context_tokens_per_s)
+    });
+    if c.cp > 1 {
+        row(format!("  of which CP K/V exchange exposed ({})", c.cp_mode), {
+            format!("{:.1} ms", c.prefill_context_cp_exposed_ms)
+        });
+    }
+    row("  peak K/V per layer per GPU for attention, last chunk".into(), {
+        format!("{:.1} MB", c.prefill_context_peak_kv_bytes_per_layer / 1e6)
+    });
+    if let Some(s) = &c.speculative {
+        row(format!("speculative decoding ({}): drafted, verified, accepted per step", s.drafter), {
+            format!("{}, {}, {:.2} (+1 bonus token)", s.drafted_tokens, s.verified_tokens, s.accepted_tokens_per_step)
+        });
+        for &(batch, plain, spec) in &s.tpot_ms {
+            row(format!("  TPOT at batch {batch}, context {context}: plain, speculative"), {
+                format!("{plain:.2} ms, {spec:.2} ms ({:+.1}%)", (spec / plain - 1.0) * 100.0)
+            });
+        }
+    }
     out
 }
 

@@ -4,6 +4,7 @@
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
+use simulator::cost::{CpMode, UnknownName};
 use simulator::scenario::{FleetSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection};
 use simulator::tiers::KvSection;
 use std::path::PathBuf;
@@ -48,6 +49,17 @@ pub struct SimFlags {
     /// Expert-parallel degree of an MoE: 1 or the instance's GPUs [default: 1].
     #[arg(long, value_name = "N")]
     pub ep: Option<u32>,
+
+    /// Context-parallel replicas per instance: each prefills a zig-zag shard of every prompt
+    /// and keeps that shard's KV [default: 1]. An instance has tp x dp-attention x cp GPUs.
+    #[arg(long, value_name = "N")]
+    pub cp: Option<u32>,
+
+    /// How context-parallel replicas exchange K/V: ring (blocks travel round a ring,
+    /// overlapped with attention) or allgather (the whole K/V gathered before attention)
+    /// [default: ring].
+    #[arg(long, value_name = "MODE", value_parser = parse_cp_mode)]
+    pub cp_mode: Option<CpMode>,
 
     /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two,
     /// cache-aware, sglang-cache-aware, dynamo-kv, llm-d [default: least-outstanding]. Each
@@ -141,6 +153,8 @@ impl SimFlags {
                 tp: self.tp,
                 dp_attention: self.dp_attention,
                 ep: self.ep,
+                cp: self.cp,
+                cp_mode: self.cp_mode,
                 block_size: self.block_size,
                 max_batch_tokens: self.max_batch_tokens,
                 max_seqs: None,
@@ -209,11 +223,20 @@ pub fn describe(s: &Settings) -> String {
     )
 }
 
-/// `TP 8`, or `TP 1 x DP-attention 8, EP 8: 8 GPUs` for a layout with attention DP or EP.
+/// `TP 8`, or `TP 1 x DP-attention 8, EP 8: 8 GPUs` for a layout with attention DP or EP,
+/// or `TP 2 x CP 4 (ring): 8 GPUs` under context parallelism.
 pub fn layout(d: simulator::cost::Deployment) -> String {
-    if d.dp_attention == 1 && d.ep == 1 {
+    let cp = if d.cp > 1 { format!(" x CP {} ({})", d.cp, d.cp_mode.name()) } else { String::new() };
+    if d.dp_attention == 1 && d.ep == 1 && d.cp == 1 {
         format!("TP {}", d.tp)
+    } else if d.dp_attention == 1 && d.ep == 1 {
+        format!("TP {}{cp}: {} GPUs", d.tp, d.gpus())
     } else {
-        format!("TP {} x DP-attention {}, EP {}: {} GPUs", d.tp, d.dp_attention, d.ep, d.gpus())
+        format!("TP {} x DP-attention {}, EP {}{cp}: {} GPUs", d.tp, d.dp_attention, d.ep, d.gpus())
     }
+}
+
+/// `--cp-mode`: ring or allgather.
+pub fn parse_cp_mode(s: &str) -> Result<CpMode, UnknownName> {
+    s.parse()
 }

@@ -12,6 +12,8 @@
 //! tp = 1                # TP inside one attention rank
 //! dp_attention = 1      # attention data-parallel ranks; the instance has tp × dp_attention GPUs
 //! ep = 1                # expert parallelism (MoE): 1 or tp × dp_attention
+//! cp = 1                # context-parallel replicas; the instance has tp × dp_attention × cp GPUs
+//! cp_mode = "ring"      # how CP replicas exchange K/V: "ring" or "allgather"
 //!
 //! [workload]
 //! trace = "../../shared/traces/mooncake-conversation.jsonl"   # relative to this file
@@ -29,7 +31,7 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::cost::{gpu_by_name, model_by_name, CostError, CostModel, CostParams, Deployment, UnknownName};
+use crate::cost::{gpu_by_name, model_by_name, CostError, CostModel, CostParams, CpMode, Deployment, UnknownName};
 use crate::metrics::Slo;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
@@ -81,6 +83,12 @@ pub struct FleetSection {
     /// Expert-parallel degree: 1 or the instance's GPUs (`tp × dp_attention`).
     #[serde(default)]
     pub ep: Option<u32>,
+    /// Context-parallel replicas per instance (see [`Deployment`]).
+    #[serde(default)]
+    pub cp: Option<u32>,
+    /// How context-parallel replicas exchange K/V: ring or all-gather.
+    #[serde(default)]
+    pub cp_mode: Option<CpMode>,
     pub block_size: Option<u32>,
     pub max_batch_tokens: Option<u32>,
     pub max_seqs: Option<u32>,
@@ -336,6 +344,8 @@ impl Scenario {
                 tp: f.tp.or(self.fleet.tp),
                 dp_attention: f.dp_attention.or(self.fleet.dp_attention),
                 ep: f.ep.or(self.fleet.ep),
+                cp: f.cp.or(self.fleet.cp),
+                cp_mode: f.cp_mode.or(self.fleet.cp_mode),
                 block_size: f.block_size.or(self.fleet.block_size),
                 max_batch_tokens: f.max_batch_tokens.or(self.fleet.max_batch_tokens),
                 max_seqs: f.max_seqs.or(self.fleet.max_seqs),
@@ -372,8 +382,13 @@ impl Scenario {
         let model = model_by_name(f.model.as_deref().unwrap_or(DEFAULT_MODEL))?;
         let gpu = gpu_by_name(f.gpu.as_deref().unwrap_or(DEFAULT_GPU))?;
         let params = self.cost.clone().unwrap_or_default();
-        let deployment =
-            Deployment { tp: f.tp.unwrap_or(1), dp_attention: f.dp_attention.unwrap_or(1), ep: f.ep.unwrap_or(1) };
+        let deployment = Deployment {
+            tp: f.tp.unwrap_or(1),
+            dp_attention: f.dp_attention.unwrap_or(1),
+            ep: f.ep.unwrap_or(1),
+            cp: f.cp.unwrap_or(1),
+            cp_mode: f.cp_mode.unwrap_or_default(),
+        };
         let cost = CostModel::new(model, gpu, deployment, params)?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);

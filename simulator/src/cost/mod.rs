@@ -1,6 +1,6 @@
 //! The roofline cost model: how long one engine iteration takes on a given model, GPU type
 //! and deployment layout (tensor parallelism, attention data parallelism, expert
-//! parallelism), and how many tokens of KV cache an instance holds.
+//! parallelism, context parallelism), and how many tokens of KV cache an instance holds.
 //!
 //! It replaces the GPU's forward pass in the simulator through [`CostModelExecutor`]; the
 //! scheduler, KV cache and policies above it are the real code.
@@ -9,8 +9,9 @@
 //! | --- | --- |
 //! | `model.rs` | [`ModelSpec`]: shapes, parameter counts (attention projections from the shapes), attention kind (GQA / MLA), MoE layout, dtypes; the model catalog |
 //! | `gpu.rs` | [`GpuSpec`]: memory, HBM and NVLink bandwidth, BF16 / FP8 peaks, assumed price; the GPU catalog |
-//! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP), with validation |
-//! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance |
+//! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
+//! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
+//! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark) and the TPOT speculation buys ([`SpeculativeStep`]), a calculation the engine does not run |
 //! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`] |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
@@ -20,7 +21,12 @@
 //! inside a rank and replicated across ranks; the *expert / dense side* (routed experts,
 //! shared experts, dense FFN, LM head) is spread over all `G` GPUs, the routed experts by
 //! expert when `ep = G` and by TP when `ep = 1`. Plain TP is `dp_attention = ep = 1`, and
-//! then every formula below reduces to the TP-only one. docs/LAYOUTS.md has the worked
+//! then every formula below reduces to the TP-only one. Context parallelism (`cp` > 1)
+//! runs `cp` replicas of that layout, each with a whole copy of the weights and `1/cp` of
+//! every sequence's tokens and KV (zig-zag); before attention the replicas exchange K/V by
+//! ring (overlapped with the attention of the previous block) or all-gather (exposed), and
+//! decode combines the replicas' partial attention by an all-reduce per layer
+//! ([`CostModel::cp_prefill_layer`] has the formulas). docs/LAYOUTS.md has the worked
 //! numbers.
 //!
 //! The formulas, in words (on the busiest GPU of an instance):
@@ -73,10 +79,12 @@ mod gpu;
 mod model;
 mod params;
 mod roofline;
+mod speculative;
 
 pub use error::{CostError, UnknownName};
 pub use executor::CostModelExecutor;
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
-pub use params::{CostParams, Deployment};
-pub use roofline::{CostModel, StepBreakdown, TierLinks};
+pub use params::{CostParams, CpMode, Deployment};
+pub use roofline::{CostModel, CpPrefillLayer, StepBreakdown, TierLinks};
+pub use speculative::{drafter_by_name, Drafter, SpeculativeStep};

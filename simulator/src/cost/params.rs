@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::CostError;
+use super::error::{CostError, UnknownName};
 use super::model::ModelSpec;
 
 /// Efficiency factors and fixed costs that turn datasheet peaks into predicted step times.
@@ -96,7 +96,9 @@ fn is_finite_non_negative(x: f64) -> bool {
 
 /// How one engine instance spreads the model over the GPUs of one node.
 ///
-/// The instance has `gpus() = tp × dp_attention` GPUs (at most [`Deployment::MAX_GPUS`]):
+/// The instance has `gpus() = tp × dp_attention × cp` GPUs (at most
+/// [`Deployment::MAX_GPUS`]); one copy of the weights is spread over `model_gpus() = tp ×
+/// dp_attention` of them and replicated `cp` times:
 ///
 /// - **Attention** runs data-parallel on `dp_attention` ranks, each a group of `tp` GPUs
 ///   that splits the heads (tensor parallelism inside the rank). A rank serves only its own
@@ -109,6 +111,13 @@ fn is_finite_non_negative(x: f64) -> bool {
 ///   `gpus()`, the seed's "dense / shared FFN keep TP" (SGLang with DeepEP instead
 ///   replicates the shared experts on every rank, which costs KV capacity).
 ///
+/// - **Context parallelism** (`cp` > 1) runs `cp` replicas of that layout side by side, and
+///   splits every prefill sequence's tokens and every sequence's KV over them (zig-zag by
+///   position, so that each replica gets the same causal attention work). Before attention a
+///   replica needs the other replicas' K/V of the layer: [`CpMode`] says how it gets them.
+///   A decode token runs on every replica, each attends its own shard of the context, and
+///   the partial outputs are combined by a small all-reduce per layer.
+///
 /// SGLang's `--tp 8 --dp 8 --enable-dp-attention --ep 8` is `tp = 1, dp_attention = 8,
 /// ep = 8` here (SGLang's `--tp` counts the instance's GPUs; ours is the TP degree inside one
 /// attention rank), and its `--tp 8` is `tp = 8`.
@@ -120,9 +129,45 @@ pub struct Deployment {
     /// Attention data-parallel ranks: 1, 2, 4 or 8.
     #[serde(default = "one")]
     pub dp_attention: u32,
-    /// Expert-parallel degree: 1 (experts split by TP) or `gpus()` (MoE models only).
+    /// Expert-parallel degree: 1 (experts split by TP) or `model_gpus()` (MoE models only).
     #[serde(default = "one")]
     pub ep: u32,
+    /// Context-parallel replicas: 1, 2, 4 or 8.
+    #[serde(default = "one")]
+    pub cp: u32,
+    /// How context-parallel replicas exchange K/V before attention; unused when `cp` = 1.
+    #[serde(default)]
+    pub cp_mode: CpMode,
+}
+
+/// How the `cp` replicas of a context-parallel instance see each other's K/V.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpMode {
+    /// Ring attention: each replica keeps its queries; K/V blocks travel round the ring, the
+    /// next one arriving while the current one is computed (online softmax across steps).
+    #[default]
+    Ring,
+    /// All-gather CP: every replica gathers the layer's whole K/V before its attention starts.
+    AllGather,
+}
+
+impl CpMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpMode::Ring => "ring",
+            CpMode::AllGather => "allgather",
+        }
+    }
+}
+
+impl std::str::FromStr for CpMode {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<CpMode, UnknownName> {
+        static MODES: [CpMode; 2] = [CpMode::Ring, CpMode::AllGather];
+        UnknownName::lookup(&MODES, "cp mode", s, |m| m.name()).copied()
+    }
 }
 
 fn one() -> u32 {
@@ -136,11 +181,15 @@ impl Default for Deployment {
 }
 
 impl std::fmt::Display for Deployment {
-    /// `tp 8` for plain TP, `tp 1, dp-attention 8, ep 8` otherwise.
+    /// `tp 8` for plain TP, `tp 1, dp-attention 8, ep 8` otherwise, and `, cp 4 ring` under
+    /// context parallelism.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "tp {}", self.tp)?;
         if self.dp_attention != 1 || self.ep != 1 {
             write!(f, ", dp-attention {}, ep {}", self.dp_attention, self.ep)?;
+        }
+        if self.cp != 1 {
+            write!(f, ", cp {} {}", self.cp, self.cp_mode.name())?;
         }
         Ok(())
     }
@@ -152,11 +201,17 @@ impl Deployment {
 
     /// Plain tensor parallelism over `tp` GPUs.
     pub fn tensor_parallel(tp: u32) -> Deployment {
-        Deployment { tp, dp_attention: 1, ep: 1 }
+        Deployment { tp, dp_attention: 1, ep: 1, cp: 1, cp_mode: CpMode::Ring }
     }
 
-    /// GPUs one instance occupies: `tp × dp_attention`.
+    /// GPUs one instance occupies: `tp × dp_attention × cp`.
     pub fn gpus(&self) -> u32 {
+        self.model_gpus().saturating_mul(self.cp)
+    }
+
+    /// GPUs one copy of the weights is spread over: `tp × dp_attention` (context parallelism
+    /// replicates it `cp` times).
+    pub fn model_gpus(&self) -> u32 {
         self.tp.saturating_mul(self.dp_attention)
     }
 
@@ -174,7 +229,22 @@ impl Deployment {
         if !matches!(dp, 1 | 2 | 4 | 8) {
             return Err(invalid("dp_attention", dp, "must be 1, 2, 4 or 8".into()));
         }
-        let gpus = self.gpus();
+        let cp = self.cp;
+        if !matches!(cp, 1 | 2 | 4 | 8) {
+            return Err(invalid("cp", cp, "must be 1, 2, 4 or 8".into()));
+        }
+        if self.model_gpus() <= Self::MAX_GPUS && self.gpus() > Self::MAX_GPUS {
+            return Err(invalid(
+                "cp",
+                cp,
+                format!(
+                    "tp {tp} x dp_attention {dp} x cp {cp} = {} GPUs, more than one {}-GPU node",
+                    self.gpus(),
+                    Self::MAX_GPUS
+                ),
+            ));
+        }
+        let gpus = self.model_gpus();
         if gpus > Self::MAX_GPUS {
             return Err(invalid(
                 "dp_attention",
@@ -288,7 +358,7 @@ mod tests {
     fn impossible_layouts_name_the_field_and_the_rule() {
         let v3 = model_by_name("deepseek-v3").expect("catalog model");
         let llama = model_by_name("llama-3.1-8b").expect("catalog model");
-        let layout = |tp, dp_attention, ep| Deployment { tp, dp_attention, ep };
+        let layout = |tp, dp_attention, ep| Deployment { tp, dp_attention, ep, ..Deployment::default() };
         let check = |d: Deployment, m: &ModelSpec, expected: &str| {
             assert_eq!(d.validate(m).expect_err("invalid layout").to_string(), expected);
         };
@@ -319,6 +389,30 @@ mod tests {
             assert_eq!(ok.validate(v3), Ok(()), "{ok}");
         }
         assert_eq!(layout(1, 8, 1).validate(llama), Ok(()), "attention DP also applies to a dense model");
+    }
+
+    #[test]
+    fn context_parallel_tables_parse_and_impossible_cp_names_the_field() {
+        let d: Deployment = toml::from_str("tp = 8").expect("tp only");
+        assert_eq!((d.cp, d.cp_mode), (1, CpMode::Ring));
+        let d: Deployment = toml::from_str("tp = 2\ncp = 4\ncp_mode = \"allgather\"").expect("cp");
+        assert_eq!((d.gpus(), d.model_gpus(), d.to_string()), (8, 2, "tp 2, cp 4 allgather".to_string()));
+        assert_eq!("ring".parse::<CpMode>(), Ok(CpMode::Ring));
+        assert_eq!(
+            "all-gather".parse::<CpMode>().expect_err("not a mode").to_string(),
+            "unknown cp mode `all-gather` (valid: ring, allgather)"
+        );
+        let llama = model_by_name("llama-3.1-70b").expect("catalog model");
+        let cp = |tp, cp| Deployment { tp, cp, ..Deployment::default() };
+        assert_eq!(
+            cp(1, 3).validate(llama).expect_err("cp 3").to_string(),
+            "invalid deployment: cp = 3: must be 1, 2, 4 or 8"
+        );
+        assert_eq!(
+            cp(4, 4).validate(llama).expect_err("16 GPUs").to_string(),
+            "invalid deployment: cp = 4: tp 4 x dp_attention 1 x cp 4 = 16 GPUs, more than one 8-GPU node"
+        );
+        assert_eq!(cp(2, 4).validate(llama), Ok(()));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use engine::{BatchStats, Dur};
 use super::error::CostError;
 use super::gpu::GpuSpec;
 use super::model::{Attention, ModelSpec};
-use super::params::{CostParams, Deployment};
+use super::params::{CostParams, CpMode, Deployment};
 
 /// A model on a GPU type with a deployment: predicts step times and KV capacity.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +63,23 @@ impl Default for TierLinks {
     fn default() -> Self {
         TierLinks { l2_bytes_per_s: 50e9, l3_bytes_per_s: 25e9, l3_latency_s: 100e-6 }
     }
+}
+
+/// One layer of a long prefill under context parallelism, on one replica
+/// ([`CostModel::cp_prefill_layer`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpPrefillLayer {
+    /// The replica's attention compute for the layer: `1/cp` of the chunk's pairs.
+    pub attention_s: f64,
+    /// K/V bytes one GPU receives for the layer from the other replicas.
+    pub transfer_bytes: f64,
+    /// Those bytes over the GPU's NVLink bandwidth.
+    pub transfer_s: f64,
+    /// The part of the exchange (transfer and latency) that no compute hides.
+    pub exposed_s: f64,
+    /// K/V of the layer one GPU holds at once for the exchange: the whole layer's under
+    /// all-gather (and at `cp = 1`), two blocks under ring.
+    pub peak_kv_bytes: f64,
 }
 
 /// Batch-independent factors, in seconds per unit of work on one GPU. "Per rank token" terms
@@ -162,8 +179,11 @@ impl CostModel {
         // Every GPU of a DP rank holds the same share of the rank's requests' KV, so a rank
         // holds what one of its GPUs does, and the instance the sum over its DP ranks.
         let per_rank_tokens = (available_bytes - weight_bytes_per_gpu) / kv_bytes_per_token;
+        // Context parallelism shards every sequence's KV over its `cp` replicas, each with the
+        // same free memory, so they hold `cp` times what one does.
+        let replicas = u64::from(deployment.dp_attention) * u64::from(deployment.cp);
         let k = Coefficients::derive(model, gpu, deployment, &params, kv_bytes_per_token)
-            .with_capacity(per_rank_tokens * u64::from(deployment.dp_attention));
+            .with_capacity(per_rank_tokens * replicas);
         Ok(CostModel { model, gpu, deployment, params, links: TierLinks::default(), k })
     }
 
@@ -247,9 +267,17 @@ impl CostModel {
             return StepBreakdown::default();
         }
         let k = &self.k;
-        let tokens = s.tokens() as f64;
+        // Context parallelism: each of the `cp` replicas runs its shard of every prefill chunk
+        // and every decode token, and attends, reads and loads its shard of the KV. Dividing
+        // by 1.0 is exact, so `cp = 1` gives the same numbers as before.
+        let cp = f64::from(self.deployment.cp);
+        let tokens = if self.deployment.cp > 1 {
+            s.prefill_tokens as f64 / cp + f64::from(s.decode_seqs)
+        } else {
+            s.tokens() as f64
+        };
         let samples = f64::from(s.prefill_seqs) + f64::from(s.decode_seqs);
-        let pairs = (s.prefill_attention_pairs + s.decode_context_tokens) as f64;
+        let pairs = (s.prefill_attention_pairs + s.decode_context_tokens) as f64 / cp;
         // The busiest attention rank's share of the batch: exactly 1 under plain TP.
         let rank_share =
             self.dp_imbalance_factor(s.prefill_seqs + s.decode_seqs) / f64::from(self.deployment.dp_attention);
@@ -272,16 +300,94 @@ impl CostModel {
         } else {
             0.0
         };
-        let kv_tokens = s.decode_context_tokens as f64 + prefill_read + tokens;
-        let memory_s = weights_s + k.kv_s_per_token * kv_tokens * rank_share;
+        let kv_tokens = s.decode_context_tokens as f64 + prefill_read + s.tokens() as f64;
+        let memory_s = weights_s + k.kv_s_per_token * kv_tokens / cp * rank_share;
 
         let (load_s, load_exposed_s) =
-            self.load_time(s.load_l2_tokens as f64 * rank_share, s.load_l3_tokens as f64 * rank_share);
-        let comm_s = k.comm_s_per_step
+            self.load_time(s.load_l2_tokens as f64 * rank_share / cp, s.load_l3_tokens as f64 * rank_share / cp);
+        let mut comm_s = k.comm_s_per_step
             + k.comm_s_per_rank_token * rank_tokens
             + k.comm_s_per_token * tokens
             + k.alltoall_s_per_rank_token * rank_tokens;
+        if self.deployment.cp > 1 {
+            comm_s += self.context_parallel_comm_s(s, rank_share);
+        }
         StepBreakdown { compute_s, memory_s, comm_s, overhead_s: k.overhead_s, load_s, load_exposed_s }
+    }
+
+    /// Exposed communication of context parallelism in one step, over all layers, on the
+    /// busiest replica:
+    ///
+    /// - decode: each replica attends its shard of the context, and the partial outputs of
+    ///   the rank's decode tokens (`hidden / tp` bf16 values each, with the softmax statistics
+    ///   neglected) are combined by a ring all-reduce over the `cp` replicas, per layer;
+    /// - prefill: the K/V exchange of [`CostModel::cp_prefill_layer`], per layer. The aggregates
+    ///   do not keep each chunk's context, so the K/V a chunk attends to is taken as
+    ///   `pairs / (tokens / seqs) + (tokens − seqs) / 2`, which is `context + chunk` exactly for
+    ///   one sequence.
+    fn context_parallel_comm_s(&self, s: &BatchStats, rank_share: f64) -> f64 {
+        let d = self.deployment;
+        let (cp, layers) = (f64::from(d.cp), f64::from(self.model.layers));
+        let latency_s = self.params.allreduce_latency_us * 1e-6;
+        let mut comm_s = 0.0;
+        if s.decode_seqs > 0 {
+            let bytes =
+                2.0 * (cp - 1.0) / cp * f64::from(s.decode_seqs) * rank_share * 2.0 * f64::from(self.model.hidden)
+                    / f64::from(d.tp);
+            comm_s += layers * (bytes / self.gpu.link_bytes_per_s + latency_s);
+        }
+        if s.prefill_tokens > 0 {
+            let (seqs, n) = (f64::from(s.prefill_seqs), s.prefill_tokens as f64);
+            let kv_tokens = s.prefill_attention_pairs as f64 / (n / seqs) + (n - seqs) / 2.0;
+            let layer = self.cp_layer(kv_tokens * rank_share, s.prefill_attention_pairs as f64 * rank_share);
+            comm_s += layers * layer.exposed_s;
+        }
+        comm_s
+    }
+
+    /// One layer of a prefill chunk of `new_tokens` after `context_tokens` cached ones of one
+    /// sequence, under the instance's context parallelism: each replica's attention time, the
+    /// K/V it receives, the part of that transfer no compute hides, and the peak K/V working
+    /// set per GPU. All zero but the attention at `cp = 1`.
+    pub fn cp_prefill_layer(&self, context_tokens: u64, new_tokens: u64) -> CpPrefillLayer {
+        let pairs = new_tokens * context_tokens + new_tokens * (new_tokens + 1) / 2;
+        self.cp_layer((context_tokens + new_tokens) as f64, pairs as f64)
+    }
+
+    /// [`CostModel::cp_prefill_layer`] for `kv_tokens` of K/V attended over `pairs` (query,
+    /// key) pairs. The chunk's tokens and the KV are sharded zig-zag (each replica takes one
+    /// block from each end of the sequence), so each replica does `1/cp` of the causal pairs.
+    /// On one GPU a layer's whole K/V is `W = kv_tokens × KV bytes per token per GPU / layers`
+    /// and a replica's block `W / cp`:
+    ///
+    /// - **all-gather**: the replica receives the `cp − 1` other blocks before its attention
+    ///   starts, `(cp − 1)/cp × W / link + one collective latency`, all exposed, and holds the
+    ///   whole `W` while the layer runs;
+    /// - **ring**: `cp − 1` steps; in each the replica computes its queries against the block
+    ///   it holds (`attention / cp`) while the next block arrives (`W / cp / link` + a
+    ///   latency), so only `max(0, transfer − compute)` per step is exposed. The first step
+    ///   computes the replica's own block, which needs no transfer. It holds two blocks (the
+    ///   one computed and the one arriving), `2 W / cp`.
+    fn cp_layer(&self, kv_tokens: f64, pairs: f64) -> CpPrefillLayer {
+        let d = self.deployment;
+        let (cp, layers) = (f64::from(d.cp), f64::from(self.model.layers));
+        let attention_s = self.k.attention_s_per_pair * pairs / cp / layers;
+        let whole_bytes = kv_tokens * self.kv_bytes_per_token_per_gpu() as f64 / layers;
+        if d.cp == 1 {
+            return CpPrefillLayer { attention_s, peak_kv_bytes: whole_bytes, ..CpPrefillLayer::default() };
+        }
+        let link = self.gpu.link_bytes_per_s;
+        let latency_s = self.params.allreduce_latency_us * 1e-6;
+        let block_bytes = whole_bytes / cp;
+        let transfer_bytes = (cp - 1.0) * block_bytes;
+        let (exposed_s, peak_kv_bytes) = match d.cp_mode {
+            CpMode::AllGather => (transfer_bytes / link + latency_s, whole_bytes),
+            CpMode::Ring => {
+                let step_exposed_s = (block_bytes / link + latency_s - attention_s / cp).max(0.0);
+                ((cp - 1.0) * step_exposed_s, 2.0 * block_bytes)
+            }
+        };
+        CpPrefillLayer { attention_s, transfer_bytes, transfer_s: transfer_bytes / link, exposed_s, peak_kv_bytes }
     }
 
     /// Tokens of KV the instance can hold. Under pure TP every rank stores its shard of every
@@ -342,12 +448,14 @@ fn weight_bytes_per_gpu(m: &ModelSpec, d: Deployment) -> u64 {
     let attention = u128::from(attention_side_params(m).min(m.total_params));
     let rest = u128::from(m.total_params) - attention;
     let bytes = (attention * u128::from(d.dp_attention) + rest) * u128::from(m.weight_bytes_per_param);
-    u64::try_from(bytes.div_ceil(u128::from(d.gpus()))).unwrap_or(u64::MAX)
+    u64::try_from(bytes.div_ceil(u128::from(d.model_gpus()))).unwrap_or(u64::MAX)
 }
 
 impl Coefficients {
     fn derive(m: &ModelSpec, gpu: &GpuSpec, d: Deployment, p: &CostParams, kv_bytes_per_token: u64) -> Coefficients {
-        let (tp, tp_f, gpus_f) = (d.tp, f64::from(d.tp), f64::from(d.gpus()));
+        // Context parallelism replicates all of this `cp` times: each replica's terms are
+        // those of the `model_gpus()` it spans.
+        let (tp, tp_f, gpus_f) = (d.tp, f64::from(d.tp), f64::from(d.model_gpus()));
         let (hidden, vocab, layers) = (f64::from(m.hidden), f64::from(m.vocab), f64::from(m.layers));
         // GEMMs run at the weights' precision; attention at the KV cache's.
         let gemm_peak = if m.weight_bytes_per_param == 1 { gpu.fp8_flops } else { gpu.bf16_flops };
@@ -402,7 +510,7 @@ impl Coefficients {
         let shared_experts = m.moe.is_some_and(|moe| moe.shared_experts > 0);
         let gathered_layers = if d.ep > 1 && !shared_experts { layers - moe_layers } else { layers };
         let collectives = if d.dp_attention > 1 { 2.0 } else { 1.0 };
-        let (comm_s_per_token, gathered_latency_s) = if d.gpus() > 1 {
+        let (comm_s_per_token, gathered_latency_s) = if d.model_gpus() > 1 {
             (gathered_layers * ring(gpus_f), gathered_layers * collectives * allreduce_s)
         } else {
             (0.0, 0.0)
@@ -558,7 +666,7 @@ mod tests {
 
     fn layout(model: &str, gpu: &str, tp: u32, dp_attention: u32, ep: u32) -> CostModel {
         let (m, g) = (model_by_name(model), gpu_by_name(gpu));
-        let d = Deployment { tp, dp_attention, ep };
+        let d = Deployment { tp, dp_attention, ep, ..Deployment::default() };
         CostModel::new(m.expect("model"), g.expect("gpu"), d, CostParams::default()).expect("deployment fits")
     }
 
@@ -624,7 +732,7 @@ mod tests {
 
     fn layout_with(tp: u32, dp_attention: u32, ep: u32, params: CostParams) -> CostModel {
         let (m, g) = (model_by_name("deepseek-v3"), gpu_by_name("h200"));
-        let d = Deployment { tp, dp_attention, ep };
+        let d = Deployment { tp, dp_attention, ep, ..Deployment::default() };
         CostModel::new(m.expect("model"), g.expect("gpu"), d, params).expect("fits")
     }
 
@@ -675,6 +783,79 @@ mod tests {
         let (t, d) = (tp8.step_breakdown(&decode(256, 8192)), dp8.step_breakdown(&decode(256, 8192)));
         assert!(d.memory_s < 0.6 * t.memory_s, "{t:?} {d:?}");
         assert!(d.total_s() < t.total_s(), "{t:?} {d:?}");
+    }
+
+    fn context_parallel(cp: u32, cp_mode: CpMode) -> CostModel {
+        let (m, g) = (model_by_name("llama-3.1-70b"), gpu_by_name("h200"));
+        let d = Deployment { tp: 2, cp, cp_mode, ..Deployment::default() };
+        CostModel::new(m.expect("model"), g.expect("gpu"), d, CostParams::default()).expect("fits")
+    }
+
+    #[test]
+    fn cp_one_leaves_every_step_unchanged_whatever_the_mode() {
+        let (ring, gather) = (context_parallel(1, CpMode::Ring), context_parallel(1, CpMode::AllGather));
+        let plain = cost("llama-3.1-70b", "h200", 2);
+        for stats in [decode(1, 1024), decode(64, 32768), prefill(8192, 0), prefill(8192, 516_096)] {
+            assert_eq!(ring.step_breakdown(&stats), plain.step_breakdown(&stats));
+            assert_eq!(gather.step_breakdown(&stats), plain.step_breakdown(&stats));
+        }
+        assert_eq!(ring.kv_capacity_tokens(), plain.kv_capacity_tokens());
+        let layer = gather.cp_prefill_layer(516_096, 8192);
+        assert_eq!((layer.transfer_bytes, layer.exposed_s), (0.0, 0.0));
+    }
+
+    #[test]
+    fn context_parallel_exchange_and_peak_memory_of_a_512k_prompt_match_hand_calculation() {
+        let (ring, gather) = (context_parallel(4, CpMode::Ring), context_parallel(4, CpMode::AllGather));
+        // Last 8K chunk of a 512K prompt: 524_288 tokens of K/V, 2_048 bytes per token per layer
+        // on one GPU (4 of 8 kv heads under tp 2: 2 × 4 × 128 × 2 bytes), so the layer's whole
+        // K/V is 1_073_741_824 bytes per GPU and a replica's block a quarter of it.
+        let g = gather.cp_prefill_layer(516_096, 8192);
+        assert_eq!(g.transfer_bytes, 805_306_368.0, "3 of 4 blocks");
+        assert!((g.exposed_s - (805_306_368.0 / 450e9 + 8e-6)).abs() < 1e-12, "{g:?}");
+        assert_eq!(g.peak_kv_bytes, 1_073_741_824.0, "all-gather materialises the whole layer");
+        let r = ring.cp_prefill_layer(516_096, 8192);
+        assert_eq!(r.transfer_bytes, g.transfer_bytes, "the same bytes move either way");
+        assert_eq!(r.peak_kv_bytes, 2.0 * 268_435_456.0, "two blocks");
+        // The replica's attention: 8_192 × 516_096 + 8_192 × 8_193 / 2 = 4_261_416_960 pairs, a
+        // quarter of them, at 4 × 64 heads × 128 FLOPs per pair per layer over tp 2 × 989e12 ×
+        // 0.65: 27.2 ms per layer, 6.8 ms per ring step against 0.6 ms for a block's transfer.
+        let attention_s = 4_261_416_960.0 / 4.0 * 4.0 * 64.0 * 128.0 / (2.0 * 989e12 * 0.65);
+        assert!((r.attention_s - attention_s).abs() < 1e-12, "{r:?}");
+        assert_eq!(r.exposed_s, 0.0, "every block arrives while the previous one is computed");
+        // In a step, all-gather pays the exchange on all 80 layers on top of ring's time.
+        let chunk = prefill(8192, 516_096);
+        let (rb, gb) = (ring.step_breakdown(&chunk), gather.step_breakdown(&chunk));
+        assert!((gb.comm_s - rb.comm_s - 80.0 * g.exposed_s).abs() < 1e-9, "{rb:?} {gb:?}");
+        // The KV of every sequence is sharded over the 4 replicas: (126_900_000_000 − 2 GiB −
+        // 70_553_706_496 bytes of weights) / 163_840 = 330_803 tokens per GPU, × 4.
+        assert_eq!(ring.kv_capacity_tokens(), 4 * 330_803);
+        assert_eq!((ring.gpus(), ring.weight_bytes_per_gpu()), (8, 70_553_706_496));
+    }
+
+    #[test]
+    fn ring_prefills_long_prompts_at_least_as_fast_as_all_gather() {
+        let (ring, gather) = (context_parallel(4, CpMode::Ring), context_parallel(4, CpMode::AllGather));
+        for chunk in [2048, 8192, 32768] {
+            let mut done = 0;
+            let (mut ring_s, mut gather_s) = (0.0, 0.0);
+            while done < 524_288 {
+                let stats = prefill(chunk, done);
+                let (r, g) = (ring.step_time(&stats).as_secs_f64(), gather.step_time(&stats).as_secs_f64());
+                // A short context is latency-bound: ring's cp − 1 hops per layer, each too
+                // short to hide behind attention, cost more than one all-gather.
+                if done >= 65_536 {
+                    assert!(r <= g, "chunk {chunk} after {done}: ring {r} s, all-gather {g} s");
+                }
+                (ring_s, gather_s, done) = (ring_s + r, gather_s + g, done + chunk);
+            }
+            assert!(ring_s < gather_s, "chunk {chunk}: ring {ring_s} s, all-gather {gather_s} s");
+        }
+        // CP 4 prefills a 512K prompt much faster than the same TP 2 alone, and a 512K decode
+        // reads a quarter of the KV per replica.
+        let (alone, cp4) = (cost("llama-3.1-70b", "h200", 2), ring);
+        assert!(cp4.step_time(&prefill(8192, 516_096)) < alone.step_time(&prefill(8192, 516_096)));
+        assert!(cp4.step_time(&decode(1, 524_288)) < alone.step_time(&decode(1, 524_288)));
     }
 
     #[test]
