@@ -20,6 +20,14 @@ pub struct BatchEntry {
     pub blocks: (u32, u32),
 }
 
+impl BatchEntry {
+    /// An entry with nothing loaded from the lower tiers and no block table: what cost
+    /// models and their tests build.
+    pub fn new(request: RequestId, context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
+        BatchEntry { request, context_tokens, new_tokens, is_prefill, load_tokens: [0; 2], blocks: (0, 0) }
+    }
+}
+
 /// Aggregates of a batch: all a roofline cost model needs, computed once per iteration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchStats {

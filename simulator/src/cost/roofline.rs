@@ -584,14 +584,7 @@ mod tests {
     }
 
     fn entry(i: u32, context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
-        BatchEntry {
-            request: RequestId(u64::from(i)),
-            context_tokens,
-            new_tokens,
-            is_prefill,
-            load_tokens: [0; 2],
-            blocks: (0, 0),
-        }
+        BatchEntry::new(RequestId(u64::from(i)), context_tokens, new_tokens, is_prefill)
     }
 
     #[test]
