@@ -79,6 +79,10 @@ pub struct KvProtection {
     /// `None`: no request does (only admission pauses).
     pub runaway_output_tokens: Option<u32>,
     pub runaway_action: RunawayAction,
+    /// Evictions after which a request is no longer a runaway candidate: it runs to its end
+    /// where it is, so that a long output does not bounce between instances recomputing its
+    /// context each time.
+    pub max_evictions: u32,
 }
 
 /// What becomes of a runaway evicted under KV pressure.
@@ -431,7 +435,10 @@ impl Instance {
         while f64::from(self.kv.used_blocks()) > p.low_water * total {
             // Ties go to the most recently admitted (the last in the queue).
             let Some(pos) = (0..self.running.len())
-                .filter(|&i| self.seq(self.running[i]).generated_here() > limit)
+                .filter(|&i| {
+                    let seq = self.seq(self.running[i]);
+                    seq.generated_here() > limit && seq.evictions < p.max_evictions
+                })
                 .max_by_key(|&i| (self.seq(self.running[i]).kv.blocks.len(), i))
             else {
                 break;

@@ -249,7 +249,13 @@ fn timestamps_of_a_finished_request_are_ordered() {
 }
 
 fn protection(high_water: f64, low_water: f64, runaway: Option<u32>, action: RunawayAction) -> Option<KvProtection> {
-    Some(KvProtection { high_water, low_water, runaway_output_tokens: runaway, runaway_action: action })
+    Some(KvProtection {
+        high_water,
+        low_water,
+        runaway_output_tokens: runaway,
+        runaway_action: action,
+        max_evictions: u32::MAX,
+    })
 }
 
 /// Steps the instance until it is idle, calling `on_step` after each step with the step's
@@ -352,6 +358,16 @@ fn a_runaway_is_evicted_under_pressure_with_its_kv_freed_and_finishes_elsewhere(
     assert_eq!(a.first_token_at, resume.first_token_at, "TTFT is that of its first placement");
     assert_eq!(a.admitted_at, Time::ZERO);
     assert_eq!(a.request.prompt_tokens, 60);
+
+    // Placed back on a tight instance with a cap of one eviction, it is not evicted again:
+    // it runs to its end under the same pressure.
+    let capped = KvProtection { max_evictions: 1, ..protection(0.5, 0.25, Some(10), RunawayAction::Reroute).unwrap() };
+    let mut tight = Instance::new(InstanceConfig { kv_protection: Some(capped), ..config(40, 128) });
+    tight.enqueue(end, request.clone()).unwrap();
+    let (mut done, mut evicted) = (Vec::new(), Vec::new());
+    drive(&mut tight, end, &mut done, &mut evicted, |_, _, _, _| {});
+    assert!(evicted.is_empty(), "a request evicted once is not evicted again");
+    assert_eq!((done[0].output_tokens, done[0].evictions), (50, 1));
 }
 
 #[test]
