@@ -109,7 +109,7 @@ pub enum Why {
     },
     /// Lowest predicted time to first token: the cached prefix found on the instance by
     /// tier, and the terms of the prediction (`queue + max(prefill, load) + kv`). `all_guarded`:
-    /// every candidate was hot or full, so the guard was waived.
+    /// every candidate was hot, so the guard was waived.
     CacheAware {
         l1_tokens: u32,
         l2_tokens: u32,
