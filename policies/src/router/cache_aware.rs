@@ -97,7 +97,6 @@ impl CacheAware {
             uncached_tokens,
         }
     }
-
 }
 
 impl Router for CacheAware {
