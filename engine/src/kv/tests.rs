@@ -210,6 +210,43 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Carries out `op` at time `t`. A started prompt shares its first `shared` blocks with the
+/// other prompts of its prefix group; with `load_lower`, its prefix continues from L2 and L3.
+fn apply(kv: &mut KvCache, seqs: &mut Vec<(SeqKv, Vec<BlockHash>)>, t: usize, op: Op, shared: u64, load_lower: bool) {
+    let now = Time(t as u64);
+    match op {
+        Op::Start { prefix, len } => {
+            let keys: Vec<u64> = (0..u64::from(len))
+                .map(|i| if i < shared { u64::from(prefix) * 100 + i } else { t as u64 * 1000 + i })
+                .collect();
+            let hs = hashes(&keys);
+            let mut s = SeqKv::default();
+            kv.match_more(now, &mut s, &hs, u32::MAX);
+            if load_lower {
+                let hit = kv.peek_lower(&s, &hs, u32::MAX);
+                let _ = kv.promote(now, &mut s, &hs, hit);
+            }
+            seqs.push((s, hs));
+        }
+        Op::Grow { k, n } if !seqs.is_empty() => {
+            let i = k as usize % seqs.len();
+            let _ = kv.allocate(&mut seqs[i].0, u32::from(n));
+        }
+        Op::Commit { k } if !seqs.is_empty() => {
+            let i = k as usize % seqs.len();
+            let (s, hs) = &mut seqs[i];
+            let full = s.blocks.len() as u32;
+            kv.commit(now, s, hs, full);
+        }
+        Op::Release { k } if !seqs.is_empty() => {
+            let i = k as usize % seqs.len();
+            let (mut s, _) = seqs.swap_remove(i);
+            kv.release(now, &mut s);
+        }
+        _ => {}
+    }
+}
+
 proptest! {
     /// Whatever the order of operations, no block is leaked or counted twice, and releasing
     /// everything makes the whole cache available again.
@@ -218,32 +255,7 @@ proptest! {
         let mut kv = KvCache::new(24, 2);
         let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
         for (t, op) in ops.into_iter().enumerate() {
-            let now = Time(t as u64);
-            match op {
-                Op::Start { prefix, len } => {
-                    let keys: Vec<u64> = (0..u64::from(len)).map(|i| if i < 3 { u64::from(prefix) * 100 + i } else { t as u64 * 1000 + i }).collect();
-                    let hs = hashes(&keys);
-                    let mut s = SeqKv::default();
-                    kv.match_more(now, &mut s, &hs, u32::MAX);
-                    seqs.push((s, hs));
-                }
-                Op::Grow { k, n } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let _ = kv.allocate(&mut seqs[i].0, u32::from(n));
-                }
-                Op::Commit { k } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let (s, hs) = &mut seqs[i];
-                    let full = s.blocks.len() as u32;
-                    kv.commit(now, s, hs, full);
-                }
-                Op::Release { k } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let (mut s, _) = seqs.swap_remove(i);
-                    kv.release(now, &mut s);
-                }
-                _ => {}
-            }
+            apply(&mut kv, &mut seqs, t, op, 3, false);
             kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
         }
         for (s, _) in &mut seqs {
@@ -264,34 +276,7 @@ proptest! {
         let mut events = Vec::new();
         let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
         for (t, op) in ops.into_iter().enumerate() {
-            let now = Time(t as u64);
-            match op {
-                Op::Start { prefix, len } => {
-                    let keys: Vec<u64> = (0..u64::from(len)).map(|i| if i < 5 { u64::from(prefix) * 100 + i } else { t as u64 * 1000 + i }).collect();
-                    let hs = hashes(&keys);
-                    let mut s = SeqKv::default();
-                    kv.match_more(now, &mut s, &hs, u32::MAX);
-                    let hit = kv.peek_lower(&s, &hs, u32::MAX);
-                    let _ = kv.promote(now, &mut s, &hs, hit);
-                    seqs.push((s, hs));
-                }
-                Op::Grow { k, n } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let _ = kv.allocate(&mut seqs[i].0, u32::from(n));
-                }
-                Op::Commit { k } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let (s, hs) = &mut seqs[i];
-                    let full = s.blocks.len() as u32;
-                    kv.commit(now, s, hs, full);
-                }
-                Op::Release { k } if !seqs.is_empty() => {
-                    let i = k as usize % seqs.len();
-                    let (mut s, _) = seqs.swap_remove(i);
-                    kv.release(now, &mut s);
-                }
-                _ => {}
-            }
+            apply(&mut kv, &mut seqs, t, op, 5, true);
             kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
             events.clear();
             kv.drain_events(&mut events);
