@@ -275,16 +275,7 @@ impl Instance {
         let seq = Seq::new(request, table, self.paused_clock(now));
         self.prefill_tokens_left += u64::from(seq.prefill_left());
         self.decode_tokens_left += u64::from(seq.decode_left());
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(seq);
-                s
-            }
-            None => {
-                self.slots.push(Some(seq));
-                self.slots.len() as u32 - 1
-            }
-        };
+        let slot = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
         self.waiting.push_back(slot);
         Ok(())
     }

@@ -13,6 +13,7 @@ pub mod kv;
 pub mod request;
 mod scheduler;
 mod sequence;
+pub mod slots;
 pub mod time;
 
 pub use batch::{Batch, BatchEntry, BatchStats};

@@ -10,6 +10,7 @@
 //! instances hold.
 
 use crate::ids::BlockHash;
+use crate::slots;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -138,7 +139,6 @@ impl BlockLru {
         }
         // Make room first, so that one probe of the map finds or places `hash`.
         let evicted = if self.len() >= self.capacity && !self.contains(hash) { self.pop_front() } else { None };
-        let next = if self.free.is_empty() { self.entries.len() as u32 } else { self.free[self.free.len() - 1] };
         match self.slots.entry(hash) {
             std::collections::hash_map::Entry::Occupied(o) => {
                 let s = *o.get();
@@ -147,14 +147,9 @@ impl BlockLru {
                 Put::Refreshed
             }
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(next);
                 let entry = Entry { hash, prev: NIL, next: NIL };
-                if self.free.pop().is_some() {
-                    self.entries[next as usize] = entry;
-                } else {
-                    self.entries.push(entry);
-                }
-                self.push_back(next);
+                let s = *v.insert(slots::place(&mut self.entries, &mut self.free, entry));
+                self.push_back(s);
                 Put::Added { evicted }
             }
         }

@@ -75,6 +75,7 @@
 use super::{Pick, Router, Why};
 use crate::fleet::FleetEvent;
 use crate::view::{FleetView, InstanceView};
+use engine::slots;
 use engine::{BlockHash, InstanceId, Request};
 use rustc_hash::FxHashMap;
 
@@ -335,16 +336,7 @@ impl ApproxTree {
     fn new_node(&mut self, run: Vec<BlockHash>, parent: u32) -> u32 {
         let first = run[0];
         let node = Node { run, parent, children: 0, members: Vec::new() };
-        let n = match self.free_nodes.pop() {
-            Some(n) => {
-                self.nodes[n as usize] = node;
-                n
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
+        let n = slots::place(&mut self.nodes, &mut self.free_nodes, node);
         if parent != NIL {
             self.nodes[parent as usize].children += 1;
         }
@@ -397,16 +389,7 @@ impl ApproxTree {
 
     fn new_member(&mut self, node: u32, instance: u32) -> u32 {
         let member = Member { node, instance, prev: NIL, next: NIL };
-        let m = match self.free_members.pop() {
-            Some(m) => {
-                self.members[m as usize] = member;
-                m
-            }
-            None => {
-                self.members.push(member);
-                (self.members.len() - 1) as u32
-            }
-        };
+        let m = slots::place(&mut self.members, &mut self.free_members, member);
         self.nodes[node as usize].members.push(m);
         m
     }
