@@ -251,7 +251,7 @@ fn decode(seqs: u64, context: u32) -> BatchStats {
 }
 
 fn entry(context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
-    BatchEntry { request: RequestId(0), context_tokens, new_tokens, is_prefill, load_tokens: [0; 2], blocks: (0, 0) }
+    BatchEntry::new(RequestId(0), context_tokens, new_tokens, is_prefill)
 }
 
 fn table(c: &Capacity) -> String {

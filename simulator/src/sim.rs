@@ -59,14 +59,7 @@ const DECISIONS_KEPT: usize = 24;
 /// at a full token budget, and KV load rates from the lower tiers.
 pub fn cost_hints(cost: &CostModel, instance: &InstanceConfig) -> CostHints {
     let mut chunk = engine::BatchStats::default();
-    chunk.add(&engine::BatchEntry {
-        request: RequestId(0),
-        context_tokens: 0,
-        new_tokens: instance.max_batch_tokens,
-        is_prefill: true,
-        load_tokens: [0; 2],
-        blocks: (0, 0),
-    });
+    chunk.add(&engine::BatchEntry::new(RequestId(0), 0, instance.max_batch_tokens, true));
     let bytes = cost.kv_bytes_per_token_per_gpu() as f64;
     let links = cost.links();
     CostHints {

@@ -46,14 +46,7 @@ mod tests {
             CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
                 .expect("fits");
         let mut batch = Batch::default();
-        let entry = BatchEntry {
-            request: RequestId(7),
-            context_tokens: 100,
-            new_tokens: 1,
-            is_prefill: false,
-            load_tokens: [0; 2],
-            blocks: (0, 0),
-        };
+        let entry = BatchEntry::new(RequestId(7), 100, 1, false);
         batch.entries.push(entry);
         batch.stats.add(&entry);
         let mut exec = CostModelExecutor::new(model.clone());
