@@ -70,15 +70,26 @@ pub fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-fn attainment_at(settings: &Settings, run: &RunSpec, scale: f64) -> Result<Summary, Failure> {
-    let mut out = run_routers(settings, std::slice::from_ref(run), scale)?;
+/// One run at rate `scale`; the infinite-cache bound is measured only when `measure_bound`
+/// (it depends on the arrivals, not on their rate, so a search measures it once).
+fn run_at(settings: &Settings, run: &RunSpec, scale: f64, measure_bound: bool) -> Result<Summary, Failure> {
+    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound)?;
     Ok(out.remove(0).summary)
 }
 
 fn search(settings: &Settings, run: &RunSpec, target: f64) -> Result<(f64, Summary), Failure> {
+    let first = run_at(settings, run, settings.rate_scale, true)?;
+    let bound = first.max_hit_rate;
+    let (scale, mut best) = bisect(settings, run, target, first)?;
+    best.max_hit_rate = bound;
+    Ok((scale, best))
+}
+
+/// Brackets then bisects the rate scale, from the run at the scenario's rate.
+fn bisect(settings: &Settings, run: &RunSpec, target: f64, first: Summary) -> Result<(f64, Summary), Failure> {
+    let attainment_at = |settings, run, scale| run_at(settings, run, scale, false);
     let meets = |s: &Summary| s.slo_attainment >= target;
     let start = settings.rate_scale;
-    let first = attainment_at(settings, run, start)?;
     let (mut low, mut high, mut best) = if meets(&first) {
         let (mut low, mut best) = (start, first);
         let mut high = None;

@@ -30,7 +30,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), Failure> {
     let settings = args.flags.settings()?;
     println!("{}", describe(&settings));
-    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale)?;
+    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true)?;
     for o in &outputs {
         if let Some(why) = &o.first_rejection {
             eprintln!("warning: {}: {} requests refused; first: {why}", o.router, o.summary.rejected);
@@ -58,8 +58,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// see the same arrivals). Results come back in the order the routers were given.
 ///
 /// The infinite-cache bound depends on the arrivals alone, so only the first run measures it
-/// and the others report its value.
-pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) -> Result<Vec<RunOutput>, Failure> {
+/// (when `measure_bound`) and the others report its value.
+pub fn run_routers(
+    settings: &Settings,
+    routers: &[RunSpec],
+    rate_scale: f64,
+    measure_bound: bool,
+) -> Result<Vec<RunOutput>, Failure> {
     let multi = MultiProgress::new();
     let results: Vec<Result<RunOutput, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = routers
@@ -70,7 +75,8 @@ pub fn run_routers(settings: &Settings, routers: &[RunSpec], rate_scale: f64) ->
                 scope.spawn(move || {
                     let mut progress = RunProgress::new(multi, run.label());
                     let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
-                    let config = SimConfig { infinite_cache_bound: i == 0, ..settings.sim_config(run) };
+                    let config =
+                        SimConfig { infinite_cache_bound: measure_bound && i == 0, ..settings.sim_config(run) };
                     sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))
                 })
             })
