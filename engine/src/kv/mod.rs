@@ -293,14 +293,15 @@ impl KvCache {
         if from >= upto {
             return;
         }
-        let cursor =
+        let (cursor, shared) =
             self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], &mut self.pool);
         seq.tree_blocks = upto as u32;
         seq.node = Some(cursor);
-        // A block computed again while an old copy sits in L2 (it was not loaded: L1 lacked
-        // room then) supersedes that copy, so that no block is in both tiers.
+        // A block newly cached in L1 while an old copy sits in L2 (it was computed again: L1
+        // lacked room to load it then) supersedes that copy, so that no block is in both
+        // tiers. Shared blocks were in L1 already, hence not in L2.
         if !self.l2.is_empty() {
-            for &h in &hashes[from..upto] {
+            for &h in &hashes[from + shared..upto] {
                 if self.l2.remove(h) {
                     self.emit(KvEvent::Removed { tier: Tier::L2, hash: h });
                 }

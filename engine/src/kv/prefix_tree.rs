@@ -303,7 +303,8 @@ impl PrefixTree {
     /// Caches the blocks a sequence has just filled. `hashes` and `blocks` are the blocks
     /// after `cursor` (the end of the path the sequence holds). Where another request cached
     /// the same blocks meanwhile, they are shared: the sequence's copies go back to `pool`
-    /// and `blocks` is updated to the cached ones. Returns the new cursor.
+    /// and `blocks` is updated to the cached ones. Returns the new cursor and how many of the
+    /// blocks were shared (the rest are newly cached).
     pub fn commit(
         &mut self,
         now: Time,
@@ -311,7 +312,7 @@ impl PrefixTree {
         hashes: &[BlockHash],
         blocks: &mut [BlockId],
         pool: &mut BlockPool,
-    ) -> NodeId {
+    ) -> (NodeId, usize) {
         debug_assert_eq!(hashes.len(), blocks.len());
         let mut i = 0;
         while i < hashes.len() {
@@ -340,9 +341,9 @@ impl PrefixTree {
                 cursor = self.new_child(now, cursor, &hashes[i..], &blocks[i..]);
             }
             self.cached += (hashes.len() - i) as u32;
-            break;
+            return (cursor, i);
         }
-        cursor
+        (cursor, i)
     }
 
     fn emit_stored(&mut self, cursor: NodeId, hashes: &[BlockHash]) {
