@@ -10,21 +10,31 @@
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `progress` | progress display on stderr for runs longer than a second |
+//! | `serve` | `fleetplane serve`: the live control plane (gateway, API, metrics, engine registry, PostgreSQL) |
+//! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
+//! | `demo` | `fleetplane demo`: serve, a few sim engines and a trace replayer, on this machine |
+//! | `replay` | sends a trace's requests through the gateway in real time |
+//! | `proto` | the engine/control-plane protocol (proto/fleetplane.proto) |
 
 mod bench;
 mod bench_index;
 mod bench_matching;
 mod capacity;
 mod cli;
+mod demo;
+mod engine_proc;
 mod max_rate;
 mod progress;
+mod proto;
+mod replay;
+mod serve;
 mod simulate;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Control plane of an LLM inference fleet: cache-aware placement, long-request protection,
-/// P/D pool sizing. This build has the policy simulator.
+/// P/D pool sizing: the policy simulator, the live control plane and its engine processes.
 #[derive(Parser, Debug)]
 #[command(name = "fleetplane", version, about)]
 struct Cli {
@@ -52,12 +62,21 @@ enum Command {
     /// context and prefill and decode step times for a model, GPU and deployment layout
     /// (--tp, --dp-attention, --ep), from the cost model alone.
     Capacity(capacity::Args),
+    /// Run the live control plane: OpenAI-compatible gateway, REST API, Prometheus metrics and
+    /// the engine registry, with fleet state in PostgreSQL (DATABASE_URL).
+    Serve(serve::Args),
+    /// Run one engine instance as a process serving gRPC, registered with control planes.
+    Engine(engine_proc::Args),
+    /// Start the live system on this machine: serve (local PostgreSQL), a few simulated
+    /// engines and a replayer sending a workload through the gateway.
+    Demo(demo::Args),
 }
 
 /// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
 /// 3 for an output that could not be written.
 pub enum Failure {
     Input(anyhow::Error),
+    Run(anyhow::Error),
     Output(anyhow::Error),
 }
 
@@ -65,11 +84,42 @@ impl Failure {
     fn report(self) -> ExitCode {
         let (code, err) = match self {
             Failure::Input(e) => (2, e),
+            Failure::Run(e) => (1, e),
             Failure::Output(e) => (3, e),
         };
         eprintln!("error: {err:#}");
         ExitCode::from(code)
     }
+}
+
+/// The async runtime of the live commands (the simulator needs none), with logs on stderr
+/// (RUST_LOG, default `info`).
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Run(anyhow::anyhow!("cannot start the async runtime: {e}")))
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }
 
 fn main() -> ExitCode {
@@ -81,6 +131,9 @@ fn main() -> ExitCode {
         Command::BenchMatching(args) => bench_matching::run(args),
         Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Engine(args) => engine_proc::run(args),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

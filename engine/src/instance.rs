@@ -38,7 +38,7 @@
 
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::ids::BlockId;
+use crate::ids::{BlockId, RequestId};
 use crate::kv::{KvCache, KvEvent, SharedStore};
 use crate::request::{CutShort, Evicted, Finished, Request};
 use crate::sequence::Seq;
@@ -192,6 +192,8 @@ pub struct Instance {
     /// Slot of each batch entry, in entry order.
     pub(crate) batch_slots: Vec<u32>,
     output: StepOutput,
+    /// Requests that produced a token in the last step, in batch order.
+    emitted: Vec<RequestId>,
     stepping: bool,
     pub(crate) prefill_tokens_left: u64,
     pub(crate) decode_tokens_left: u64,
@@ -221,6 +223,7 @@ impl Instance {
             batch: Batch::default(),
             batch_slots: Vec::new(),
             output: StepOutput::default(),
+            emitted: Vec::new(),
             stepping: false,
             prefill_tokens_left: 0,
             decode_tokens_left: 0,
@@ -343,6 +346,13 @@ impl Instance {
         &self.output
     }
 
+    /// Requests that produced a token in the step [`Instance::end_step`] last credited, in
+    /// batch order: what a live engine streams (with the executor's sampled tokens, when it
+    /// samples, in the same order).
+    pub fn emitted(&self) -> &[RequestId] {
+        &self.emitted
+    }
+
     /// Forms the next batch and runs it. Returns `Ok(None)` when there is nothing to run.
     pub fn begin_step(&mut self, now: Time, exec: &mut dyn Executor) -> Result<Option<Dur>, ExecutorError> {
         assert!(!self.stepping, "begin_step called during a step");
@@ -375,6 +385,7 @@ impl Instance {
         self.stepping = false;
         let block_size = self.config.block_size;
         let mut any_done = false;
+        self.emitted.clear();
         for k in 0..self.batch.entries.len() {
             let e = self.batch.entries[k];
             let slot = self.batch_slots[k];
@@ -392,6 +403,7 @@ impl Instance {
             if emits {
                 seq.generated += 1;
                 self.decode_tokens_left -= 1;
+                self.emitted.push(e.request);
                 seq.first_token_at.get_or_insert(now);
                 any_done |= seq.generated >= seq.target_output();
             }

@@ -471,3 +471,21 @@ proptest! {
         prop_assert_eq!(inst.kv().available_blocks(), blocks);
     }
 }
+
+#[test]
+fn every_generated_token_is_reported_as_emitted_once() {
+    let mut inst = Instance::new(config(64, 8));
+    for (id, prompt, output) in [(1, 12, 5), (2, 20, 1), (3, 4, 9)] {
+        inst.enqueue(Time::ZERO, req(id, prompt, output, &[])).unwrap();
+    }
+    let (mut now, mut done, mut evicted) = (Time::ZERO, Vec::new(), Vec::new());
+    let mut emitted = std::collections::BTreeMap::<u64, u32>::new();
+    while let Some(d) = inst.begin_step(now, &mut Fixed).expect("fixed executor") {
+        now += d;
+        inst.end_step(now, &mut done, &mut evicted);
+        for id in inst.emitted() {
+            *emitted.entry(id.0).or_default() += 1;
+        }
+    }
+    assert_eq!(emitted, [(1, 5), (2, 1), (3, 9)].into_iter().collect());
+}

@@ -27,7 +27,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A routing policy.
-pub trait Router {
+pub trait Router: Send {
     fn name(&self) -> &'static str;
     /// The instance for `request`, among the serving instances that can hold it; `None` when
     /// there is none.

@@ -1,0 +1,189 @@
+//! `fleetplane demo`: the live system on one machine. Starts `fleetplane serve` (on the local
+//! PostgreSQL), a few engines with the cost-model executor, and a replayer that sends a
+//! workload through the gateway; prints where everything is, then keeps serving until Ctrl-C.
+
+use crate::replay;
+use crate::serve::DEFAULT_DATABASE_URL;
+use crate::Failure;
+use anyhow::{anyhow, Context};
+use clap::Args as ClapArgs;
+use simulator::scenario::Scenario;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The workload the demo replays unless given a scenario: conversations sharing a few system
+/// prompts, at a rate a handful of simulated H100s serve comfortably.
+const DEFAULT_WORKLOAD: &str = r#"
+seed = 7
+[workload.synthetic]
+requests = 2000
+arrival = { kind = "poisson", rate_rps = 6.0 }
+input = { kind = "lognormal", median = 1024, sigma = 0.8, min = 16, max = 16384 }
+output = { kind = "lognormal", median = 128, sigma = 0.6, min = 1, max = 1024 }
+prefix = { groups = 8, tokens = 768, share = 0.7 }
+"#;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// HTTP address of the gateway, API and metrics.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// gRPC address engines register at.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub grpc_listen: SocketAddr,
+
+    /// Engine processes to start (cost-model executor).
+    #[arg(long, default_value_t = 4)]
+    pub engines: u32,
+
+    /// Model the engines serve (a cost-model name).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    pub model: String,
+
+    /// Scenario whose workload to replay [default: a built-in shared-prefix conversation mix].
+    #[arg(long, value_name = "FILE.toml")]
+    pub scenario: Option<PathBuf>,
+
+    /// Requests to replay [default: the whole workload].
+    #[arg(long)]
+    pub requests: Option<u64>,
+
+    /// Stop everything when the replay ends instead of serving on until Ctrl-C.
+    #[arg(long)]
+    pub exit_after_replay: bool,
+
+    /// PostgreSQL database (created if missing).
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    if args.engines == 0 {
+        return Err(Failure::Input(anyhow!("--engines must be at least 1")));
+    }
+    let scenario = match &args.scenario {
+        Some(path) => Scenario::load(path).map_err(|e| Failure::Input(e.into()))?,
+        None => toml::from_str(DEFAULT_WORKLOAD).map_err(|e| Failure::Input(anyhow!("built-in workload: {e}")))?,
+    };
+    let settings = scenario.resolve().map_err(|e| Failure::Input(e.into()))?;
+    let runtime = crate::runtime()?;
+    runtime.block_on(demo(args, settings)).map_err(Failure::Run)
+}
+
+/// Starts a child `fleetplane` and waits for the line (on its stdout) that says it is up.
+async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("cannot find the fleetplane binary")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {what}"))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("{what} has no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let wait = async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains(ready) {
+                return Ok::<_, anyhow::Error>(line);
+            }
+        }
+        Err(anyhow!("{what} exited before it was ready (its log is above)"))
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait).await.map_err(|_| anyhow!("{what} not ready after 60 s"))??;
+    // Keep draining its stdout so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(child)
+}
+
+async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Result<()> {
+    let admin = std::env::var("FLEETPLANE_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .map_or_else(crate::serve::new_token, Ok)?;
+    let engine_token = crate::serve::new_token()?;
+    let envs = [("FLEETPLANE_ADMIN_TOKEN", admin.as_str()), ("FLEETPLANE_ENGINE_TOKEN", engine_token.as_str())];
+    let serve_args: Vec<String> = vec![
+        "serve".into(),
+        "--listen".into(),
+        args.listen.to_string(),
+        "--grpc-listen".into(),
+        args.grpc_listen.to_string(),
+        "--database-url".into(),
+        args.database_url.clone(),
+    ];
+    let _serve = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    let mut engines = Vec::new();
+    for i in 0..args.engines {
+        let engine_args: Vec<String> = [
+            "engine",
+            "--executor",
+            "sim",
+            "--model",
+            &args.model,
+            "--control",
+            &args.grpc_listen.to_string(),
+            "--name",
+            &format!("demo-engine-{i}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        engines.push(start("an engine", &engine_args, &envs, "listening on").await?);
+    }
+    let gateway = format!("http://{}", args.listen);
+    wait_for_engines(&gateway, &admin, args.engines).await?;
+    println!();
+    println!("fleetplane demo is up:");
+    println!("  gateway (OpenAI API)  {gateway}/v1   model `{}`", args.model);
+    println!("  REST API              {gateway}/api  (OpenAPI: {gateway}/api/openapi.json)");
+    println!("  metrics               {gateway}/metrics");
+    println!("  admin token           {admin}");
+    println!("  try: curl -s {gateway}/v1/completions -H 'Authorization: Bearer {admin}' -H 'Content-Type: application/json' \\");
+    println!("         -d '{{\"model\": \"{}\", \"prompt\": \"Hello, fleet\", \"max_tokens\": 16}}'", args.model);
+    println!();
+    println!("replaying the workload through the gateway ...");
+    let opts = replay::Options {
+        gateway: gateway.clone(),
+        token: admin.clone(),
+        model: args.model.clone(),
+        block_size: settings.instance.block_size,
+        max_requests: args.requests.or(settings.max_requests),
+    };
+    let workload = settings.open_workload(settings.rate_scale)?;
+    let mut summary = replay::replay(opts, workload, crate::shutdown_signal()).await?;
+    print!("{}", summary.table());
+    if let Some(e) = &summary.first_error {
+        println!("first failure: {e}");
+    }
+    if !args.exit_after_replay {
+        println!("replay done; still serving at {gateway} (Ctrl-C stops everything)");
+        crate::shutdown_signal().await;
+    }
+    drop(engines);
+    if summary.failed > 0 && summary.ok == 0 {
+        return Err(anyhow!("no request succeeded"));
+    }
+    Ok(())
+}
+
+async fn wait_for_engines(gateway: &str, token: &str, n: u32) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        let r = client.get(format!("{gateway}/api/fleet")).bearer_auth(token).send().await;
+        if let Ok(r) = r {
+            if let Ok(v) = r.json::<serde_json::Value>().await {
+                if v["instances"]["serving"].as_u64().unwrap_or(0) >= u64::from(n) {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(anyhow!("the engines did not all register within 20 s"))
+}

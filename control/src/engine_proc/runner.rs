@@ -1,0 +1,216 @@
+//! The engine's iteration loop on its own thread: the engine crate's scheduler and KV cache,
+//! stepped in real time, with each step's tokens streamed to the requests' gRPC streams.
+//!
+//! With the cost-model executor a step sleeps for the time the model predicts (so a whole
+//! fleet runs on one machine and behaves like GPUs would); a GPU executor takes the time it
+//! takes. Commands arrive on a channel; nothing else touches the [`Instance`].
+
+use crate::proto::{self, GenerateChunk};
+use engine::{Evicted, Executor, Finished, Instance, Request, RequestId, Time};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, mpsc};
+use tonic::Status;
+
+/// Sampling parameters of one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+/// What computes the engine's steps: the executor, plus what a token-producing executor needs
+/// to know about each request.
+pub trait Backend: Send {
+    fn executor(&mut self) -> &mut dyn Executor;
+    /// Whether a step lasts the time the executor predicts (a cost model) rather than the
+    /// time its call took (a GPU).
+    fn paced(&self) -> bool;
+    /// A request was queued with these prompt tokens (a GPU executor keeps them).
+    fn admit(&mut self, _id: RequestId, _prompt: &[u32], _sampling: Sampling) {}
+    /// A request left the engine.
+    fn release(&mut self, _id: RequestId) {}
+}
+
+/// Where a request's chunks go.
+pub type ChunkSender = mpsc::UnboundedSender<Result<GenerateChunk, Status>>;
+
+pub enum Command {
+    Generate { request: Request, prompt: Vec<u32>, sampling: Sampling, out: ChunkSender },
+}
+
+/// State the gRPC service reads without going through the loop.
+pub struct Shared {
+    pub events: broadcast::Sender<proto::EngineEvent>,
+    pub draining: AtomicBool,
+    pub in_flight: AtomicU32,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(Shared { events, draining: AtomicBool::new(false), in_flight: AtomicU32::new(0) })
+    }
+}
+
+/// How often an idle engine still reports its load (a heartbeat for the control plane).
+const IDLE_REPORT: Duration = Duration::from_millis(250);
+/// Load reports at most this often while busy.
+const BUSY_REPORT: Duration = Duration::from_millis(5);
+
+struct Stream {
+    out: ChunkSender,
+    seed: u64,
+    produced: u32,
+}
+
+pub struct Runner {
+    instance: Instance,
+    backend: Box<dyn Backend>,
+    shared: Arc<Shared>,
+    streams: BTreeMap<RequestId, Stream>,
+    clock: Instant,
+    last_report: Instant,
+}
+
+impl Runner {
+    pub fn new(mut instance: Instance, backend: Box<dyn Backend>, shared: Arc<Shared>) -> Runner {
+        instance.record_kv_events();
+        let clock = Instant::now();
+        Runner { instance, backend, shared, streams: BTreeMap::new(), clock, last_report: clock }
+    }
+
+    fn now(&self) -> Time {
+        Time(self.clock.elapsed().as_micros() as u64)
+    }
+
+    /// Runs until the command channel closes and the last request is done.
+    pub fn run(mut self, commands: Receiver<Command>) {
+        let mut finished = Vec::new();
+        let mut evicted = Vec::new();
+        let mut kv = Vec::new();
+        loop {
+            if !self.instance.has_work() {
+                match commands.recv_timeout(IDLE_REPORT) {
+                    Ok(c) => self.handle(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.report_load();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            while let Ok(c) = commands.try_recv() {
+                self.handle(c);
+            }
+            let start = self.now();
+            let paced = self.backend.paced();
+            match self.instance.begin_step(start, self.backend.executor()) {
+                Ok(Some(d)) => {
+                    let end = if paced {
+                        let at = self.clock + Duration::from_micros(start.0 + d.0);
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        start + d
+                    } else {
+                        self.now()
+                    };
+                    self.instance.end_step(end, &mut finished, &mut evicted);
+                    self.stream_tokens();
+                    self.retire(&mut finished, &mut evicted);
+                }
+                // Work is queued but none can run (e.g. admission paused): wait for news.
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => {
+                    tracing::error!("step failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            self.instance.drain_kv_events(&mut kv);
+            if !kv.is_empty() {
+                let events = kv.drain(..).map(|e| proto::KvEvent::from(&e)).collect();
+                let kind = proto::engine_event::Kind::Kv(proto::KvEvents { events });
+                // No subscriber yet: the control plane learns the cache from later events.
+                let _ = self.shared.events.send(proto::EngineEvent { kind: Some(kind) });
+            }
+            if self.last_report.elapsed() >= BUSY_REPORT || !self.instance.has_work() {
+                self.report_load();
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Generate { request, prompt, sampling, out } => {
+                let id = request.id;
+                if self.streams.contains_key(&id) {
+                    let _ = out.send(Err(Status::already_exists(format!("{id} is already running here"))));
+                    return;
+                }
+                self.backend.admit(id, &prompt, sampling);
+                let now = self.now();
+                match self.instance.enqueue(now, request) {
+                    Ok(()) => {
+                        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                        self.streams.insert(id, Stream { out, seed: sampling.seed, produced: 0 });
+                    }
+                    Err((why, _)) => {
+                        self.backend.release(id);
+                        let _ = out.send(Err(Status::invalid_argument(why.to_string())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends each token of the step to its request's stream. A sampling executor's tokens
+    /// come in the order of `emitted`; a cost model samples none, and the engine makes up
+    /// deterministic ones.
+    fn stream_tokens(&mut self) {
+        let sampled = &self.instance.step_output().tokens;
+        for (k, id) in self.instance.emitted().iter().enumerate() {
+            let Some(s) = self.streams.get_mut(id) else { continue };
+            let token = sampled.get(k).copied().unwrap_or_else(|| synthetic_token(s.seed, *id, s.produced));
+            s.produced += 1;
+            // A client that went away no longer reads; the request still runs to its end.
+            let _ = s.out.send(Ok(GenerateChunk { tokens: vec![token], ..Default::default() }));
+        }
+    }
+
+    fn retire(&mut self, finished: &mut Vec<Finished>, evicted: &mut Vec<Evicted>) {
+        for f in finished.drain(..) {
+            let reason = if f.ended.is_some() { "ended" } else { "length" };
+            self.close(f.request.id, reason, f.cached_tokens.to_vec());
+        }
+        for e in evicted.drain(..) {
+            self.close(e.request.id, "evicted", Vec::new());
+        }
+    }
+
+    fn close(&mut self, id: RequestId, reason: &str, cached_tokens: Vec<u32>) {
+        self.backend.release(id);
+        if let Some(s) = self.streams.remove(&id) {
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            let chunk = GenerateChunk { tokens: Vec::new(), finish_reason: reason.to_string(), cached_tokens };
+            let _ = s.out.send(Ok(chunk));
+        }
+    }
+
+    fn report_load(&mut self) {
+        self.last_report = Instant::now();
+        let kind = proto::engine_event::Kind::Load(self.instance.load().into());
+        let _ = self.shared.events.send(proto::EngineEvent { kind: Some(kind) });
+    }
+}
+
+/// Vocabulary of the made-up tokens a cost-model engine streams.
+pub const SYNTHETIC_VOCAB: u32 = 32_000;
+
+/// A token for position `k` of a request's output: deterministic in the request's seed, so
+/// a replayed run streams the same text.
+pub fn synthetic_token(seed: u64, id: RequestId, k: u32) -> u32 {
+    (engine::ids::mix64(seed ^ engine::ids::mix64(id.0 ^ (u64::from(k) << 40))) % u64::from(SYNTHETIC_VOCAB)) as u32
+}

@@ -1,0 +1,136 @@
+//! The engine/control-plane protocol (proto/fleetplane.proto), and conversions between its
+//! messages and the engine's types.
+
+#![allow(clippy::all, missing_docs)]
+
+tonic::include_proto!("fleetplane.v1");
+
+use anyhow::{anyhow, Result};
+use engine::kv::{KvEvent as EngineKvEvent, Tier as EngineTier};
+use engine::BlockHash;
+
+impl From<engine::Load> for Load {
+    fn from(l: engine::Load) -> Load {
+        Load {
+            waiting: l.waiting,
+            running: l.running,
+            kv_used_blocks: l.kv_used_blocks,
+            kv_total_blocks: l.kv_total_blocks,
+            kv_cached_blocks: l.kv_cached_blocks,
+            prefill_tokens_left: l.prefill_tokens_left,
+            decode_tokens_left: l.decode_tokens_left,
+            admission_paused: l.admission_paused,
+        }
+    }
+}
+
+impl From<Load> for engine::Load {
+    fn from(l: Load) -> engine::Load {
+        engine::Load {
+            waiting: l.waiting,
+            running: l.running,
+            kv_used_blocks: l.kv_used_blocks,
+            kv_total_blocks: l.kv_total_blocks,
+            kv_cached_blocks: l.kv_cached_blocks,
+            prefill_tokens_left: l.prefill_tokens_left,
+            decode_tokens_left: l.decode_tokens_left,
+            admission_paused: l.admission_paused,
+        }
+    }
+}
+
+fn tier_to_wire(t: EngineTier) -> i32 {
+    match t {
+        EngineTier::L1 => Tier::L1 as i32,
+        EngineTier::L2 => Tier::L2 as i32,
+        EngineTier::L3 => Tier::L3 as i32,
+    }
+}
+
+fn tier_from_wire(t: i32) -> Result<EngineTier> {
+    match Tier::try_from(t) {
+        Ok(Tier::L1) => Ok(EngineTier::L1),
+        Ok(Tier::L2) => Ok(EngineTier::L2),
+        Ok(Tier::L3) => Ok(EngineTier::L3),
+        Err(_) => Err(anyhow!("unknown KV tier {t}")),
+    }
+}
+
+impl From<&EngineKvEvent> for KvEvent {
+    fn from(e: &EngineKvEvent) -> KvEvent {
+        let kind = match *e {
+            EngineKvEvent::Stored { tier, hash, parent } => kv_event::Kind::Stored(BlockStored {
+                tier: tier_to_wire(tier),
+                hash: hash.0,
+                parent: parent.map(|p| p.0),
+            }),
+            EngineKvEvent::Removed { tier, hash } => {
+                kv_event::Kind::Removed(BlockRemoved { tier: tier_to_wire(tier), hash: hash.0 })
+            }
+            EngineKvEvent::Cleared => kv_event::Kind::Cleared(AllCleared {}),
+        };
+        KvEvent { kind: Some(kind) }
+    }
+}
+
+impl TryFrom<&KvEvent> for EngineKvEvent {
+    type Error = anyhow::Error;
+
+    fn try_from(e: &KvEvent) -> Result<EngineKvEvent> {
+        Ok(match &e.kind {
+            Some(kv_event::Kind::Stored(s)) => EngineKvEvent::Stored {
+                tier: tier_from_wire(s.tier)?,
+                hash: BlockHash(s.hash),
+                parent: s.parent.map(BlockHash),
+            },
+            Some(kv_event::Kind::Removed(r)) => {
+                EngineKvEvent::Removed { tier: tier_from_wire(r.tier)?, hash: BlockHash(r.hash) }
+            }
+            Some(kv_event::Kind::Cleared(_)) => EngineKvEvent::Cleared,
+            None => return Err(anyhow!("KV event without a kind")),
+        })
+    }
+}
+
+/// Chained hashes of the prompt's full blocks, as the engine's prefix tree and the control
+/// plane's prefix index both key them: equal prefixes give equal hashes on every engine.
+pub fn block_hashes(prompt: &[u32], block_size: u32) -> Vec<BlockHash> {
+    let mut parent = BlockHash::ROOT;
+    prompt
+        .chunks_exact(block_size.max(1) as usize)
+        .map(|block| {
+            parent = parent.chain(BlockHash::content_of_tokens(block));
+            parent
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_events_survive_the_wire() {
+        let events = [
+            EngineKvEvent::Stored { tier: EngineTier::L2, hash: BlockHash(5), parent: Some(BlockHash(4)) },
+            EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), parent: None },
+            EngineKvEvent::Removed { tier: EngineTier::L3, hash: BlockHash(9) },
+            EngineKvEvent::Cleared,
+        ];
+        for e in events {
+            let wire = KvEvent::from(&e);
+            assert_eq!(EngineKvEvent::try_from(&wire).ok(), Some(e));
+        }
+        let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1 })) };
+        assert!(EngineKvEvent::try_from(&bad).is_err());
+    }
+
+    #[test]
+    fn equal_prefixes_hash_equal_and_partial_blocks_are_not_hashed() {
+        let a = block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
+        let b = block_hashes(&[1, 2, 3, 4, 5, 6, 7, 0], 4);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+    }
+}

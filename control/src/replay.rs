@@ -1,0 +1,230 @@
+//! Sends a workload's requests through the gateway at their arrival times, as an OpenAI client
+//! would (streaming completions with token-id prompts), and measures what the client sees.
+//!
+//! Prompts are made from the workload's block hashes: each block's tokens are derived from
+//! its chained hash, so requests that share a prefix in the trace share the same token prefix
+//! on the wire, and the live fleet's prefix caches see the trace's reuse.
+
+use engine::ids::mix64;
+use engine::BlockHash;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use simulator::workload::Workload;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const VOCAB: u64 = 32_000;
+
+pub struct Options {
+    /// Gateway base URL, e.g. http://127.0.0.1:8080.
+    pub gateway: String,
+    pub token: String,
+    pub model: String,
+    pub block_size: u32,
+    pub max_requests: Option<u64>,
+}
+
+/// One request's outcome as the client saw it.
+#[derive(Debug, Default)]
+struct Outcome {
+    ok: bool,
+    error: Option<String>,
+    ttft: Option<Duration>,
+    tpot: Option<Duration>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub sent: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub first_error: Option<String>,
+    ttft_ms: Vec<f64>,
+    tpot_ms: Vec<f64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+}
+
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+impl Summary {
+    pub fn table(&mut self) -> String {
+        let hit = if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 };
+        let (t, p) = (&mut self.ttft_ms, &mut self.tpot_ms);
+        format!(
+            "requests sent {}  ok {}  failed {}\n\
+             TTFT ms  p50 {:.0}  p90 {:.0}  p99 {:.0}\n\
+             TPOT ms  p50 {:.1}  p90 {:.1}  p99 {:.1}\n\
+             prompt tokens served from cache: {:.1}%\n",
+            self.sent,
+            self.ok,
+            self.failed,
+            quantile(t, 0.5),
+            quantile(t, 0.9),
+            quantile(t, 0.99),
+            quantile(p, 0.5),
+            quantile(p, 0.9),
+            quantile(p, 0.99),
+            100.0 * hit
+        )
+    }
+}
+
+/// The prompt's token ids: blocks from their hashes, the tail from the request's index.
+pub fn prompt_tokens(hashes: &[BlockHash], prompt_tokens: u32, block_size: u32, salt: u64) -> Vec<u32> {
+    let mut tokens = Vec::with_capacity(prompt_tokens as usize);
+    for h in hashes {
+        tokens.extend((0..u64::from(block_size)).map(|j| (mix64(h.0 ^ (j << 48)) % VOCAB) as u32));
+    }
+    let mut k = 0u64;
+    while tokens.len() < prompt_tokens as usize {
+        tokens.push((mix64(salt.wrapping_mul(0x9e37_79b9) ^ k) % VOCAB) as u32);
+        k += 1;
+    }
+    tokens.truncate(prompt_tokens as usize);
+    tokens
+}
+
+/// Replays `workload` until it ends, `max_requests` are sent, or `stop` resolves.
+pub async fn replay(
+    opts: Options,
+    mut workload: Box<dyn Workload>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Summary> {
+    let client = reqwest::Client::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
+    let start = Instant::now();
+    let mut summary = Summary::default();
+    tokio::pin!(stop);
+    loop {
+        if opts.max_requests.is_some_and(|m| summary.sent >= m) {
+            break;
+        }
+        let Some(a) = workload.next_arrival(Vec::new())? else { break };
+        let at = start + Duration::from_micros(a.at.0);
+        tokio::select! {
+            _ = tokio::time::sleep_until(at.into()) => {}
+            _ = &mut stop => break,
+        }
+        let prompt = prompt_tokens(&a.block_hashes, a.prompt_tokens, opts.block_size, summary.sent);
+        let body = json!({
+            "model": opts.model,
+            "prompt": prompt,
+            "max_tokens": a.output_tokens.max(1),
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let request = client.post(format!("{}/v1/completions", opts.gateway)).bearer_auth(&opts.token).json(&body);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(one(request).await);
+        });
+        summary.sent += 1;
+        while let Ok(o) = rx.try_recv() {
+            summary.add(o);
+        }
+    }
+    drop(tx);
+    while let Some(o) = rx.recv().await {
+        summary.add(o);
+    }
+    Ok(summary)
+}
+
+impl Summary {
+    fn add(&mut self, o: Outcome) {
+        if o.ok {
+            self.ok += 1;
+            self.ttft_ms.extend(o.ttft.map(|d| d.as_secs_f64() * 1e3));
+            self.tpot_ms.extend(o.tpot.map(|d| d.as_secs_f64() * 1e3));
+            self.prompt_tokens += o.prompt_tokens;
+            self.cached_tokens += o.cached_tokens;
+        } else {
+            self.failed += 1;
+            if self.first_error.is_none() {
+                self.first_error = o.error;
+            }
+        }
+    }
+}
+
+/// Sends one streaming request and reads its events.
+async fn one(request: reqwest::RequestBuilder) -> Outcome {
+    let sent = Instant::now();
+    let mut out = Outcome::default();
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(e) => return Outcome { error: Some(e.to_string()), ..out },
+    };
+    if !response.status().is_success() {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        return Outcome { error: Some(format!("{status}: {text}")), ..out };
+    }
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    let (mut first, mut last, mut tokens) = (None, None, 0u64);
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Outcome { error: Some("the stream broke".into()), ..out };
+        };
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let Some(data) = text.trim().strip_prefix("data:").map(str::trim) else { continue };
+            if data == "[DONE]" {
+                out.ok = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            if let Some(e) = v.get("error") {
+                return Outcome { error: Some(e.to_string()), ..out };
+            }
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            }
+            let has_text = v["choices"].get(0).and_then(|c| c["text"].as_str()).is_some_and(|t| !t.is_empty());
+            if has_text {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+                tokens += 1;
+            }
+        }
+    }
+    if let Some(f) = first {
+        out.ttft = Some(f - sent);
+        if let Some(l) = last.filter(|_| tokens > 1) {
+            out.tpot = Some((l - f) / (tokens - 1) as u32);
+        }
+    }
+    if !out.ok {
+        out.error = Some("the stream ended without [DONE]".into());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_blocks_give_shared_tokens() {
+        let a = [BlockHash(1), BlockHash(2)];
+        let b = [BlockHash(1), BlockHash(3)];
+        let (ta, tb) = (prompt_tokens(&a, 40, 16, 0), prompt_tokens(&b, 40, 16, 1));
+        assert_eq!(ta.len(), 40);
+        assert_eq!(ta[..16], tb[..16]);
+        assert_ne!(ta[16..32], tb[16..32]);
+    }
+}

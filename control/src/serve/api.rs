@@ -1,0 +1,309 @@
+//! The REST API under `/api/` (admin tokens only): fleet, instances, pools, policies, SLO
+//! targets, simulations, scaling events, tokens and the audit log. The OpenAPI document is at
+//! `/api/openapi.json`.
+
+use super::auth::{self, Principal, Role};
+use super::gateway::ApiError;
+use super::live_fleet::MemberState;
+use super::store::Write;
+use super::App;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::InstanceId;
+use policies::{Command, Fleet, RouterConfig};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+type ApiResult = Result<Response, ApiError>;
+
+fn admin(app: &App, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    app.auth.check(headers, Role::Admin)
+}
+
+fn db_error(e: anyhow::Error) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", format!("database: {e:#}"))
+}
+
+fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid: {e}")))
+}
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+}
+
+pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let hub = app.lock_hub();
+    let mut counts = std::collections::BTreeMap::<&str, u32>::new();
+    for m in hub.fleet.members() {
+        let state = match m.state {
+            MemberState::Serving => "serving",
+            MemberState::Draining => "draining",
+            MemberState::Down => "down",
+        };
+        *counts.entry(state).or_default() += 1;
+    }
+    Ok(Json(json!({
+        "replica": app.replica,
+        "leader": app.leader.load(Ordering::Relaxed),
+        "router": hub.controller.router_name(),
+        "instances": counts,
+        "pending_database_writes": app.store.backlog(),
+    }))
+    .into_response())
+}
+
+pub async fn instances(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let hub = app.lock_hub();
+    let list: Vec<Value> = hub
+        .fleet
+        .members()
+        .map(|m| {
+            let l = m.load;
+            json!({
+                "id": m.id.0,
+                "name": m.info.name,
+                "address": m.address,
+                "pool": m.pool,
+                "model": m.info.model,
+                "executor": m.info.executor,
+                "state": m.state,
+                "capacity_tokens": m.info.capacity_tokens,
+                "load": {
+                    "waiting": l.waiting,
+                    "running": l.running,
+                    "kv_used_blocks": l.kv_used_blocks,
+                    "kv_total_blocks": l.kv_total_blocks,
+                    "kv_cached_blocks": l.kv_cached_blocks,
+                    "prefill_tokens_left": l.prefill_tokens_left,
+                    "decode_tokens_left": l.decode_tokens_left,
+                    "admission_paused": l.admission_paused,
+                },
+                "seconds_since_seen": m.last_seen.elapsed().as_secs_f64(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"instances": list})).into_response())
+}
+
+pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<u32>) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    {
+        let mut hub = app.lock_hub();
+        match hub.fleet.member(InstanceId(id)).map(|m| m.state) {
+            None => return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no instance {id}"))),
+            Some(MemberState::Serving) => {}
+            Some(s) => {
+                return Err(ApiError::new(StatusCode::CONFLICT, "not_serving", format!("instance {id} is {s:?}")));
+            }
+        }
+        let now = hub.now();
+        hub.fleet.apply(now, &Command::Drain { instance: InstanceId(id) });
+        hub.pump();
+    }
+    app.store.write(Write::InstanceState { id: id as i32, state: "draining" });
+    app.store.write(Write::Audit { actor: who.name, action: "instance.drain".into(), detail: json!({"instance": id}) });
+    Ok((StatusCode::ACCEPTED, Json(json!({"instance": id, "state": "draining"}))).into_response())
+}
+
+pub async fn pools(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let mut pools = app.store.pools().await.map_err(db_error)?;
+    let hub = app.lock_hub();
+    for p in &mut pools {
+        let name = p["name"].as_str().unwrap_or_default().to_string();
+        let serving = hub.fleet.members().filter(|m| m.pool == name && m.state == MemberState::Serving).count();
+        p["serving"] = json!(serving);
+    }
+    Ok(Json(json!({"pools": pools})).into_response())
+}
+
+/// The routing policy: which router places requests.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub router: String,
+}
+
+impl Policy {
+    /// Checks the policy; the error names what is wrong and what would be valid.
+    pub fn validate(&self) -> Result<RouterConfig, ApiError> {
+        self.router.parse::<RouterConfig>().map_err(|e| ApiError::invalid("router", e.to_string()))
+    }
+}
+
+pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let current = app.store.policy().await.map_err(db_error)?;
+    let in_force = app.lock_hub().controller.router_name();
+    Ok(Json(match current {
+        Some((version, policy, author, at)) => {
+            json!({"version": version, "policy": policy, "author": author, "created_at": at, "in_force": {"router": in_force}})
+        }
+        None => json!({"version": 0, "policy": {"router": in_force}, "author": "default", "in_force": {"router": in_force}}),
+    })
+    .into_response())
+}
+
+pub async fn policy_history(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"versions": app.store.policy_history().await.map_err(db_error)?})).into_response())
+}
+
+pub async fn put_policy(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let policy: Policy = body(bytes)?;
+    let router = policy.validate()?;
+    let value = serde_json::to_value(&policy).map_err(|e| ApiError::invalid("policy", e.to_string()))?;
+    let version = app.store.put_policy(&value, &who.name).await.map_err(db_error)?;
+    app.apply_policy(router, version);
+    Ok(Json(json!({"version": version, "policy": value})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SloBody {
+    ttft_ms: f64,
+    tpot_ms: f64,
+}
+
+pub async fn get_slo(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let (ttft_ms, tpot_ms) = app.store.slo().await.map_err(db_error)?.unwrap_or(super::DEFAULT_SLO);
+    Ok(Json(json!({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})).into_response())
+}
+
+pub async fn put_slo(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let slo: SloBody = body(bytes)?;
+    for (name, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(ApiError::invalid(
+                if name == "ttft_ms" { "ttft_ms" } else { "tpot_ms" },
+                format!("{name} must be a positive number of milliseconds"),
+            ));
+        }
+    }
+    app.store.put_slo(slo.ttft_ms, slo.tpot_ms, &who.name).await.map_err(db_error)?;
+    Ok(Json(json!({"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms})).into_response())
+}
+
+pub async fn scaling_events(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"events": app.store.scaling_events().await.map_err(db_error)?})).into_response())
+}
+
+pub async fn audit_log(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"entries": app.store.audit_log().await.map_err(db_error)?})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenBody {
+    name: String,
+    role: String,
+}
+
+pub async fn create_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let t: TokenBody = body(bytes)?;
+    let Some(role) = Role::parse(&t.role) else {
+        return Err(ApiError::invalid("role", format!("unknown role `{}` (valid: inference, admin)", t.role)));
+    };
+    if t.name.is_empty() || t.name.len() > 64 {
+        return Err(ApiError::invalid("name", "name must be 1 to 64 characters"));
+    }
+    let token = auth::generate()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no_randomness", e.to_string()))?;
+    let hash = auth::hash(&token);
+    app.store.create_token(&t.name, role, &hash, &who.name).await.map_err(|e| {
+        if format!("{e:#}").contains("duplicate key") {
+            ApiError::new(StatusCode::CONFLICT, "exists", format!("a token named `{}` exists", t.name))
+        } else {
+            db_error(e)
+        }
+    })?;
+    app.auth.learn([(hash, Principal { name: t.name.clone(), role })]);
+    Ok((StatusCode::CREATED, Json(json!({"name": t.name, "role": role.name(), "token": token}))).into_response())
+}
+
+pub async fn tokens(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"tokens": app.store.tokens().await.map_err(db_error)?})).into_response())
+}
+
+pub async fn revoke_token(State(app): State<Arc<App>>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    match app.store.revoke_token(&name, &who.name).await.map_err(db_error)? {
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no live token named `{name}`"))),
+        Some(hash) => {
+            app.auth.forget(&hash);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimulationBody {
+    /// A scenario file's text (TOML), as `fleetplane simulate --scenario` reads it.
+    scenario: String,
+}
+
+pub async fn submit_simulation(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let b: SimulationBody = body(bytes)?;
+    super::simulations::validate(&b.scenario).map_err(|e| ApiError::invalid("scenario", e))?;
+    let id = app.store.submit_simulation(&b.scenario, &who.name).await.map_err(db_error)?;
+    super::simulations::spawn(app.clone(), id, b.scenario);
+    Ok((StatusCode::ACCEPTED, Json(json!({"id": id, "state": "queued"}))).into_response())
+}
+
+pub async fn simulations(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"simulations": app.store.simulations().await.map_err(db_error)?})).into_response())
+}
+
+pub async fn simulation(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<i64>) -> ApiResult {
+    admin(&app, &headers)?;
+    match app.store.simulation(id).await.map_err(db_error)? {
+        Some(v) => Ok(Json(v).into_response()),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no simulation {id}"))),
+    }
+}
+
+pub async fn simulation_chart(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<i64>) -> ApiResult {
+    admin(&app, &headers)?;
+    match app.store.simulation_chart(id).await.map_err(db_error)? {
+        Some(svg) => Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("simulation {id} has no chart (yet)"))),
+    }
+}

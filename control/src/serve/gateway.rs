@@ -1,0 +1,482 @@
+//! The OpenAI-compatible gateway: `/v1/completions`, `/v1/chat/completions` (each streaming
+//! over server-sent events or not) and `/v1/models`, with errors in OpenAI's format. Every
+//! request is routed by the controller like a simulated one.
+
+use super::auth::Role;
+use super::hub::PlaceError;
+use super::live_fleet::{Delta, MemberState, Payload};
+use super::tokenizer;
+use super::App;
+use crate::engine_proc::Sampling;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::{Request, RequestId};
+use policies::Reject;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// Largest `max_tokens` accepted (a larger value is almost surely a mistake).
+const MAX_TOKENS_LIMIT: u32 = 1 << 20;
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    code: &'static str,
+    param: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        ApiError { status, kind, code, param: None, message: message.into() }
+    }
+
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
+    }
+
+    #[cfg(test)]
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    content: Content,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields both endpoints share; others OpenAI defines are accepted and ignored unless
+/// they would change the output (those are refused, naming the field).
+#[derive(Deserialize)]
+struct Body {
+    model: Option<String>,
+    prompt: Option<Prompt>,
+    messages: Option<Vec<Message>>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<u32>,
+    stop: Option<Value>,
+    logprobs: Option<Value>,
+    echo: Option<bool>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+pub async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(app, headers, body, Kind::Completion).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(app, headers, body, Kind::Chat).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Err(e) = app.auth.check(&headers, Role::Inference) {
+        return e.into_response();
+    }
+    let hub = app.hub.lock().unwrap_or_else(|p| p.into_inner());
+    let mut names: Vec<String> =
+        hub.fleet.members().filter(|m| m.state == MemberState::Serving).map(|m| m.info.model.clone()).collect();
+    names.sort();
+    names.dedup();
+    let data: Vec<Value> =
+        names.iter().map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "fleetplane"})).collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+struct Parsed {
+    kind: Kind,
+    model: String,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    sampling: Sampling,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn parse(bytes: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
+    let body: Body = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not a valid request: {e}"))
+    })?;
+    let model =
+        body.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
+    if body.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("n", "only n = 1 is supported"));
+    }
+    if body.stop.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError::invalid("stop", "stop sequences are not supported by this gateway yet"));
+    }
+    if body.logprobs.as_ref().is_some_and(|l| !l.is_null() && *l != Value::Bool(false)) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    if body.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    let prompt = match kind {
+        Kind::Completion => match body.prompt {
+            None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+            Some(Prompt::Text(t)) => tokenizer::encode(&t),
+            Some(Prompt::Tokens(t)) => t,
+            Some(Prompt::Texts(mut v)) if v.len() == 1 => tokenizer::encode(&v.remove(0)),
+            Some(Prompt::TokenLists(mut v)) if v.len() == 1 => v.remove(0),
+            Some(_) => return Err(ApiError::invalid("prompt", "give one prompt per request")),
+        },
+        Kind::Chat => {
+            let messages = body.messages.ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
+            if messages.is_empty() {
+                return Err(ApiError::invalid("messages", "`messages` is empty"));
+            }
+            let mut texts = Vec::with_capacity(messages.len());
+            for m in &messages {
+                let text = match &m.content {
+                    Content::Text(t) => t.clone(),
+                    Content::Parts(parts) => {
+                        if let Some(p) = parts.iter().find(|p| p.kind != "text") {
+                            return Err(ApiError::invalid(
+                                "messages",
+                                format!("content parts of type `{}` are not supported", p.kind),
+                            ));
+                        }
+                        parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
+                    }
+                };
+                texts.push((m.role.as_str(), text));
+            }
+            tokenizer::encode(&tokenizer::chat_prompt(texts.iter().map(|(r, t)| (*r, t.as_str()))))
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    let default_max = if kind == Kind::Completion { 16 } else { 256 };
+    let max_tokens = body.max_completion_tokens.or(body.max_tokens).unwrap_or(default_max);
+    if max_tokens == 0 || max_tokens > MAX_TOKENS_LIMIT {
+        return Err(ApiError::invalid("max_tokens", format!("max_tokens must be between 1 and {MAX_TOKENS_LIMIT}")));
+    }
+    let temperature = body.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid("temperature", "temperature must be between 0 and 2"));
+    }
+    let top_p = body.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
+    }
+    Ok(Parsed {
+        kind,
+        model,
+        prompt,
+        max_tokens,
+        sampling: Sampling { temperature, top_p, seed: body.seed.unwrap_or(0) },
+        stream: body.stream,
+        include_usage: body.stream_options.unwrap_or_default().include_usage,
+    })
+}
+
+async fn serve(
+    app: Arc<App>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    app.auth.check(&headers, Role::Inference)?;
+    let bytes = body.map_err(|e| {
+        app.metrics.request("rejected");
+        ApiError::new(e.status(), "invalid_body", format!("cannot read the body: {}", e.body_text()))
+    })?;
+    let parsed = parse(&bytes, kind).inspect_err(|_| app.metrics.request("rejected"))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let prompt_tokens = parsed.prompt.len() as u32;
+    let id = {
+        let mut hub = app.hub.lock().unwrap_or_else(|p| p.into_inner());
+        let serving: Vec<_> = hub.fleet.members().filter(|m| m.state == MemberState::Serving).collect();
+        if serving.is_empty() {
+            app.metrics.request("unavailable");
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving"));
+        }
+        let Some(block_size) = serving.iter().find(|m| m.info.model == parsed.model).map(|m| m.info.block_size) else {
+            app.metrics.request("rejected");
+            let mut served: Vec<_> = serving.iter().map(|m| m.info.model.clone()).collect();
+            served.dedup();
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("model `{}` is not served here (served: {})", parsed.model, served.join(", ")),
+            ));
+        };
+        let id = hub.next_request_id();
+        let request = Request {
+            id,
+            arrival: hub.now(),
+            prompt_tokens,
+            max_output_tokens: parsed.max_tokens,
+            block_hashes: crate::proto::block_hashes(&parsed.prompt, block_size),
+            resume: None,
+        };
+        let payload = Payload {
+            prompt: parsed.prompt.clone(),
+            sampling: parsed.sampling,
+            out: tx,
+            generated: Vec::new(),
+            attempts: 0,
+        };
+        if let Err((e, _)) = hub.place(request, payload) {
+            app.metrics.request("rejected");
+            return Err(match e {
+                PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError {
+                    param: Some("max_tokens"),
+                    ..ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "context_length_exceeded",
+                        format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine holds {largest_tokens}", parsed.max_tokens),
+                    )
+                },
+                PlaceError::Reject(Reject::NoInstance) => {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving")
+                }
+                PlaceError::Dispatch(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "dispatch_failed", e.to_string()),
+            });
+        }
+        id
+    };
+    let run = Run::new(app, id, parsed, rx);
+    Ok(if run.parsed.stream { run.stream() } else { run.collect().await })
+}
+
+/// One request's stream from the fleet to its client.
+struct Run {
+    app: Arc<App>,
+    parsed: Parsed,
+    rx: mpsc::UnboundedReceiver<Delta>,
+    id: String,
+    created: u64,
+    started: Instant,
+    first_token: bool,
+    completion_tokens: u32,
+}
+
+impl Run {
+    fn new(app: Arc<App>, id: RequestId, parsed: Parsed, rx: mpsc::UnboundedReceiver<Delta>) -> Run {
+        app.metrics.in_flight.inc();
+        let prefix = if parsed.kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Run {
+            app,
+            parsed,
+            rx,
+            id: format!("{prefix}-{:x}", id.0),
+            created,
+            started: Instant::now(),
+            first_token: false,
+            completion_tokens: 0,
+        }
+    }
+
+    fn note_tokens(&mut self, n: usize) {
+        if !self.first_token {
+            self.first_token = true;
+            self.app.metrics.ttft_seconds.observe(self.started.elapsed().as_secs_f64());
+        }
+        self.completion_tokens += n as u32;
+        self.app.metrics.tokens_generated.inc_by(n as u64);
+    }
+
+    fn note_done(&self, cached: [u32; 3]) {
+        self.app.metrics.request("ok");
+        self.app.metrics.prompt_tokens.inc_by(self.parsed.prompt.len() as u64);
+        self.app.metrics.cached_prompt_tokens.inc_by(cached.iter().map(|&c| u64::from(c)).sum());
+    }
+
+    fn usage(&self, cached: [u32; 3]) -> Value {
+        let prompt = self.parsed.prompt.len() as u32;
+        let cached_total: u32 = cached.iter().sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": prompt + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_total},
+        })
+    }
+
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.parsed.kind, streaming) {
+            (Kind::Completion, _) => "text_completion",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn choice(&self, text: &str, finish_reason: Option<&str>, streaming: bool) -> Value {
+        match self.parsed.kind {
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
+            Kind::Chat if streaming => {
+                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+            }
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+            }
+        }
+    }
+
+    fn envelope(&self, choices: Vec<Value>, streaming: bool) -> Value {
+        json!({"id": self.id, "object": self.object(streaming), "created": self.created, "model": self.parsed.model, "choices": choices})
+    }
+
+    async fn collect(mut self) -> Response {
+        let mut tokens = Vec::new();
+        while let Some(d) = self.rx.recv().await {
+            match d {
+                Delta::Tokens(t) => {
+                    self.note_tokens(t.len());
+                    tokens.extend(t);
+                }
+                Delta::Done { finish_reason, cached_tokens } => {
+                    self.note_done(cached_tokens);
+                    let choice = self.choice(&tokenizer::decode(&tokens), Some(finish_label(&finish_reason)), false);
+                    let mut body = self.envelope(vec![choice], false);
+                    body["usage"] = self.usage(cached_tokens);
+                    return Json(body).into_response();
+                }
+                Delta::Failed(why) => {
+                    self.app.metrics.request("failed");
+                    return ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", why).into_response();
+                }
+            }
+        }
+        self.app.metrics.request("failed");
+        ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", "the request's stream ended without a result")
+            .into_response()
+    }
+
+    fn stream(self) -> Response {
+        let events = futures_util::stream::unfold((self, false), |(mut run, done)| async move {
+            if done {
+                return None;
+            }
+            let (event, done) = match run.rx.recv().await {
+                Some(Delta::Tokens(t)) => {
+                    run.note_tokens(t.len());
+                    let body = run.envelope(vec![run.choice(&tokenizer::decode(&t), None, true)], true);
+                    (vec![Event::default().data(body.to_string())], false)
+                }
+                Some(Delta::Done { finish_reason, cached_tokens }) => {
+                    run.note_done(cached_tokens);
+                    let mut events = vec![];
+                    let last = run.envelope(vec![run.choice("", Some(finish_label(&finish_reason)), true)], true);
+                    events.push(Event::default().data(last.to_string()));
+                    if run.parsed.include_usage {
+                        let mut usage = run.envelope(vec![], true);
+                        usage["usage"] = run.usage(cached_tokens);
+                        events.push(Event::default().data(usage.to_string()));
+                    }
+                    events.push(Event::default().data("[DONE]"));
+                    (events, true)
+                }
+                Some(Delta::Failed(why)) => {
+                    run.app.metrics.request("failed");
+                    let e = ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", why);
+                    (vec![Event::default().data(e.body().to_string())], true)
+                }
+                None => {
+                    run.app.metrics.request("failed");
+                    let e = ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", "the request's stream ended early");
+                    (vec![Event::default().data(e.body().to_string())], true)
+                }
+            };
+            Some((futures_util::stream::iter(event.into_iter().map(Ok::<_, Infallible>)), (run, done)))
+        });
+        use futures_util::StreamExt;
+        Sse::new(events.flatten()).into_response()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.app.metrics.in_flight.dec();
+    }
+}
+
+fn finish_label(reason: &str) -> &'static str {
+    match reason {
+        "stop" => "stop",
+        _ => "length",
+    }
+}

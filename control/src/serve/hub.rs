@@ -1,0 +1,184 @@
+//! The control plane's one point of decision: the same [`Controller`] the simulator runs,
+//! fed by the live fleet, behind a mutex that is never held across an await.
+
+use super::live_fleet::{Delta, LiveFleet, News, Payload, MAX_ATTEMPTS};
+use super::metrics::Metrics;
+use engine::{Request, RequestId, Time};
+use policies::{Command, Controller, ControllerConfig, DispatchError, Fleet, FleetEvent, Reject, Route};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Why a request could not be placed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error(transparent)]
+    Reject(#[from] Reject),
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+}
+
+pub struct Hub {
+    pub controller: Controller,
+    pub fleet: LiveFleet,
+    pub config: ControllerConfig,
+    pub metrics: Arc<Metrics>,
+    clock: Instant,
+    /// High bits: this replica's nonce, so that two replicas never send one engine the same id.
+    id_base: u64,
+    next_request: u64,
+    scratch: Vec<FleetEvent>,
+    commands: Vec<Command>,
+}
+
+impl Hub {
+    pub fn new(config: ControllerConfig, fleet: LiveFleet, metrics: Arc<Metrics>, replica_nonce: u32) -> Hub {
+        Hub {
+            controller: Controller::new(&config),
+            fleet,
+            config,
+            metrics,
+            clock: Instant::now(),
+            id_base: u64::from(replica_nonce) << 40,
+            next_request: 0,
+            scratch: Vec::new(),
+            commands: Vec::new(),
+        }
+    }
+
+    pub fn now(&self) -> Time {
+        Time(self.clock.elapsed().as_micros() as u64)
+    }
+
+    pub fn next_request_id(&mut self) -> RequestId {
+        self.next_request += 1;
+        RequestId(self.id_base | (self.next_request & ((1 << 40) - 1)))
+    }
+
+    /// Replaces the routing policy; the fleet view (loads, prefix index) is rebuilt from the
+    /// next reports and KV events.
+    pub fn set_policy(&mut self, config: ControllerConfig) {
+        let mut controller = Controller::new(&config);
+        let now = self.now();
+        for m in self.fleet.members() {
+            if m.state == super::live_fleet::MemberState::Serving {
+                let up = FleetEvent::InstanceUp { instance: m.id, capacity_tokens: m.capacity_tokens() };
+                controller.on_event(now, &up);
+                controller.on_event(now, &FleetEvent::Load { instance: m.id, load: m.load });
+            }
+        }
+        self.controller = controller;
+        self.config = config;
+    }
+
+    /// Feeds the fleet's pending events to the controller.
+    pub fn pump(&mut self) {
+        let now = self.now();
+        self.fleet.poll_events(&mut self.scratch);
+        for e in self.scratch.drain(..) {
+            if let FleetEvent::Load { instance, load } = e {
+                if let Some(m) = self.fleet.member_mut(instance) {
+                    m.load = load;
+                    m.last_seen = Instant::now();
+                }
+            }
+            self.controller.on_event(now, &e);
+        }
+    }
+
+    /// Routes and dispatches a request whose tokens are in `payload`.
+    pub fn place(&mut self, request: Request, payload: Payload) -> Result<Route, (PlaceError, Payload)> {
+        self.pump();
+        let now = self.now();
+        let started = Instant::now();
+        let routed = self.controller.route(now, &request);
+        self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
+        let route = match routed {
+            Ok(r) => r,
+            Err(e) => return Err((e.into(), payload)),
+        };
+        let id = request.id;
+        self.fleet.stage(id, payload);
+        match self.fleet.dispatch(now, request, &route) {
+            Ok(()) => Ok(route),
+            Err((e, _)) => {
+                // Undo the controller's accounting of the routed request.
+                let done = FleetEvent::RequestFinished { instance: route.prefill, request: id };
+                self.controller.on_event(now, &done);
+                let payload = self.fleet.unstage(id).expect("staged payload vanished");
+                Err((e.into(), payload))
+            }
+        }
+    }
+
+    /// Takes in what the fleet's tasks learned.
+    pub fn handle(&mut self, news: News) {
+        match news {
+            News::Event(e) => self.fleet_event(e),
+            News::EngineLost { instance, why } => {
+                tracing::warn!(%instance, "engine lost: {why}");
+                self.fleet.lose(instance);
+            }
+            News::Replace { from, request, payload, why } => {
+                let now = self.now();
+                self.controller.on_event(now, &FleetEvent::RequestFinished { instance: from, request: request.id });
+                self.replace(from, request, payload, why);
+            }
+        }
+        self.pump();
+    }
+
+    fn fleet_event(&mut self, e: FleetEvent) {
+        let now = self.now();
+        if let FleetEvent::Load { instance, load } = e {
+            if let Some(m) = self.fleet.member_mut(instance) {
+                m.load = load;
+                m.last_seen = Instant::now();
+            }
+        }
+        self.controller.on_event(now, &e);
+    }
+
+    /// Places a request again after its engine vanished or evicted it; it resumes after the
+    /// tokens its client already has.
+    fn replace(&mut self, from: engine::InstanceId, request: Request, payload: Payload, why: String) {
+        self.metrics.replaced.inc();
+        if payload.attempts >= MAX_ATTEMPTS {
+            let _ = payload.out.send(Delta::Failed(format!("{why}; gave up after {} placements", payload.attempts)));
+            return;
+        }
+        if payload.out.is_closed() {
+            return; // Nobody is listening any more.
+        }
+        tracing::info!(request = %request.id, %from, "placing again: {why}");
+        self.pump();
+        let now = self.now();
+        match self.controller.reroute(now, &request, from) {
+            Err(e) => {
+                let _ = payload.out.send(Delta::Failed(format!("{why}; no other engine can take it: {e}")));
+            }
+            Ok(route) => {
+                let id = request.id;
+                self.fleet.stage(id, payload);
+                if let Err((e, _)) = self.fleet.dispatch(now, request, &route) {
+                    let done = FleetEvent::RequestFinished { instance: route.prefill, request: id };
+                    self.controller.on_event(now, &done);
+                    if let Some(p) = self.fleet.unstage(id) {
+                        let _ = p.out.send(Delta::Failed(format!("{why}; then {e}")));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the controller's periodic decisions, when it wants them.
+    pub fn tick(&mut self) {
+        let now = self.now();
+        if self.controller.next_deadline().is_some_and(|t| t <= now) {
+            self.controller.tick(now, &mut self.commands);
+            for c in std::mem::take(&mut self.commands) {
+                self.fleet.apply(now, &c);
+            }
+            self.pump();
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Prometheus series, all named `fleetplane_*`, served at `/metrics`.
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabels {
+    pub instance: String,
+    pub pool: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<Outcome, Counter>,
+    pub tokens_generated: Counter,
+    pub prompt_tokens: Counter,
+    pub cached_prompt_tokens: Counter,
+    pub ttft_seconds: Histogram,
+    pub route_seconds: Histogram,
+    pub replaced: Counter,
+    pub in_flight: Gauge,
+    pub instances_serving: Gauge,
+    pub kv_usage: Family<InstanceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub waiting: Family<InstanceLabels, Gauge>,
+    pub leader: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("fleetplane");
+        let requests = Family::<Outcome, Counter>::default();
+        registry.register("gateway_requests", "Gateway requests by outcome", requests.clone());
+        let tokens_generated = Counter::default();
+        registry.register("generated_tokens", "Tokens streamed to clients", tokens_generated.clone());
+        let prompt_tokens = Counter::default();
+        registry.register("prompt_tokens", "Prompt tokens of finished requests", prompt_tokens.clone());
+        let cached_prompt_tokens = Counter::default();
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache (any tier)",
+            cached_prompt_tokens.clone(),
+        );
+        let ttft_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register("ttft_seconds", "Time to first token seen by the gateway", ttft_seconds.clone());
+        let route_seconds = Histogram::new(exponential_buckets(1e-6, 2.0, 16));
+        registry.register(
+            "route_decision_seconds",
+            "Time the controller takes to route a request",
+            route_seconds.clone(),
+        );
+        let replaced = Counter::default();
+        registry.register("requests_replaced", "Requests placed again after their engine was lost", replaced.clone());
+        let in_flight = Gauge::default();
+        registry.register("gateway_in_flight", "Requests being streamed by the gateway", in_flight.clone());
+        let instances_serving = Gauge::default();
+        registry.register("instances_serving", "Engines registered and serving", instances_serving.clone());
+        let kv_usage = Family::<InstanceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register("instance_kv_usage_ratio", "KV blocks in use over KV blocks per engine", kv_usage.clone());
+        let waiting = Family::<InstanceLabels, Gauge>::default();
+        registry.register("instance_waiting_requests", "Requests queued per engine", waiting.clone());
+        let leader = Gauge::default();
+        registry.register("leader", "1 when this replica holds the leader lock", leader.clone());
+        Metrics {
+            registry,
+            requests,
+            tokens_generated,
+            prompt_tokens,
+            cached_prompt_tokens,
+            ttft_seconds,
+            route_seconds,
+            replaced,
+            in_flight,
+            instances_serving,
+            kv_usage,
+            waiting,
+            leader,
+        }
+    }
+
+    pub fn request(&self, outcome: &str) {
+        self.requests.get_or_create(&Outcome { outcome: outcome.to_string() }).inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

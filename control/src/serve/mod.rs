@@ -1,0 +1,333 @@
+//! `fleetplane serve`: the live control plane. One HTTP address carries the OpenAI-compatible
+//! gateway (`/v1`), the REST API (`/api`) and Prometheus metrics (`/metrics`); engines register
+//! on a gRPC address. The same [`policies::Controller`] the simulator runs routes every request
+//! ([`hub`]); fleet state lives in PostgreSQL ([`store`]); replicas on one database elect a
+//! leader ([`leader`]).
+
+mod api;
+mod auth;
+mod gateway;
+mod hub;
+mod leader;
+mod live_fleet;
+mod metrics;
+mod registry;
+mod simulations;
+mod store;
+pub mod tokenizer;
+
+use crate::Failure;
+use anyhow::Context;
+use auth::Auth;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::{get, post};
+use clap::Args as ClapArgs;
+use hub::Hub;
+use live_fleet::{LiveFleet, MemberState, News};
+use metrics::{InstanceLabels, Metrics};
+use policies::{ControllerConfig, CostHints, RouterConfig};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use store::{Store, Write};
+use tokio::sync::{mpsc, Semaphore};
+
+/// SLO targets until an operator sets them: (TTFT ms, TPOT ms).
+pub const DEFAULT_SLO: (f64, f64) = (2000.0, 100.0);
+/// An engine not heard from for this long is taken as gone.
+const ENGINE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request body the HTTP address reads.
+const BODY_LIMIT: usize = 16 << 20;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/fleetplane";
+
+#[derive(ClapArgs, Debug, Clone)]
+pub struct Args {
+    /// HTTP address of the gateway, the API and /metrics.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// gRPC address engines register at.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub grpc_listen: SocketAddr,
+
+    /// PostgreSQL database (created if missing).
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+
+    /// Router until a policy is stored through the API.
+    #[arg(long, default_value = "cache-aware")]
+    pub router: String,
+
+    /// Seed of the routers' random choices.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
+    /// This replica's name [default: fleetplane-PID].
+    #[arg(long)]
+    pub replica: Option<String>,
+}
+
+/// Everything the handlers share.
+pub struct App {
+    hub: Mutex<Hub>,
+    pub metrics: Arc<Metrics>,
+    pub auth: Auth,
+    pub store: Store,
+    pub replica: String,
+    pub leader: Arc<AtomicBool>,
+    simulations: Semaphore,
+    /// Policy version in force (0: the command line's).
+    policy_version: std::sync::atomic::AtomicI32,
+}
+
+impl App {
+    pub fn lock_hub(&self) -> MutexGuard<'_, Hub> {
+        // A panic while routing leaves the controller usable: its state changes are atomic.
+        self.hub.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts a stored policy version in force, unless a newer one already is.
+    pub fn apply_policy(&self, router: RouterConfig, version: i32) {
+        if self.policy_version.fetch_max(version, Ordering::SeqCst) > version {
+            return;
+        }
+        let mut hub = self.lock_hub();
+        if hub.config.router != router {
+            let config = ControllerConfig { router, ..hub.config.clone() };
+            hub.set_policy(config);
+            tracing::info!(router = router.name(), version, "policy in force");
+        }
+    }
+}
+
+/// A new random token (for the demo's children).
+pub fn new_token() -> anyhow::Result<String> {
+    auth::generate()
+}
+
+fn token_from_env(var: &str, what: &str) -> anyhow::Result<String> {
+    match std::env::var(var) {
+        Ok(t) if !t.is_empty() => Ok(t),
+        _ => {
+            let t = auth::generate()?;
+            println!("{what} (set {var} to choose it): {t}");
+            Ok(t)
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let router: RouterConfig = args.router.parse().map_err(|e| Failure::Input(anyhow::Error::from(e)))?;
+    let runtime = crate::runtime()?;
+    runtime.block_on(serve(args, router)).map_err(Failure::Run)
+}
+
+async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
+    let store = Store::open(&args.database_url).await?;
+    let admin_token = token_from_env("FLEETPLANE_ADMIN_TOKEN", "admin token")?;
+    let engine_token = token_from_env("FLEETPLANE_ENGINE_TOKEN", "engine token")?;
+    let auth = Auth::new(&admin_token, &engine_token);
+    let (live, _) = store.live_tokens().await?;
+    auth.learn(live);
+    let replica = args.replica.clone().unwrap_or_else(|| format!("fleetplane-{}", std::process::id()));
+    let mut nonce = [0u8; 4];
+    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let (news_tx, news_rx) = mpsc::unbounded_channel();
+    let metrics = Arc::new(Metrics::new());
+    let config = ControllerConfig { router, seed: args.seed, hints: CostHints::default() };
+    let hub = Hub::new(config, LiveFleet::new(news_tx), metrics.clone(), u32::from_le_bytes(nonce) & 0xff_ffff);
+    let app = Arc::new(App {
+        hub: Mutex::new(hub),
+        metrics,
+        auth,
+        store: store.clone(),
+        replica,
+        leader: Arc::new(AtomicBool::new(false)),
+        simulations: Semaphore::new(1),
+        policy_version: 0.into(),
+    });
+    if let Some((version, policy, _, _)) = store.policy().await? {
+        match serde_json::from_value::<api::Policy>(policy)
+            .map_err(|e| e.to_string())
+            .and_then(|p| p.validate().map_err(|e| format!("{e:?}")))
+        {
+            Ok(router) => app.apply_policy(router, version),
+            Err(e) => tracing::warn!(version, "stored policy ignored: {e}"),
+        }
+    }
+    recover_instances(&app).await;
+
+    let http = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let grpc = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.grpc_listen))?;
+    let (http_addr, grpc_addr) = (http.local_addr()?, grpc.local_addr()?);
+
+    tokio::spawn(drive(app.clone(), news_rx));
+    tokio::spawn(sync_from_database(app.clone()));
+    let leader_app = app.clone();
+    tokio::spawn(leader::run(args.database_url.clone(), app.leader.clone(), move |leading| {
+        leader_app.metrics.leader.set(i64::from(leading));
+        tracing::info!(replica = %leader_app.replica, "{}", if leading { "leading" } else { "following" });
+    }));
+
+    let registry = proto_server(app.clone());
+    let grpc_task =
+        tokio::spawn(tonic::transport::Server::builder().add_service(registry).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc),
+            crate::shutdown_signal(),
+        ));
+    println!("fleetplane {} serving http://{http_addr} (gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
+    axum::serve(http, routes(app)).with_graceful_shutdown(crate::shutdown_signal()).await?;
+    grpc_task.await??;
+    Ok(())
+}
+
+fn proto_server(app: Arc<App>) -> crate::proto::control_server::ControlServer<registry::Registry> {
+    crate::proto::control_server::ControlServer::new(registry::Registry { app })
+}
+
+pub fn routes(app: Arc<App>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/completions", post(gateway::completions))
+        .route("/v1/chat/completions", post(gateway::chat_completions))
+        .route("/v1/models", get(gateway::models))
+        .route("/api/openapi.json", get(api::openapi))
+        .route("/api/fleet", get(api::fleet))
+        .route("/api/instances", get(api::instances))
+        .route("/api/instances/{id}/drain", post(api::drain_instance))
+        .route("/api/pools", get(api::pools))
+        .route("/api/policies", get(api::get_policy).put(api::put_policy))
+        .route("/api/policies/history", get(api::policy_history))
+        .route("/api/slo", get(api::get_slo).put(api::put_slo))
+        .route("/api/simulations", get(api::simulations).post(api::submit_simulation))
+        .route("/api/simulations/{id}", get(api::simulation))
+        .route("/api/simulations/{id}/chart.svg", get(api::simulation_chart))
+        .route("/api/scaling-events", get(api::scaling_events))
+        .route("/api/audit", get(api::audit_log))
+        .route("/api/tokens", get(api::tokens).post(api::create_token))
+        .route("/api/tokens/{name}", axum::routing::delete(api::revoke_token))
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(app)
+}
+
+async fn render_metrics(State(app): State<Arc<App>>) -> String {
+    {
+        let hub = app.lock_hub();
+        let mut serving = 0;
+        for m in hub.fleet.members() {
+            let labels = InstanceLabels { instance: m.info.name.clone(), pool: m.pool.clone() };
+            let total = f64::from(m.load.kv_total_blocks.max(1));
+            app.metrics.kv_usage.get_or_create(&labels).set(f64::from(m.load.kv_used_blocks) / total);
+            app.metrics.waiting.get_or_create(&labels).set(i64::from(m.load.waiting));
+            serving += i64::from(m.state == MemberState::Serving);
+        }
+        app.metrics.instances_serving.set(serving);
+    }
+    app.metrics.render()
+}
+
+/// Applies what the fleet's tasks learn, and runs the controller's periodic work.
+async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            n = news.recv() => {
+                let Some(n) = n else { return };
+                let mut lost = Vec::new();
+                let mut hub = app.lock_hub();
+                let mut next = Some(n);
+                // Take everything queued under one lock.
+                while let Some(n) = next {
+                    if let News::EngineLost { instance, .. } = &n {
+                        lost.push(*instance);
+                    }
+                    hub.handle(n);
+                    next = news.try_recv().ok();
+                }
+                drop(hub);
+                for id in lost {
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                }
+            }
+            _ = ticker.tick() => {
+                let mut hub = app.lock_hub();
+                let stale: Vec<_> = hub
+                    .fleet
+                    .members()
+                    .filter(|m| m.state != MemberState::Down && m.last_seen.elapsed() > ENGINE_TIMEOUT)
+                    .map(|m| m.id)
+                    .collect();
+                for id in &stale {
+                    tracing::warn!(instance = %id, "engine silent for {ENGINE_TIMEOUT:?}: taken as gone");
+                    hub.fleet.lose(*id);
+                }
+                hub.pump();
+                if app.leader.load(Ordering::Relaxed) {
+                    hub.tick();
+                }
+                drop(hub);
+                for id in stale {
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                }
+            }
+        }
+    }
+}
+
+/// Keeps what other replicas change (tokens, policy) in force here too.
+async fn sync_from_database(app: Arc<App>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Ok((live, revoked)) = app.store.live_tokens().await {
+            app.auth.learn(live);
+            for h in revoked {
+                app.auth.forget(&h);
+            }
+        }
+        if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
+            if version > app.policy_version.load(Ordering::SeqCst) {
+                if let Ok(router) = serde_json::from_value::<api::Policy>(policy)
+                    .map_err(|_| ())
+                    .and_then(|p| p.validate().map_err(|_| ()))
+                {
+                    app.apply_policy(router, version);
+                }
+            }
+        }
+    }
+}
+
+/// Dials the engines the database lists as serving: those still alive rejoin at once,
+/// before their next heartbeat.
+async fn recover_instances(app: &Arc<App>) {
+    let rows = match app.store.instances().await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!("cannot read instances: {e:#}");
+            return;
+        }
+    };
+    for row in rows.into_iter().filter(|r| r.state != "down") {
+        let url = format!("http://{}", row.address);
+        let probe = async {
+            let mut client = crate::proto::engine_client::EngineClient::connect(url).await.ok()?;
+            client.info(crate::proto::InfoRequest {}).await.ok().map(|r| r.into_inner())
+        };
+        match tokio::time::timeout(Duration::from_secs(1), probe).await {
+            Ok(Some(info)) => {
+                let mut hub = app.lock_hub();
+                hub.fleet.join(engine::InstanceId(row.id as u32), row.address.clone(), row.pool.clone(), info);
+                hub.pump();
+                tracing::info!(instance = row.id, address = %row.address, "engine recovered from the database");
+            }
+            _ => app.store.write(Write::InstanceState { id: row.id, state: "down" }),
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! Fleet state in PostgreSQL, through sqlx migrations (migrations/) and runtime queries.
+//!
+//! Reads that answer the API go to the database. Writes that the serving path produces
+//! (instance state, scaling events) go through a queue that retries until the database takes
+//! them: routing never waits on the database, and when PostgreSQL restarts the writes catch up.
+
+use super::auth::{Principal, Role, TokenHash};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool, Row};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// A write the serving path queues.
+#[derive(Clone, Debug)]
+pub enum Write {
+    InstanceState { id: i32, state: &'static str },
+    Audit { actor: String, action: String, detail: Value },
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+    writes: mpsc::UnboundedSender<Write>,
+    backlog: Arc<AtomicUsize>,
+}
+
+/// An engine's row.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct InstanceRow {
+    pub id: i32,
+    pub address: String,
+    pub name: String,
+    pub pool: String,
+    pub model: String,
+    pub executor: String,
+    pub state: String,
+}
+
+/// Creates the database named in `url` when it does not exist (through the server's
+/// `postgres` database), so a fresh machine needs no setup step.
+pub async fn ensure_database(url: &str) -> Result<()> {
+    let opts =
+        PgConnectOptions::from_str(url).with_context(|| format!("DATABASE_URL `{url}` is not a PostgreSQL URL"))?;
+    let Some(name) = opts.get_database().map(str::to_string) else { return Ok(()) };
+    let admin = opts.clone().database("postgres");
+    let mut conn = admin.connect().await.with_context(|| format!("cannot connect to PostgreSQL at {url}"))?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut conn)
+        .await?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        // Two replicas may race to create it; losing the race is fine.
+        if let Err(e) = sqlx::query(&format!("CREATE DATABASE {quoted}")).execute(&mut conn).await {
+            if !e.to_string().contains("already exists") {
+                return Err(e).with_context(|| format!("cannot create database {name}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    pub async fn open(url: &str) -> Result<Store> {
+        ensure_database(url).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect(url)
+            .await
+            .with_context(|| format!("cannot connect to PostgreSQL at {url} (set DATABASE_URL)"))?;
+        sqlx::migrate!("../migrations").run(&pool).await.context("cannot apply the database migrations")?;
+        let (writes, rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(write_behind(pool.clone(), rx, backlog.clone()));
+        Ok(Store { pool, writes, backlog })
+    }
+
+    /// Queues a write; it reaches the database as soon as the database is there.
+    pub fn write(&self, w: Write) {
+        self.backlog.fetch_add(1, Ordering::Relaxed);
+        if self.writes.send(w).is_err() {
+            self.backlog.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes queued and not yet in the database.
+    pub fn backlog(&self) -> usize {
+        self.backlog.load(Ordering::Relaxed)
+    }
+
+    /// The id of the engine at `address`, registering it (or updating its description).
+    pub async fn register_instance(&self, address: &str, pool: &str, info: &crate::proto::EngineInfo) -> Result<i32> {
+        let id: i32 = sqlx::query_scalar(
+            "INSERT INTO instances (address, name, pool, model, executor, block_size, kv_blocks, capacity_tokens, state)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'serving')
+             ON CONFLICT (address) DO UPDATE SET name = $2, pool = $3, model = $4, executor = $5, block_size = $6,
+                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', last_seen = now()
+             RETURNING id",
+        )
+        .bind(address)
+        .bind(&info.name)
+        .bind(pool)
+        .bind(&info.model)
+        .bind(&info.executor)
+        .bind(info.block_size as i32)
+        .bind(i64::from(info.kv_blocks))
+        .bind(info.capacity_tokens as i64)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    pub async fn instances(&self) -> Result<Vec<InstanceRow>> {
+        let rows = sqlx::query("SELECT id, address, name, pool, model, executor, state FROM instances ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| InstanceRow {
+                id: r.get("id"),
+                address: r.get("address"),
+                name: r.get("name"),
+                pool: r.get("pool"),
+                model: r.get("model"),
+                executor: r.get("executor"),
+                state: r.get("state"),
+            })
+            .collect())
+    }
+
+    pub async fn pools(&self) -> Result<Vec<Value>> {
+        let rows = sqlx::query("SELECT name, role, min_instances, max_instances FROM pools ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({
+                    "name": r.get::<String, _>("name"),
+                    "role": r.get::<String, _>("role"),
+                    "min_instances": r.get::<i32, _>("min_instances"),
+                    "max_instances": r.get::<i32, _>("max_instances"),
+                })
+            })
+            .collect())
+    }
+
+    /// The policy in force: (version, policy, author, when).
+    pub async fn policy(&self) -> Result<Option<(i32, Value, String, String)>> {
+        let row = sqlx::query(
+            "SELECT version, policy, author, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS at
+             FROM policy_versions ORDER BY version DESC LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.get("version"), r.get("policy"), r.get("author"), r.get("at"))))
+    }
+
+    pub async fn policy_history(&self) -> Result<Vec<Value>> {
+        let rows = sqlx::query(
+            "SELECT version, policy, author, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS at
+             FROM policy_versions ORDER BY version DESC LIMIT 100",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({"version": r.get::<i32, _>("version"), "policy": r.get::<Value, _>("policy"),
+                    "author": r.get::<String, _>("author"), "created_at": r.get::<String, _>("at")})
+            })
+            .collect())
+    }
+
+    /// Stores a new policy version (already validated) with its audit record, in one
+    /// transaction; returns the version.
+    pub async fn put_policy(&self, policy: &Value, author: &str) -> Result<i32> {
+        let mut tx = self.pool.begin().await?;
+        let before: Option<Value> =
+            sqlx::query_scalar("SELECT policy FROM policy_versions ORDER BY version DESC LIMIT 1")
+                .fetch_optional(&mut *tx)
+                .await?;
+        let version: i32 =
+            sqlx::query_scalar("INSERT INTO policy_versions (policy, author) VALUES ($1, $2) RETURNING version")
+                .bind(policy)
+                .bind(author)
+                .fetch_one(&mut *tx)
+                .await?;
+        audit(
+            &mut tx,
+            author,
+            "policy.put",
+            serde_json::json!({"version": version, "before": before, "after": policy}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    pub async fn slo(&self) -> Result<Option<(f64, f64)>> {
+        let row = sqlx::query("SELECT ttft_ms, tpot_ms FROM slo_targets").fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| (r.get("ttft_ms"), r.get("tpot_ms"))))
+    }
+
+    pub async fn put_slo(&self, ttft_ms: f64, tpot_ms: f64, author: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO slo_targets (id, ttft_ms, tpot_ms, updated_by) VALUES (TRUE, $1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET ttft_ms = $1, tpot_ms = $2, updated_by = $3, updated_at = now()",
+        )
+        .bind(ttft_ms)
+        .bind(tpot_ms)
+        .bind(author)
+        .execute(&mut *tx)
+        .await?;
+        audit(&mut tx, author, "slo.put", serde_json::json!({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn create_token(&self, name: &str, role: Role, hash: &TokenHash, author: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO api_tokens (name, role, token_sha256, created_by) VALUES ($1, $2, $3, $4)")
+            .bind(name)
+            .bind(role.name())
+            .bind(&hash[..])
+            .bind(author)
+            .execute(&mut *tx)
+            .await?;
+        audit(&mut tx, author, "token.create", serde_json::json!({"name": name, "role": role.name()})).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Revokes a token; returns its hash if it existed.
+    pub async fn revoke_token(&self, name: &str, author: &str) -> Result<Option<TokenHash>> {
+        let mut tx = self.pool.begin().await?;
+        let hash: Option<Vec<u8>> = sqlx::query_scalar(
+            "UPDATE api_tokens SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL RETURNING token_sha256",
+        )
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        audit(&mut tx, author, "token.revoke", serde_json::json!({"name": name})).await?;
+        tx.commit().await?;
+        Ok(hash.and_then(|h| h.try_into().ok()))
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<Value>> {
+        let rows =
+            sqlx::query("SELECT name, role, created_by, revoked_at IS NOT NULL AS revoked FROM api_tokens ORDER BY id")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({"name": r.get::<String, _>("name"), "role": r.get::<String, _>("role"),
+                    "created_by": r.get::<String, _>("created_by"), "revoked": r.get::<bool, _>("revoked")})
+            })
+            .collect())
+    }
+
+    /// Every live token, for the in-memory check.
+    pub async fn live_tokens(&self) -> Result<(Vec<(TokenHash, Principal)>, Vec<TokenHash>)> {
+        let rows = sqlx::query("SELECT name, role, token_sha256, revoked_at IS NOT NULL AS revoked FROM api_tokens")
+            .fetch_all(&self.pool)
+            .await?;
+        let (mut live, mut revoked) = (Vec::new(), Vec::new());
+        for r in rows {
+            let Ok(hash) = TokenHash::try_from(r.get::<Vec<u8>, _>("token_sha256")) else { continue };
+            if r.get::<bool, _>("revoked") {
+                revoked.push(hash);
+            } else if let Some(role) = Role::parse(&r.get::<String, _>("role")) {
+                live.push((hash, Principal { name: r.get("name"), role }));
+            }
+        }
+        Ok((live, revoked))
+    }
+
+    pub async fn submit_simulation(&self, scenario: &str, author: &str) -> Result<i64> {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO simulation_runs (scenario, state, submitted_by) VALUES ($1, 'queued', $2) RETURNING id",
+        )
+        .bind(scenario)
+        .bind(author)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    pub async fn simulation_state(&self, id: i64, state: &str) -> Result<()> {
+        sqlx::query("UPDATE simulation_runs SET state = $2 WHERE id = $1")
+            .bind(id)
+            .bind(state)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn finish_simulation(&self, id: i64, outcome: Result<(Value, String), String>) -> Result<()> {
+        let (state, result, svg, error) = match outcome {
+            Ok((result, svg)) => ("done", Some(result), Some(svg), None),
+            Err(e) => ("failed", None, None, Some(e)),
+        };
+        sqlx::query(
+            "UPDATE simulation_runs SET state = $2, result = $3, chart_svg = $4, error = $5, finished_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(result)
+        .bind(svg)
+        .bind(error)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn simulations(&self) -> Result<Vec<Value>> {
+        let rows = sqlx::query(&format!("SELECT {SIM_COLUMNS} FROM simulation_runs ORDER BY id DESC LIMIT 100"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| simulation_json(r, false)).collect())
+    }
+
+    pub async fn simulation(&self, id: i64) -> Result<Option<Value>> {
+        let row = sqlx::query(&format!("SELECT {SIM_COLUMNS}, result FROM simulation_runs WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| simulation_json(&r, true)))
+    }
+
+    pub async fn simulation_chart(&self, id: i64) -> Result<Option<String>> {
+        let svg: Option<Option<String>> = sqlx::query_scalar("SELECT chart_svg FROM simulation_runs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(svg.flatten())
+    }
+
+    pub async fn scaling_events(&self) -> Result<Vec<Value>> {
+        let rows = sqlx::query(&format!(
+            "SELECT id, {AT} AS at, pool, action, instance, reason, replica FROM scaling_events ORDER BY id DESC LIMIT 500"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({"id": r.get::<i64, _>("id"), "at": r.get::<String, _>("at"), "pool": r.get::<String, _>("pool"),
+                    "action": r.get::<String, _>("action"), "instance": r.get::<Option<i32>, _>("instance"),
+                    "reason": r.get::<Value, _>("reason"), "replica": r.get::<String, _>("replica")})
+            })
+            .collect())
+    }
+
+    pub async fn audit_log(&self) -> Result<Vec<Value>> {
+        let rows = sqlx::query(&format!(
+            "SELECT id, {AT} AS at, actor, action, detail FROM audit_log ORDER BY id DESC LIMIT 500"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                serde_json::json!({"id": r.get::<i64, _>("id"), "at": r.get::<String, _>("at"), "actor": r.get::<String, _>("actor"),
+                    "action": r.get::<String, _>("action"), "detail": r.get::<Value, _>("detail")})
+            })
+            .collect())
+    }
+}
+
+const AT: &str = "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+const SIM_COLUMNS: &str = "id, state, error, submitted_by, \
+    to_char(submitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS submitted_at, \
+    to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS finished_at";
+
+fn simulation_json(r: &sqlx::postgres::PgRow, with_result: bool) -> Value {
+    let mut v = serde_json::json!({
+        "id": r.get::<i64, _>("id"),
+        "state": r.get::<String, _>("state"),
+        "error": r.get::<Option<String>, _>("error"),
+        "submitted_by": r.get::<String, _>("submitted_by"),
+        "submitted_at": r.get::<String, _>("submitted_at"),
+        "finished_at": r.get::<Option<String>, _>("finished_at"),
+    });
+    if with_result {
+        v["result"] = r.get::<Option<Value>, _>("result").unwrap_or(Value::Null);
+    }
+    v
+}
+
+async fn audit(tx: &mut sqlx::PgConnection, actor: &str, action: &str, detail: Value) -> Result<()> {
+    sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
+        .bind(actor)
+        .bind(action)
+        .bind(detail)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+async fn apply(pool: &PgPool, w: &Write) -> Result<(), sqlx::Error> {
+    match w {
+        Write::InstanceState { id, state } => {
+            sqlx::query("UPDATE instances SET state = $2, last_seen = now() WHERE id = $1")
+                .bind(id)
+                .bind(*state)
+                .execute(pool)
+                .await?;
+        }
+        Write::Audit { actor, action, detail } => {
+            sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
+                .bind(actor)
+                .bind(action)
+                .bind(detail)
+                .execute(pool)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies queued writes in order, retrying each until the database takes it.
+async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Write>, backlog: Arc<AtomicUsize>) {
+    while let Some(w) = rx.recv().await {
+        let mut delay = Duration::from_millis(100);
+        let mut warned = false;
+        while let Err(e) = apply(&pool, &w).await {
+            if !warned {
+                tracing::warn!("database write delayed ({} queued): {e}", backlog.load(Ordering::Relaxed));
+                warned = true;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+        if warned {
+            tracing::info!("database writes caught up");
+        }
+        backlog.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,72 @@
+"""Drives the fleetplane gateway with the official `openai` package.
+
+Usage: python openai_client.py BASE_URL API_KEY MODEL
+Exits non-zero (with a traceback) on the first check that fails.
+"""
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+
+models = [m.id for m in client.models.list()]
+assert model in models, models
+
+c = client.completions.create(model=model, prompt="Hello from the openai client", max_tokens=6)
+assert c.choices[0].finish_reason == "length", c
+assert c.usage.completion_tokens == 6, c.usage
+assert c.choices[0].text, c
+
+pieces = [ch.choices[0].text for ch in client.completions.create(model=model, prompt="stream me", max_tokens=5, stream=True) if ch.choices]
+assert sum(1 for p in pieces if p) == 5, pieces
+
+chat = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}],
+    max_tokens=4,
+)
+assert chat.choices[0].message.role == "assistant", chat
+assert chat.choices[0].message.content, chat
+assert chat.usage.completion_tokens == 4, chat.usage
+
+stream = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "count"}],
+    max_tokens=7,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+deltas, usage, finish = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        if choice.delta.content:
+            deltas.append(choice.delta.content)
+        if choice.finish_reason:
+            finish = choice.finish_reason
+assert len(deltas) == 7, deltas
+assert finish == "length", finish
+assert usage is not None and usage.completion_tokens == 7, usage
+
+try:
+    client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    raise AssertionError("an unknown model was accepted")
+except openai.NotFoundError as e:
+    assert e.status_code == 404
+
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=10_000_000)
+    raise AssertionError("an oversized request was accepted")
+except openai.BadRequestError as e:
+    assert "max_tokens" in str(e), e
+
+try:
+    OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError as e:
+    assert e.status_code == 401
+
+print("openai client: all checks passed")

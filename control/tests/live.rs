@@ -1,0 +1,308 @@
+//! The live control plane end to end: real `fleetplane serve` and `fleetplane engine`
+//! processes over real sockets, a real PostgreSQL database, the gateway driven over HTTP.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+fn completion(http: &str, token: &str, body: Value) -> (u16, Value) {
+    post(&format!("{http}/v1/completions"), Some(token), &body)
+}
+
+/// Reads an SSE response into its `data:` payloads.
+fn sse(response: reqwest::blocking::Response) -> Vec<String> {
+    BufReader::new(response)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_gateway_routes_through_the_controller_to_engine_processes() {
+    let db = Db::fresh("gateway");
+    let s = serve(&db, &[]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    let _e1 = engine(&s.grpc, "e1", &[]);
+    wait_serving(&s.http, 2);
+
+    let (status, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+    assert_eq!(status, 200);
+    let mut names: Vec<&str> =
+        v["instances"].as_array().expect("list").iter().filter_map(|i| i["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["e0", "e1"]);
+
+    let (status, v) = get(&format!("{}/v1/models", s.http), Some(ADMIN));
+    assert_eq!((status, v["data"][0]["id"].as_str()), (200, Some(MODEL)));
+
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "Hello, fleet", "max_tokens": 7}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(!v["choices"][0]["text"].as_str().unwrap_or_default().is_empty());
+
+    // The same long prompt twice: the second finds its prefix cached (cache-aware routing),
+    // all but the last block, whose last token is computed again to sample from.
+    let prompt: Vec<u32> = (0..2048).map(|i| 1000 + i).collect();
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+    let (_, first) = completion(&s.http, ADMIN, body.clone());
+    let (_, second) = completion(&s.http, ADMIN, body);
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], 2048 - 16, "{second}");
+
+    let response = common::client()
+        .post(format!("{}/v1/chat/completions", s.http))
+        .bearer_auth(ADMIN)
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true,
+            "stream_options": {"include_usage": true}}))
+        .send()
+        .expect("stream");
+    assert_eq!(response.status().as_u16(), 200);
+    let events = sse(response);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("json")).collect();
+    let content: usize =
+        chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())).count();
+    assert_eq!(content, 5);
+    assert_eq!(chunks.last().expect("usage")["usage"]["completion_tokens"], 5);
+
+    let metrics = common::client().get(format!("{}/metrics", s.http)).send().expect("metrics").text().expect("text");
+    assert!(metrics.contains("fleetplane_gateway_requests_total{outcome=\"ok\"} 4"), "{metrics}");
+    assert!(metrics.contains("fleetplane_instances_serving 2"));
+}
+
+#[test]
+fn tokens_are_checked_and_bad_requests_get_openai_errors() {
+    let db = Db::fresh("auth");
+    let s = serve(&db, &[]);
+    // A small KV (64 blocks of 16 tokens) so that an oversized request is easy to make.
+    let _e = engine(&s.grpc, "small", &["--kv-blocks", "64"]);
+    let _intruder = engine_with_token(&s.grpc, "intruder", &[], "wrong-token");
+    wait_serving(&s.http, 1);
+
+    let fleet = format!("{}/api/fleet", s.http);
+    assert_eq!(get(&fleet, None).0, 401);
+    assert_eq!(get(&fleet, Some("nope")).0, 401);
+    let (status, v) =
+        post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "app", "role": "inference"}));
+    assert_eq!(status, 201, "{v}");
+    let app_token = v["token"].as_str().expect("token").to_string();
+    let (status, v) = get(&fleet, Some(&app_token));
+    assert_eq!(status, 403);
+    assert_eq!(v["error"]["type"], "permission_error");
+    assert_eq!(db.query("SELECT count(*) FROM api_tokens WHERE token_sha256 = sha256(convert_to('x', 'UTF8'))"), "0");
+    assert!(!db.query("SELECT encode(token_sha256, 'hex') FROM api_tokens").contains(&app_token), "stored hashed");
+
+    let ok = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2});
+    assert_eq!(completion(&s.http, &app_token, ok.clone()).0, 200);
+    assert_eq!(post(&format!("{}/v1/completions", s.http), None, &ok).0, 401);
+
+    // Only the engine with the right token registered.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+    assert_eq!(v["instances"].as_array().map(Vec::len), Some(1), "{v}");
+
+    let bad = |body: Value, status: u16, code: &str| {
+        let (got, v) = completion(&s.http, ADMIN, body);
+        assert_eq!(got, status, "{v}");
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    };
+    bad(json!({"model": MODEL, "prompt": "hi", "max_tokens": 5000}), 400, "context_length_exceeded");
+    bad(json!({"model": "gpt-9", "prompt": "hi"}), 404, "model_not_found");
+    bad(json!({"model": MODEL, "prompt": ""}), 400, "invalid_value");
+    bad(json!({"model": MODEL, "prompt": "hi", "n": 3}), 400, "invalid_value");
+    bad(json!({"model": MODEL, "prompt": "hi", "temperature": 9}), 400, "invalid_value");
+    let raw = common::client()
+        .post(format!("{}/v1/completions", s.http))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .expect("post");
+    assert_eq!(raw.status().as_u16(), 400);
+    let v: Value = raw.json().expect("json error");
+    assert_eq!(v["error"]["code"], "invalid_json");
+    let huge = "x".repeat(17 << 20);
+    let raw =
+        common::client().post(format!("{}/v1/completions", s.http)).bearer_auth(ADMIN).body(huge).send().expect("post");
+    assert_eq!(raw.status().as_u16(), 413);
+
+    // The server is still fine.
+    assert_eq!(completion(&s.http, ADMIN, ok).0, 200);
+}
+
+#[test]
+fn policies_are_validated_audited_and_recovered_after_a_restart() {
+    let db = Db::fresh("policy");
+    let mut s = serve(&db, &["--router", "round-robin"]);
+    let _e = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let url = format!("{}/api/policies", s.http);
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "fastest"}));
+    assert_eq!(status, 400);
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("cache-aware")), "names valid routers: {v}");
+    let (status, _) =
+        common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "cache-aware", "extra": 1}));
+    assert_eq!(status, 400);
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "dynamo-kv"}));
+    assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["in_force"]["router"], "dynamo-kv");
+    let (_, audit) = get(&format!("{}/api/audit", s.http), Some(ADMIN));
+    assert_eq!(audit["entries"][0]["action"], "policy.put");
+    assert_eq!(audit["entries"][0]["actor"], "admin");
+    let (status, _) = common::send(
+        reqwest::Method::PUT,
+        &format!("{}/api/slo", s.http),
+        Some(ADMIN),
+        &json!({"ttft_ms": 500, "tpot_ms": 40}),
+    );
+    assert_eq!(status, 200);
+
+    // A new control plane on the same database and ports: the policy comes back, the engine
+    // re-registers by its heartbeat, and requests flow.
+    let (http, grpc) = (s.http.trim_start_matches("http://").to_string(), s.grpc.clone());
+    s.proc.kill();
+    let s = serve_on(&db, &http, &grpc, &["--router", "round-robin"]);
+    let (_, v) = get(&format!("{}/api/policies", s.http), Some(ADMIN));
+    assert_eq!(v["in_force"]["router"], "dynamo-kv", "{v}");
+    assert_eq!(v["version"], 1);
+    wait_serving(&s.http, 1);
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "again", "max_tokens": 3}));
+    assert_eq!(status, 200, "{v}");
+    let (_, slo) = get(&format!("{}/api/slo", s.http), Some(ADMIN));
+    assert_eq!(slo, json!({"ttft_ms": 500.0, "tpot_ms": 40.0}));
+}
+
+#[test]
+fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
+    let db = Db::fresh("fault");
+    let s = serve(&db, &["--router", "least-outstanding"]);
+    let mut engines = vec![engine(&s.grpc, "a", &[]), engine(&s.grpc, "b", &[])];
+    wait_serving(&s.http, 2);
+    // ~5 ms a token on the cost model: 600 tokens take about 3 s.
+    let response = common::client()
+        .post(format!("{}/v1/completions", s.http))
+        .bearer_auth(ADMIN)
+        .json(&json!({"model": MODEL, "prompt": "a long story", "max_tokens": 600, "stream": true}))
+        .send()
+        .expect("stream");
+    let mut lines = BufReader::new(response).lines().map_while(Result::ok);
+    let mut tokens = 0;
+    while tokens < 50 {
+        let line = lines.next().expect("stream open");
+        tokens += usize::from(line.starts_with("data: {"));
+    }
+    // Kill the engine that runs it.
+    let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+    let busy =
+        v["instances"].as_array().expect("list").iter().find(|i| i["load"]["running"] == 1).expect("a busy engine")
+            ["name"]
+            .as_str()
+            .expect("name")
+            .to_string();
+    let k = engines.iter().position(|e| e.first_line.contains(&format!("engine {busy} "))).expect("its process");
+    engines[k].kill();
+    let rest: Vec<String> = lines.filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect();
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "the stream completes: {:?}", rest.last());
+    let more = rest.iter().filter(|e| e.contains("\"text\":\"") && !e.contains("\"text\":\"\"")).count();
+    assert_eq!(tokens + more, 600, "every token arrives exactly once");
+    // The dead engine is known to be down; new requests go to the other one.
+    eventually(10, "the killed engine is down", || {
+        let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+        v["instances"]["down"] == 1
+    });
+    let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "next", "max_tokens": 3}));
+    assert_eq!(status, 200);
+    // With no engine left, a request is refused at once with a clear error, not hung.
+    engines.clear();
+    eventually(10, "no engine serving", || {
+        let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+        v["instances"]["serving"].is_null()
+    });
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "anyone?", "max_tokens": 3}));
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("no_engine")));
+}
+
+#[test]
+fn two_replicas_share_one_database_and_the_leader_hands_over() {
+    let db = Db::fresh("leader");
+    let a = serve(&db, &["--replica", "a"]);
+    let b = serve(&db, &["--replica", "b"]);
+    let _e = common::start(
+        &[
+            "engine",
+            "--executor",
+            "sim",
+            "--model",
+            MODEL,
+            "--control",
+            &format!("{},{}", a.grpc, b.grpc),
+            "--name",
+            "shared",
+        ],
+        &[("FLEETPLANE_ENGINE_TOKEN", ENGINE)],
+        "listening on",
+    );
+    wait_serving(&a.http, 1);
+    wait_serving(&b.http, 1);
+    let leader = |s: &Serve| get(&format!("{}/api/fleet", s.http), Some(ADMIN)).1["leader"].as_bool();
+    eventually(5, "one leader", || leader(&a).is_some_and(|x| x) != leader(&b).is_some_and(|x| x));
+    // Both serve the gateway.
+    for s in [&a, &b] {
+        let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "both", "max_tokens": 2}));
+        assert_eq!(status, 200, "{v}");
+    }
+    let (mut old, new) = if leader(&a) == Some(true) { (a, b) } else { (b, a) };
+    old.proc.kill();
+    let started = std::time::Instant::now();
+    eventually(5, "the other replica leads", || leader(&new) == Some(true));
+    eprintln!("leader handed over in {:?}", started.elapsed());
+    let (status, _) = completion(&new.http, ADMIN, json!({"model": MODEL, "prompt": "still", "max_tokens": 2}));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn simulations_submitted_through_the_api_run_in_the_background() {
+    let db = Db::fresh("sim");
+    let s = serve(&db, &[]);
+    let url = format!("{}/api/simulations", s.http);
+    let (status, v) = post(&url, Some(ADMIN), &json!({"scenario": "routers = [\"warp-drive\"]"}));
+    assert_eq!(status, 400);
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("warp-drive")), "{v}");
+    let scenario = r#"
+        seed = 3
+        routers = ["round-robin", "cache-aware"]
+        [fleet]
+        instances = 4
+        [workload.synthetic]
+        requests = 400
+        arrival = { kind = "poisson", rate_rps = 20.0 }
+        input = { kind = "uniform", min = 256, max = 2048 }
+        output = { kind = "uniform", min = 16, max = 128 }
+        prefix = { groups = 4, tokens = 512, share = 0.5 }
+    "#;
+    let (status, v) = post(&url, Some(ADMIN), &json!({"scenario": scenario}));
+    assert_eq!(status, 202, "{v}");
+    let id = v["id"].as_i64().expect("id");
+    let mut run = Value::Null;
+    eventually(60, "the simulation finishes", || {
+        run = get(&format!("{url}/{id}"), Some(ADMIN)).1;
+        run["state"] == "done" || run["state"] == "failed"
+    });
+    assert_eq!(run["state"], "done", "{run}");
+    let runs = run["result"]["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["router"], "cache-aware");
+    assert_eq!(runs[0]["summary"]["requests"], 400);
+    let chart = common::client().get(format!("{url}/{id}/chart.svg")).bearer_auth(ADMIN).send().expect("chart");
+    assert_eq!(chart.status().as_u16(), 200);
+    assert!(chart.text().expect("svg").contains("<svg"));
+}
