@@ -9,6 +9,7 @@
 //! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
+//! | `make_model` | `fleetplane make-model`: a random-weight Llama model in the Hugging Face layout |
 //! | `progress` | progress display on stderr for runs longer than a second |
 //! | `serve` | `fleetplane serve`: the live control plane (gateway, API, metrics, engine registry, PostgreSQL) |
 //! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
@@ -23,6 +24,7 @@ mod capacity;
 mod cli;
 mod demo;
 mod engine_proc;
+mod make_model;
 mod max_rate;
 mod progress;
 mod proto;
@@ -62,6 +64,8 @@ enum Command {
     /// context and prefill and decode step times for a model, GPU and deployment layout
     /// (--tp, --dp-attention, --ep), from the cost model alone.
     Capacity(capacity::Args),
+    /// Write a Llama-shaped model with random bf16 weights (config.json + safetensors).
+    MakeModel(make_model::Args),
     /// Run the live control plane: OpenAI-compatible gateway, REST API, Prometheus metrics and
     /// the engine registry, with fleet state in PostgreSQL (DATABASE_URL).
     Serve(serve::Args),
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
         Command::BenchMatching(args) => bench_matching::run(args),
         Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),
+        Command::MakeModel(args) => make_model::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Engine(args) => engine_proc::run(args),
         Command::Demo(args) => demo::run(args),

@@ -92,19 +92,6 @@ impl TryFrom<&KvEvent> for EngineKvEvent {
     }
 }
 
-/// Chained hashes of the prompt's full blocks, as the engine's prefix tree and the control
-/// plane's prefix index both key them: equal prefixes give equal hashes on every engine.
-pub fn block_hashes(prompt: &[u32], block_size: u32) -> Vec<BlockHash> {
-    let mut parent = BlockHash::ROOT;
-    prompt
-        .chunks_exact(block_size.max(1) as usize)
-        .map(|block| {
-            parent = parent.chain(BlockHash::content_of_tokens(block));
-            parent
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,14 +110,5 @@ mod tests {
         }
         let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1 })) };
         assert!(EngineKvEvent::try_from(&bad).is_err());
-    }
-
-    #[test]
-    fn equal_prefixes_hash_equal_and_partial_blocks_are_not_hashed() {
-        let a = block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
-        let b = block_hashes(&[1, 2, 3, 4, 5, 6, 7, 0], 4);
-        assert_eq!(a.len(), 2);
-        assert_eq!(a[0], b[0]);
-        assert_ne!(a[1], b[1]);
     }
 }

@@ -295,3 +295,25 @@ fn kv_high_water_knobs_are_checked_and_runs_switch_protection_by_name() {
         }
     }
 }
+
+#[test]
+fn engine_and_serve_name_what_is_wrong_with_their_flags() {
+    fails_with(&["engine", "--pool", "middle"], &["unknown pool `middle`"]);
+    fails_with(&["engine", "--model", "gpt-9"], &["gpt-9", "llama-3.1-8b"]);
+    fails_with(&["engine", "--block-size", "12"], &["--block-size 12"]);
+    fails_with(&["engine", "--executor", "cuda", "--model", "/no/such/model"], &["/no/such/model", "make-model"]);
+    fails_with(&["serve", "--router", "fastest"], &["fastest", "cache-aware"]);
+}
+
+#[test]
+fn a_cuda_engine_without_a_gpu_says_so() {
+    let dir = tests::scratch_dir("cuda-engine");
+    let model = dir.join("tiny");
+    let o = fleetplane(&["make-model", "--config", "tiny", "--out", &model.display().to_string()]);
+    assert!(o.status.success(), "make-model: {}", stderr(&o));
+    assert!(model.join("config.json").is_file() && model.join("model.safetensors").is_file());
+    if Path::new("/dev/nvidia0").exists() {
+        return; // A GPU is here: the GPU checks (scripts/gpu-check.sh) serve from it.
+    }
+    fails_with(&["engine", "--executor", "cuda", "--model", &model.display().to_string()], &["CUDA"]);
+}

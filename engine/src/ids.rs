@@ -39,6 +39,20 @@ impl BlockHash {
     }
 }
 
+/// The chained hashes of the full blocks of a prompt given as token ids, as a live engine's
+/// [`crate::Request::block_hashes`] and the control plane's prefix index both key them: equal
+/// prefixes give equal hashes on every engine. The tail shorter than a block is not hashed.
+pub fn block_hashes(tokens: &[u32], block_size: u32) -> Vec<BlockHash> {
+    let mut parent = BlockHash::ROOT;
+    tokens
+        .chunks_exact(block_size.max(1) as usize)
+        .map(|block| {
+            parent = parent.chain(BlockHash::content_of_tokens(block));
+            parent
+        })
+        .collect()
+}
+
 /// SplitMix64's finaliser: a cheap, well-distributed 64-bit bijection.
 pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -70,6 +84,16 @@ impl fmt::Display for InstanceId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompt_hashes_cover_full_blocks_and_chain_on_the_prefix() {
+        let a = block_hashes(&[1, 2, 3, 4, 5], 2);
+        assert_eq!(a.len(), 2);
+        let b = block_hashes(&[1, 2, 3, 9], 2);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        assert_ne!(block_hashes(&[3, 4], 2)[0], a[1], "a block's hash depends on its parent");
+    }
 
     #[test]
     fn chained_hashes_differ_by_parent() {

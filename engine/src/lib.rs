@@ -6,6 +6,8 @@
 //! or a random source: `now` is always an argument.
 
 pub mod batch;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod executor;
 pub mod ids;
 pub mod instance;
@@ -18,7 +20,7 @@ pub mod time;
 
 pub use batch::{Batch, BatchEntry, BatchStats};
 pub use executor::{Executor, ExecutorError, StepOutput};
-pub use ids::{BlockHash, BlockId, InstanceId, RequestId};
+pub use ids::{block_hashes, BlockHash, BlockId, InstanceId, RequestId};
 pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
 pub use request::{CutShort, Evicted, Finished, Request, Resume};
 pub use time::{Dur, Time};

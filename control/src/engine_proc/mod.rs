@@ -34,9 +34,22 @@ pub struct Args {
     pub executor: ExecutorKind,
 
     /// Model served: a cost-model name for `sim` (llama-3.1-8b, llama-3.1-70b, qwen3-32b,
-    /// deepseek-v3).
+    /// deepseek-v3); a Hugging Face model folder (config.json + safetensors) for `cuda`.
     #[arg(long, default_value = "llama-3.1-8b")]
     pub model: String,
+
+    /// Name clients ask for [default: the cost-model name, or the model folder's name].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// `cuda`: GPU memory this engine may use for weights, buffers and KV, so that several
+    /// engines share one GPU [default: 90% of the free memory].
+    #[arg(long, value_name = "GIB")]
+    pub gpu_memory_gib: Option<f64>,
+
+    /// `cuda`: the CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 
     /// GPU the cost model stands for (a100, h100, h200, b200).
     #[arg(long, default_value = "h100")]
@@ -94,11 +107,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let (backend, config) = match args.executor {
         ExecutorKind::Sim => sim_backend(&args).map_err(Failure::Input)?,
-        ExecutorKind::Cuda => {
-            return Err(Failure::Input(anyhow!(
-                "this build serves no CUDA executor yet: run with --executor sim (see issue 8's notes)"
-            )))
-        }
+        ExecutorKind::Cuda => cuda_backend(&args).map_err(Failure::Input)?,
     };
     let runtime = crate::runtime()?;
     runtime.block_on(serve(args, backend, config)).map_err(Failure::Run)
@@ -128,16 +137,75 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
     Ok((Box::new(SimBackend(CostModelExecutor::new(cost))), config))
 }
 
+struct CudaBackend(engine::cuda::CudaExecutor);
+
+impl Backend for CudaBackend {
+    fn executor(&mut self) -> &mut dyn Executor {
+        &mut self.0
+    }
+
+    fn paced(&self) -> bool {
+        false
+    }
+
+    fn admit(&mut self, id: engine::RequestId, prompt: &[u32], s: runner::Sampling) {
+        let sampling = engine::cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+        self.0.set_request(id, prompt.to_vec(), sampling);
+    }
+
+    fn release(&mut self, id: engine::RequestId) {
+        self.0.release(id);
+    }
+}
+
+fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
+    use engine::cuda::{libraries_present, CudaExecutor, CudaExecutorConfig, ModelSource};
+    let dir = std::path::PathBuf::from(&args.model);
+    if !dir.join("config.json").is_file() {
+        return Err(anyhow!(
+            "--model {} is not a model folder (no config.json); make one with `fleetplane make-model`",
+            dir.display()
+        ));
+    }
+    if let Err(missing) = libraries_present() {
+        return Err(anyhow!("the CUDA executor needs a GPU driver and CUDA libraries: {missing}"));
+    }
+    let gpu_memory_bytes = match args.gpu_memory_gib {
+        Some(g) if !(g.is_finite() && g > 0.0) => return Err(anyhow!("--gpu-memory-gib must be a positive number")),
+        Some(g) => Some((g * (1u64 << 30) as f64) as u64),
+        None => None,
+    };
+    let config = CudaExecutorConfig {
+        device: args.device,
+        gpu_memory_bytes,
+        block_size: args.block_size,
+        max_batch_tokens: args.max_batch_tokens,
+        ..CudaExecutorConfig::new(ModelSource::Dir(dir))
+    };
+    let exec = CudaExecutor::new(config).map_err(|e| anyhow!("cannot start the CUDA executor: {e}"))?;
+    let mut instance = exec.instance_config();
+    if let Some(n) = args.kv_blocks {
+        instance.total_blocks = instance.total_blocks.min(n);
+    }
+    Ok((Box::new(CudaBackend(exec)), instance))
+}
+
 async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let name = args.name.clone().unwrap_or_else(|| format!("engine-{}", addr.port()));
+    let model = args.served_model_name.clone().unwrap_or_else(|| match args.executor {
+        ExecutorKind::Sim => args.model.clone(),
+        ExecutorKind::Cuda => std::path::Path::new(&args.model)
+            .file_name()
+            .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned()),
+    });
     let instance = Instance::new(config.clone());
     let info = proto::EngineInfo {
         name: name.clone(),
-        model: args.model.clone(),
+        model: model.clone(),
         executor: format!("{:?}", args.executor).to_lowercase(),
         block_size: config.block_size,
         kv_blocks: config.total_blocks,
@@ -153,7 +221,7 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     }
     // Tests and the demo read this line to find the port.
     println!("engine {name} listening on {addr}");
-    tracing::info!(%addr, model = %args.model, kv_blocks = config.total_blocks, "engine serving");
+    tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
     tonic::transport::Server::builder()
         .add_service(proto::engine_server::EngineServer::new(service))
         .serve_with_incoming_shutdown(

@@ -54,7 +54,7 @@ impl Engine for EngineService {
             arrival: Time::ZERO,
             prompt_tokens: prompt.len() as u32,
             max_output_tokens: g.max_tokens - generated,
-            block_hashes: proto::block_hashes(&prompt, self.info.block_size),
+            block_hashes: engine::block_hashes(&prompt, self.info.block_size),
             resume: None,
         };
         let (out, rx) = mpsc::unbounded_channel();

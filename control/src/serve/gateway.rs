@@ -288,7 +288,7 @@ async fn serve(
             arrival: hub.now(),
             prompt_tokens,
             max_output_tokens: parsed.max_tokens,
-            block_hashes: crate::proto::block_hashes(&parsed.prompt, block_size),
+            block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
         };
         let payload = Payload {

@@ -193,7 +193,7 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await?;
         audit(
-            &mut tx,
+            &mut *tx,
             author,
             "policy.put",
             serde_json::json!({"version": version, "before": before, "after": policy}),
@@ -219,7 +219,7 @@ impl Store {
         .bind(author)
         .execute(&mut *tx)
         .await?;
-        audit(&mut tx, author, "slo.put", serde_json::json!({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})).await?;
+        audit(&mut *tx, author, "slo.put", serde_json::json!({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -233,7 +233,7 @@ impl Store {
             .bind(author)
             .execute(&mut *tx)
             .await?;
-        audit(&mut tx, author, "token.create", serde_json::json!({"name": name, "role": role.name()})).await?;
+        audit(&mut *tx, author, "token.create", serde_json::json!({"name": name, "role": role.name()})).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -247,7 +247,7 @@ impl Store {
         .bind(name)
         .fetch_optional(&mut *tx)
         .await?;
-        audit(&mut tx, author, "token.revoke", serde_json::json!({"name": name})).await?;
+        audit(&mut *tx, author, "token.revoke", serde_json::json!({"name": name})).await?;
         tx.commit().await?;
         Ok(hash.and_then(|h| h.try_into().ok()))
     }
@@ -396,12 +396,12 @@ fn simulation_json(r: &sqlx::postgres::PgRow, with_result: bool) -> Value {
     v
 }
 
-async fn audit(tx: &mut sqlx::PgConnection, actor: &str, action: &str, detail: Value) -> Result<()> {
+async fn audit<'e>(db: impl sqlx::PgExecutor<'e>, actor: &str, action: &str, detail: Value) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
         .bind(actor)
         .bind(action)
         .bind(detail)
-        .execute(tx)
+        .execute(db)
         .await?;
     Ok(())
 }
@@ -415,14 +415,7 @@ async fn apply(pool: &PgPool, w: &Write) -> Result<(), sqlx::Error> {
                 .execute(pool)
                 .await?;
         }
-        Write::Audit { actor, action, detail } => {
-            sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
-                .bind(actor)
-                .bind(action)
-                .bind(detail)
-                .execute(pool)
-                .await?;
-        }
+        Write::Audit { actor, action, detail } => audit(pool, actor, action, detail.clone()).await?,
     }
     Ok(())
 }

@@ -1,0 +1,279 @@
+//! [`CudaExecutor`]: the engine's [`Executor`] running a Llama model on one GPU.
+//!
+//! # Contract with the engine process
+//!
+//! The engine's requests carry token counts, not token ids, so the process hands the ids over
+//! on a side channel:
+//!
+//! 1. build the executor ([`CudaExecutor::new`]) and size the instance from it
+//!    ([`CudaExecutor::instance_config`]: its block size and the KV blocks its memory budget
+//!    holds);
+//! 2. before enqueueing request `id` on the instance, call [`CudaExecutor::set_request`] with
+//!    its prompt ids and sampling parameters, and give the request the block hashes of those
+//!    ids ([`crate::block_hashes`]), so that prefix sharing matches real content;
+//! 3. each step's sampled tokens are in `StepOutput::tokens` (one per entry that completes its
+//!    prompt or decodes, in entry order) and are also appended to the request's sequence,
+//!    which is how the next decode step knows its input;
+//! 4. once the instance reports the request finished (or evicted), call
+//!    [`CudaExecutor::release`].
+//!
+//! Every step synchronises with the GPU before returning, so the returned duration is the
+//! measured wall time of the step, host work included.
+
+use super::config::LlamaConfig;
+use super::context::Gpu;
+use super::error::CudaError;
+use super::kernels::{KernelShape, Kernels};
+use super::kv::{KvPool, StepLayout};
+use super::model::{random_weights, Llama, Scratch};
+use super::sampling::{sample, Sampling};
+use super::weights::{ModelFiles, Weights};
+use crate::batch::Batch;
+use crate::executor::{Executor, ExecutorError, StepOutput};
+use crate::ids::RequestId;
+use crate::instance::InstanceConfig;
+use crate::time::Dur;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where the weights come from.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A Hugging Face model folder (`config.json` and safetensors).
+    Dir(PathBuf),
+    /// Random weights drawn on the GPU for this shape (speed runs; no files needed).
+    Random { config: LlamaConfig, seed: u64 },
+}
+
+/// How to build a [`CudaExecutor`].
+#[derive(Clone, Debug)]
+pub struct CudaExecutorConfig {
+    pub model: ModelSource,
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Device memory this executor may use, weights, buffers and KV together, so that several
+    /// engine processes can share a GPU. `None`: 90% of the memory free at start-up.
+    pub gpu_memory_bytes: Option<u64>,
+    /// Tokens per KV block (the instance's `block_size`).
+    pub block_size: u32,
+    /// Most tokens one step computes (the instance's `max_batch_tokens`).
+    pub max_batch_tokens: u32,
+    /// Most sequences in one step (the instance's `max_seqs`).
+    pub max_seqs: u32,
+}
+
+impl CudaExecutorConfig {
+    /// Defaults for serving: 16-token blocks, 8192-token steps, 256 sequences.
+    pub fn new(model: ModelSource) -> CudaExecutorConfig {
+        CudaExecutorConfig {
+            model,
+            device: 0,
+            gpu_memory_bytes: None,
+            block_size: 16,
+            max_batch_tokens: 8192,
+            max_seqs: 256,
+        }
+    }
+}
+
+/// Device memory kept out of the budget for the CUDA context's and cuBLAS's own use.
+const RESERVED_BYTES: u64 = 1 << 30;
+
+/// A request's token ids and how to sample it.
+struct Sequence {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    sampling: Sampling,
+}
+
+/// Runs batches of the engine's scheduler on the GPU.
+pub struct CudaExecutor {
+    gpu: Gpu,
+    kernels: Kernels,
+    model: Llama,
+    kv: KvPool,
+    scratch: Scratch,
+    seqs: HashMap<RequestId, Sequence>,
+    /// When on, the f32 logits each sampled row came from, per request (tests and checks).
+    captured: Option<HashMap<RequestId, Vec<Vec<f32>>>>,
+    max_batch_tokens: u32,
+    max_seqs: u32,
+    /// Host copies reused across steps.
+    argmax_host: Vec<u32>,
+    logits_host: Vec<f32>,
+}
+
+impl CudaExecutor {
+    /// Opens the GPU, compiles the kernels, loads the model and carves the KV pool out of what
+    /// is left of the memory budget.
+    pub fn new(config: CudaExecutorConfig) -> Result<CudaExecutor, CudaError> {
+        if config.block_size == 0 || config.max_batch_tokens == 0 || config.max_seqs == 0 {
+            return Err(CudaError::Budget("block_size, max_batch_tokens and max_seqs must be positive".into()));
+        }
+        let gpu = Gpu::open(config.device)?;
+        let (cfg, files) = match &config.model {
+            ModelSource::Dir(dir) => (LlamaConfig::load(dir)?, Some(ModelFiles::open(dir)?)),
+            ModelSource::Random { config, .. } => {
+                config.validate().map_err(|msg| CudaError::Config { path: "<random model>".into(), msg })?;
+                (config.clone(), None)
+            }
+        };
+        let (free, _) = gpu.memory()?;
+        let budget = config.gpu_memory_bytes.unwrap_or(free as u64 / 10 * 9);
+        let (max_tokens, max_rows) = (config.max_batch_tokens as usize, config.max_seqs as usize);
+        let fixed = Weights::bytes(&cfg) + Scratch::bytes(&cfg, max_tokens, max_rows) + RESERVED_BYTES;
+        let per_block = KvPool::bytes_per_block(&cfg, config.block_size);
+        let blocks = budget.saturating_sub(fixed) / per_block;
+        let blocks_per_seq = u64::from(config.max_batch_tokens.div_ceil(config.block_size));
+        if blocks < blocks_per_seq {
+            return Err(CudaError::Budget(format!(
+                "{budget} bytes hold the weights and buffers ({fixed} bytes) but not {blocks_per_seq} KV blocks of {per_block} bytes"
+            )));
+        }
+        if budget > free as u64 {
+            return Err(CudaError::Budget(format!("{budget} bytes asked for but only {free} are free on the device")));
+        }
+        let shape = KernelShape { head_dim: cfg.head_dim, block_size: config.block_size as usize };
+        let kernels = Kernels::load(&gpu.ctx, &gpu.arch, shape)?;
+        let weights = match (&config.model, files) {
+            (_, Some(files)) => Weights::load(&gpu, &cfg, &files)?,
+            (ModelSource::Random { seed, .. }, None) => random_weights(&gpu, &kernels, &cfg, *seed)?,
+            (ModelSource::Dir(_), None) => unreachable!("a model folder always has files"),
+        };
+        let num_blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+        let kv = KvPool::new(&gpu, &cfg, num_blocks, config.block_size)?;
+        let scratch = Scratch::new(&gpu, &cfg, max_tokens, max_rows)?;
+        let model = Llama::new(&gpu, cfg, weights)?;
+        gpu.sync()?;
+        Ok(CudaExecutor {
+            gpu,
+            kernels,
+            model,
+            kv,
+            scratch,
+            seqs: HashMap::new(),
+            captured: None,
+            max_batch_tokens: config.max_batch_tokens,
+            max_seqs: config.max_seqs,
+            argmax_host: Vec::new(),
+            logits_host: Vec::new(),
+        })
+    }
+
+    /// The model's shape.
+    pub fn model_config(&self) -> &LlamaConfig {
+        &self.model.cfg
+    }
+
+    /// KV blocks the memory budget holds (the instance's `total_blocks`).
+    pub fn kv_blocks(&self) -> u32 {
+        self.kv.num_blocks
+    }
+
+    /// Tokens per KV block (the instance's `block_size`).
+    pub fn block_size(&self) -> u32 {
+        self.kv.block_size
+    }
+
+    /// An instance configuration that fits this executor: its block size, KV blocks, step
+    /// limits, and no host-memory tier (this executor keeps KV on the GPU only). Scheduling
+    /// policy fields keep their defaults for the process to override.
+    pub fn instance_config(&self) -> InstanceConfig {
+        InstanceConfig {
+            block_size: self.kv.block_size,
+            total_blocks: self.kv.num_blocks,
+            max_batch_tokens: self.max_batch_tokens,
+            max_seqs: self.max_seqs,
+            l2_blocks: 0,
+            ..InstanceConfig::default()
+        }
+    }
+
+    /// Registers request `id`'s prompt ids and sampling before it is enqueued. Replaces an
+    /// earlier registration of the same id.
+    pub fn set_request(&mut self, id: RequestId, prompt: Vec<u32>, sampling: Sampling) {
+        let prompt_len = prompt.len();
+        self.seqs.insert(id, Sequence { tokens: prompt, prompt_len, sampling });
+    }
+
+    /// Forgets request `id`; returns its tokens generated here (after the prompt).
+    pub fn release(&mut self, id: RequestId) -> Option<Vec<u32>> {
+        if let Some(c) = self.captured.as_mut() {
+            c.remove(&id);
+        }
+        self.seqs.remove(&id).map(|mut s| s.tokens.split_off(s.prompt_len))
+    }
+
+    /// Request `id`'s sequence so far: prompt, then generated tokens.
+    pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| &s.tokens[..])
+    }
+
+    /// Keeps (or stops keeping) the f32 logits of every sampled row, per request: for
+    /// correctness checks against a reference implementation. Costs a copy of the logits to
+    /// the host each step.
+    pub fn capture_logits(&mut self, on: bool) {
+        self.captured = on.then(HashMap::new);
+    }
+
+    /// The logits captured for request `id`, one row per token sampled for it.
+    pub fn captured_logits(&self, id: RequestId) -> Option<&[Vec<f32>]> {
+        self.captured.as_ref()?.get(&id).map(|v| &v[..])
+    }
+
+    fn step(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<(), CudaError> {
+        let seqs = &self.seqs;
+        let layout =
+            StepLayout::build(batch, self.kv.block_size, self.kv.num_blocks, |id| seqs.get(&id).map(|s| &s.tokens[..]))
+                .map_err(CudaError::Batch)?;
+        self.model.forward(&self.gpu, &self.kernels, &self.kv, &mut self.scratch, &layout)?;
+        let rows = layout.logit_rows.len();
+        if rows == 0 {
+            return self.gpu.sync();
+        }
+        self.argmax_host.resize(rows, 0);
+        self.gpu.download(&self.scratch.argmax, &mut self.argmax_host, "sampled tokens")?;
+        let need_logits = self.captured.is_some()
+            || layout.emitting.iter().any(|&e| !self.seqs[&batch.entries[e].request].sampling.is_greedy());
+        let vocab = self.model.cfg.vocab_size;
+        if need_logits {
+            self.model.widen_logits(&self.gpu, &self.kernels, &self.scratch, rows)?;
+            self.logits_host.resize(rows * vocab, 0.0);
+            self.gpu.download(&self.scratch.logits_f32, &mut self.logits_host, "logits")?;
+        }
+        for (k, &e) in layout.emitting.iter().enumerate() {
+            let id = batch.entries[e].request;
+            let seq = self.seqs.get_mut(&id).expect("layout checked every request");
+            let token = if seq.sampling.is_greedy() {
+                self.argmax_host[k]
+            } else {
+                let draw = (seq.tokens.len() - seq.prompt_len) as u64;
+                sample(&self.logits_host[k * vocab..(k + 1) * vocab], &seq.sampling, draw)
+            };
+            if let Some(c) = self.captured.as_mut() {
+                c.entry(id).or_default().push(self.logits_host[k * vocab..(k + 1) * vocab].to_vec());
+            }
+            seq.tokens.push(token);
+            out.tokens.push(token);
+        }
+        Ok(())
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn needs_block_tables(&self) -> bool {
+        true
+    }
+
+    fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
+        let start = Instant::now();
+        let before = out.tokens.len();
+        if let Err(e) = self.step(batch, out) {
+            // The engine reschedules a failed step: leave no partial output behind.
+            out.tokens.truncate(before);
+            return Err(ExecutorError::Failed(e.to_string()));
+        }
+        Ok(Dur::from_secs_f64(start.elapsed().as_secs_f64()))
+    }
+}

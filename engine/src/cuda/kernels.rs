@@ -1,0 +1,99 @@
+//! The NVRTC-compiled kernels: CUDA C sources embedded in the binary, compiled at start-up for
+//! the device's compute capability with the model's head_dim and the KV block size as
+//! `#define`s, so the hot loops have constant bounds.
+//!
+//! | file | kernels |
+//! | --- | --- |
+//! | `prelude.cu` | bf16 helpers and reductions, prepended to every file |
+//! | `norm.cu` | `add_rmsnorm` |
+//! | `rope_kv.cu` | `rope_kv_write` |
+//! | `attention.cu` | `paged_attention` |
+//! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
+
+use super::error::CudaError;
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::sync::Arc;
+
+const PRELUDE: &str = include_str!("kernels/prelude.cu");
+
+/// Every kernel source, by file name.
+pub const SOURCES: [(&str, &str); 4] = [
+    ("norm.cu", include_str!("kernels/norm.cu")),
+    ("rope_kv.cu", include_str!("kernels/rope_kv.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+];
+
+/// What the sources are specialised for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelShape {
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// The full text NVRTC compiles for `file`: the shape's defines, the prelude, the file.
+pub fn full_source(file_src: &str, shape: KernelShape) -> String {
+    format!("#define HEAD_DIM {}\n#define BLOCK_SIZE {}\n{PRELUDE}\n{file_src}", shape.head_dim, shape.block_size)
+}
+
+/// Compiles one source file to PTX for `arch` (`compute_90` on an H200).
+pub fn compile(file: &'static str, src: &str, shape: KernelShape, arch: &str) -> Result<Ptx, CudaError> {
+    // NVRTC wants the architecture as a &'static str; there are a handful of them, so leaking
+    // the string once per distinct value is bounded.
+    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
+    let opts = CompileOptions {
+        arch: Some(arch_static),
+        // IEEE division and square root: the kernels call __expf and rsqrtf explicitly where
+        // speed matters, and everything else should round as the reference does.
+        use_fast_math: Some(false),
+        options: vec!["--std=c++17".into()],
+        name: Some(file.to_string()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(full_source(src, shape), opts).map_err(|e| CudaError::Compile {
+        file,
+        arch: arch.to_string(),
+        log: format!("{e:?}"),
+    })
+}
+
+/// The loaded kernels.
+pub struct Kernels {
+    pub add_rmsnorm: CudaFunction,
+    pub rope_kv_write: CudaFunction,
+    pub paged_attention: CudaFunction,
+    pub embed: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub argmax_rows: CudaFunction,
+    pub widen: CudaFunction,
+    pub fill_uniform: CudaFunction,
+}
+
+impl Kernels {
+    /// Compiles and loads every kernel for this device.
+    pub fn load(ctx: &Arc<CudaContext>, arch: &str, shape: KernelShape) -> Result<Kernels, CudaError> {
+        let mut modules = Vec::with_capacity(SOURCES.len());
+        for (file, src) in SOURCES {
+            let ptx = compile(file, src, shape, arch)?;
+            let module = ctx.load_module(ptx).map_err(|e| CudaError::call(format!("loading module {file}"), e))?;
+            modules.push((file, module));
+        }
+        let get = |file: &str, name: &str| -> Result<CudaFunction, CudaError> {
+            let (_, m) = modules.iter().find(|(f, _)| *f == file).expect("file is in SOURCES");
+            m.load_function(name).map_err(|e| CudaError::call(format!("loading kernel {name} from {file}"), e))
+        };
+        Ok(Kernels {
+            add_rmsnorm: get("norm.cu", "add_rmsnorm")?,
+            rope_kv_write: get("rope_kv.cu", "rope_kv_write")?,
+            paged_attention: get("attention.cu", "paged_attention")?,
+            embed: get("elementwise.cu", "embed")?,
+            silu_mul: get("elementwise.cu", "silu_mul")?,
+            gather_rows: get("elementwise.cu", "gather_rows")?,
+            argmax_rows: get("elementwise.cu", "argmax_rows")?,
+            widen: get("elementwise.cu", "widen")?,
+            fill_uniform: get("elementwise.cu", "fill_uniform")?,
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! Paged KV memory on the GPU, and the translation of a batch's block tables into the
+//! per-token arrays the kernels read.
+//!
+//! The pool holds `num_blocks` blocks of `block_size` token slots for every layer, indexed by
+//! the engine's [`BlockId`]: the engine's KV manager decides which block holds which tokens
+//! (prefix sharing included), and this module only stores them. Layout per layer and per
+//! K or V: `[num_blocks * block_size][n_kv_heads][head_dim]` bf16, so slot `b * block_size + o`
+//! is offset `o` of block `b`.
+
+use super::config::LlamaConfig;
+use super::context::Gpu;
+use super::error::CudaError;
+use crate::batch::Batch;
+use crate::ids::RequestId;
+use cudarc::driver::CudaSlice;
+
+/// The KV cache of every layer.
+pub struct KvPool {
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    /// Elements of one layer's K (or V) cache.
+    layer_elems: usize,
+    pub num_blocks: u32,
+    pub block_size: u32,
+}
+
+impl KvPool {
+    /// Bytes one block takes over all layers, K and V.
+    pub fn bytes_per_block(cfg: &LlamaConfig, block_size: u32) -> u64 {
+        2 * 2 * cfg.num_hidden_layers as u64 * u64::from(block_size) * cfg.kv_dim() as u64
+    }
+
+    pub fn new(gpu: &Gpu, cfg: &LlamaConfig, num_blocks: u32, block_size: u32) -> Result<KvPool, CudaError> {
+        let layer_elems = num_blocks as usize * block_size as usize * cfg.kv_dim();
+        let total = layer_elems * cfg.num_hidden_layers;
+        Ok(KvPool {
+            k: gpu.zeros(total, "the K cache")?,
+            v: gpu.zeros(total, "the V cache")?,
+            layer_elems,
+            num_blocks,
+            block_size,
+        })
+    }
+
+    /// Device addresses of layer `layer`'s K and V caches.
+    pub fn layer_ptrs(&self, gpu: &Gpu, layer: usize) -> (u64, u64) {
+        (gpu.ptr(&self.k, layer * self.layer_elems), gpu.ptr(&self.v, layer * self.layer_elems))
+    }
+}
+
+/// One step's batch flattened for the kernels: token `t` of the step belongs to entry
+/// `tok_seq[t]` and sits at `positions[t]` of its sequence, its KV goes to `slots[t]`, and its
+/// attention reads the entry's block table at `block_tables[table_start[tok_seq[t]]..]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepLayout {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<i32>,
+    pub slots: Vec<i64>,
+    pub tok_seq: Vec<i32>,
+    pub table_start: Vec<i32>,
+    pub block_tables: Vec<i32>,
+    /// Step tokens whose logits are sampled: the last token of each entry that completes its
+    /// prompt or decodes, in entry order (the order of `StepOutput::tokens`).
+    pub logit_rows: Vec<u32>,
+    /// The batch entry of each logit row.
+    pub emitting: Vec<usize>,
+}
+
+impl StepLayout {
+    /// Flattens `batch`. `tokens(id)` is the request's sequence so far (prompt, then every
+    /// generated token): a prefill chunk computes `tokens[context..context + new]` and samples
+    /// when it reaches the end of the sequence (the prompt, or after a preemption the prompt
+    /// and the output so far); a decode step computes the last token.
+    pub fn build<'a>(
+        batch: &Batch,
+        block_size: u32,
+        num_blocks: u32,
+        tokens: impl Fn(RequestId) -> Option<&'a [u32]>,
+    ) -> Result<StepLayout, String> {
+        let mut l = StepLayout::default();
+        let bs = block_size as usize;
+        for (s, e) in batch.entries.iter().enumerate() {
+            let seq =
+                tokens(e.request).ok_or_else(|| format!("{} has no token ids (set_request not called)", e.request))?;
+            if e.load_tokens != [0, 0] {
+                return Err(format!(
+                    "{} needs KV loaded from host memory or the shared store, which this executor does not hold",
+                    e.request
+                ));
+            }
+            let (ctx, new) = (e.context_tokens as usize, e.new_tokens as usize);
+            if new == 0 || ctx + new > seq.len() || (!e.is_prefill && (new != 1 || ctx + 1 != seq.len())) {
+                return Err(format!(
+                    "{}: entry computes tokens {ctx}..{} ({}) but the sequence has {} tokens",
+                    e.request,
+                    ctx + new,
+                    if e.is_prefill { "prefill" } else { "decode" },
+                    seq.len()
+                ));
+            }
+            let table = batch.block_table(e);
+            if table.len() * bs < ctx + new {
+                return Err(format!("{}: {} blocks cannot hold {} tokens", e.request, table.len(), ctx + new));
+            }
+            if let Some(b) = table.iter().find(|b| b.0 >= num_blocks) {
+                return Err(format!("{}: block {} is outside the pool of {num_blocks}", e.request, b.0));
+            }
+            l.table_start.push(l.block_tables.len() as i32);
+            l.block_tables.extend(table.iter().map(|b| b.0 as i32));
+            for p in ctx..ctx + new {
+                l.token_ids.push(seq[p]);
+                l.positions.push(p as i32);
+                l.slots.push(i64::from(table[p / bs].0) * bs as i64 + (p % bs) as i64);
+                l.tok_seq.push(s as i32);
+            }
+            if !e.is_prefill || ctx + new == seq.len() {
+                l.logit_rows.push((l.token_ids.len() - 1) as u32);
+                l.emitting.push(s);
+            }
+        }
+        Ok(l)
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::BatchEntry;
+    use crate::ids::BlockId;
+
+    fn batch(entries: &[(u64, u32, u32, bool, &[u32])]) -> Batch {
+        let mut b = Batch::default();
+        for &(id, ctx, new, prefill, table) in entries {
+            let start = b.block_tables.len() as u32;
+            b.block_tables.extend(table.iter().map(|&x| BlockId(x)));
+            let mut e = BatchEntry::new(RequestId(id), ctx, new, prefill);
+            e.blocks = (start, b.block_tables.len() as u32);
+            b.entries.push(e);
+        }
+        b
+    }
+
+    #[test]
+    fn a_chunk_over_a_cached_prefix_and_a_decode_map_to_slots_through_their_tables() {
+        // Request 1: 6 tokens, 4 cached in block 7, this chunk computes tokens 4 and 5 (block 3)
+        // and ends the prompt. Request 2: decoding its 3rd token (position 2) in block 9.
+        let seqs = [vec![10, 11, 12, 13, 14, 15], vec![20, 21, 22]];
+        let b = batch(&[(1, 4, 2, true, &[7, 3]), (2, 2, 1, false, &[9])]);
+        let l = StepLayout::build(&b, 4, 16, |id| Some(&seqs[id.0 as usize - 1][..])).unwrap();
+        assert_eq!(l.token_ids, [14, 15, 22]);
+        assert_eq!(l.positions, [4, 5, 2]);
+        assert_eq!(l.slots, [12, 13, 38]);
+        assert_eq!(l.tok_seq, [0, 0, 1]);
+        assert_eq!(l.table_start, [0, 2]);
+        assert_eq!(l.block_tables, [7, 3, 9]);
+        assert_eq!(l.logit_rows, [1, 2]);
+        assert_eq!(l.emitting, [0, 1]);
+    }
+
+    #[test]
+    fn a_prefill_chunk_short_of_the_prompt_end_samples_nothing() {
+        let seqs = [vec![1, 2, 3, 4, 5]];
+        let b = batch(&[(1, 0, 3, true, &[0, 1])]);
+        let l = StepLayout::build(&b, 2, 4, |_| Some(&seqs[0][..])).unwrap();
+        assert!(l.logit_rows.is_empty());
+        assert_eq!(l.slots, [0, 1, 2]);
+    }
+
+    #[test]
+    fn inconsistent_entries_are_refused_with_the_request_named() {
+        let seqs = [vec![1, 2, 3]];
+        let check = |b: Batch, want: &str| {
+            let err = StepLayout::build(&b, 2, 4, |id| (id.0 == 1).then(|| &seqs[0][..])).unwrap_err();
+            assert!(err.contains(want), "{err:?} should mention {want:?}");
+        };
+        check(batch(&[(2, 0, 1, true, &[0])]), "req-2 has no token ids");
+        check(batch(&[(1, 0, 4, true, &[0, 1])]), "sequence has 3 tokens");
+        check(batch(&[(1, 1, 1, false, &[0])]), "decode");
+        check(batch(&[(1, 0, 3, true, &[0])]), "1 blocks cannot hold 3 tokens");
+        check(batch(&[(1, 0, 3, true, &[0, 4])]), "block 4 is outside the pool");
+    }
+}

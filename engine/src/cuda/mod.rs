@@ -1,0 +1,45 @@
+//! The CUDA executor: a Llama-family decoder in bf16 on one GPU, behind the engine's
+//! [`Executor`](crate::Executor) trait, so the scheduler, paged KV and prefix cache are the
+//! same code as in the simulator.
+//!
+//! Built on cudarc with dynamic loading: this module compiles on machines without CUDA, and
+//! the driver, NVRTC and cuBLAS are looked up at run time ([`libraries_present`]).
+//!
+//! | file | purpose |
+//! | --- | --- |
+//! | `error.rs` | [`CudaError`] |
+//! | `config.rs` | [`LlamaConfig`]: `config.json`, presets, RoPE frequencies |
+//! | `context.rs` | [`Gpu`]: context, stream, cuBLAS, the row-major GEMM |
+//! | `kernels.rs`, `kernels/*.cu` | NVRTC-compiled kernels |
+//! | `weights.rs` | safetensors loading in the Hugging Face layout |
+//! | `synth.rs` | random models written in that layout (`fleetplane make-model`) |
+//! | `kv.rs` | the paged KV pool, and a batch flattened into kernel arguments |
+//! | `model.rs` | the forward pass |
+//! | `sampling.rs` | greedy, temperature and top-p sampling |
+//! | `executor.rs` | [`CudaExecutor`] and its contract with the engine process |
+//!
+//! Guardrails: KV lives on the GPU only (the instance must have no L2 tier); everything runs
+//! on one stream; a step synchronises before it returns, so buffers are reused safely.
+
+mod config;
+mod context;
+mod error;
+mod executor;
+pub mod kernels;
+mod kv;
+mod model;
+mod sampling;
+pub mod synth;
+mod weights;
+
+pub use crate::ids::block_hashes;
+pub use config::{Llama3RopeScaling, LlamaConfig};
+pub use context::{gpu_available, libraries_present, Gpu};
+pub use error::CudaError;
+pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
+pub use kv::{KvPool, StepLayout};
+pub use sampling::{sample, Sampling};
+pub use weights::{safetensors_files, tensor_shapes, ModelFiles};
+
+#[cfg(test)]
+mod tests;

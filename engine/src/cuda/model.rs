@@ -1,0 +1,264 @@
+//! The Llama forward pass over one step's tokens: embeddings, then per layer RMSNorm, fused
+//! QKV GEMM, RoPE and KV write, paged attention, output projection, residual add fused into
+//! the next RMSNorm, fused gate/up GEMM, SiLU-mul, down projection; then the final norm on the
+//! rows that sample, the LM head and a greedy argmax.
+//!
+//! Prefill chunks and decode tokens of many sequences run in one pass: GEMMs see all the
+//! step's tokens as rows, and only attention needs to know which sequence a token belongs to
+//! (through [`StepLayout`]).
+#![allow(unsafe_code)] // Kernel launches; the invariants each relies on are stated at `launch`.
+
+use super::config::LlamaConfig;
+use super::context::Gpu;
+use super::error::CudaError;
+use super::kernels::Kernels;
+use super::kv::{KvPool, StepLayout};
+use super::weights::Weights;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+/// Working buffers sized for the largest step (`max_tokens` tokens, `max_rows` sampled rows),
+/// allocated once so a step allocates nothing.
+pub struct Scratch {
+    pub max_tokens: usize,
+    pub max_rows: usize,
+    residual: CudaSlice<u16>,
+    normed: CudaSlice<u16>,
+    qkv: CudaSlice<u16>,
+    attn: CudaSlice<u16>,
+    proj: CudaSlice<u16>,
+    gate_up: CudaSlice<u16>,
+    act: CudaSlice<u16>,
+    last: CudaSlice<u16>,
+    logits: CudaSlice<u16>,
+    pub logits_f32: CudaSlice<f32>,
+    pub argmax: CudaSlice<u32>,
+    ids: CudaSlice<u32>,
+    pos: CudaSlice<i32>,
+    slots: CudaSlice<i64>,
+    tok_seq: CudaSlice<i32>,
+    table_start: CudaSlice<i32>,
+    rows: CudaSlice<u32>,
+    /// Grown on demand: a batch's tables may repeat shared prefix blocks.
+    tables: CudaSlice<i32>,
+    tables_cap: usize,
+}
+
+impl Scratch {
+    /// Device bytes of the buffers for these limits (for the memory budget).
+    pub fn bytes(cfg: &LlamaConfig, max_tokens: usize, max_rows: usize) -> u64 {
+        let per_token = 2 * (3 * cfg.hidden_size + cfg.qkv_dim() + cfg.q_dim() + 3 * cfg.intermediate_size) + 4 * 8;
+        let per_row = 2 * cfg.hidden_size + 6 * cfg.vocab_size + 8;
+        (max_tokens * per_token + max_rows * per_row) as u64
+    }
+
+    pub fn new(gpu: &Gpu, cfg: &LlamaConfig, max_tokens: usize, max_rows: usize) -> Result<Scratch, CudaError> {
+        let (t, r, h) = (max_tokens, max_rows, cfg.hidden_size);
+        let tables_cap = 4 * t.max(r);
+        Ok(Scratch {
+            max_tokens,
+            max_rows,
+            residual: gpu.zeros(t * h, "the residual stream")?,
+            normed: gpu.zeros(t * h, "normed activations")?,
+            qkv: gpu.zeros(t * cfg.qkv_dim(), "QKV activations")?,
+            attn: gpu.zeros(t * cfg.q_dim(), "attention output")?,
+            proj: gpu.zeros(t * h, "projection output")?,
+            gate_up: gpu.zeros(t * 2 * cfg.intermediate_size, "gate/up activations")?,
+            act: gpu.zeros(t * cfg.intermediate_size, "MLP activations")?,
+            last: gpu.zeros(r * h, "sampled rows")?,
+            logits: gpu.zeros(r * cfg.vocab_size, "logits")?,
+            logits_f32: gpu.zeros(r * cfg.vocab_size, "f32 logits")?,
+            argmax: gpu.zeros(r, "argmax")?,
+            ids: gpu.zeros(t, "token ids")?,
+            pos: gpu.zeros(t, "positions")?,
+            slots: gpu.zeros(t, "KV slots")?,
+            tok_seq: gpu.zeros(t, "token sequences")?,
+            table_start: gpu.zeros(r, "table starts")?,
+            rows: gpu.zeros(r, "row indices")?,
+            tables: gpu.zeros(tables_cap, "block tables")?,
+            tables_cap,
+        })
+    }
+}
+
+/// The model on the GPU: weights and RoPE frequencies.
+pub struct Llama {
+    pub cfg: LlamaConfig,
+    pub weights: Weights,
+    inv_freq: CudaSlice<f32>,
+}
+
+/// A grid of `x × y` blocks of `threads` threads.
+fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (x as u32, y as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Launches `f` on the GPU's stream with `args` pushed in order.
+///
+/// SAFETY (for every caller): each `u64` argument is the address of a live device allocation
+/// owned by `Scratch`, `Weights` or `KvPool` (which outlive the stream's work, since the
+/// executor synchronises before returning from a step), sized for the grid: rows of the step's
+/// token count `T <= max_tokens`, sampled rows `R <= max_rows`; every index a kernel reads
+/// from device memory (token ids, block ids, slots) was checked on the host by
+/// [`StepLayout::build`] and the executor (ids < vocab, blocks < pool size).
+macro_rules! launch {
+    ($gpu:expr, $f:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
+        let mut b = $gpu.stream.launch_builder($f);
+        $( b.arg($arg); )*
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(|e| CudaError::call(format!("launching {}", $what), e))
+    }};
+}
+
+impl Llama {
+    pub fn new(gpu: &Gpu, cfg: LlamaConfig, weights: Weights) -> Result<Llama, CudaError> {
+        let freqs = cfg.rope_inv_freq();
+        let mut inv_freq = gpu.zeros::<f32>(freqs.len(), "RoPE frequencies")?;
+        gpu.upload(&freqs, &mut inv_freq, "RoPE frequencies")?;
+        Ok(Llama { cfg, weights, inv_freq })
+    }
+
+    /// Runs the step described by `layout` (whose KV goes into `kv`), leaving bf16 logits of
+    /// the sampled rows in `s.logits` and their argmax in `s.argmax`. Asynchronous: the caller
+    /// synchronises when it reads results.
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        k: &Kernels,
+        kv: &KvPool,
+        s: &mut Scratch,
+        layout: &StepLayout,
+    ) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        let t = layout.tokens();
+        let r = layout.logit_rows.len();
+        if t == 0 {
+            return Ok(());
+        }
+        if t > s.max_tokens || r > s.max_rows || layout.table_start.len() > s.max_rows {
+            return Err(CudaError::Batch(format!(
+                "{t} tokens and {r} sequences exceed the executor's limits ({} tokens, {} sequences)",
+                s.max_tokens, s.max_rows
+            )));
+        }
+        if let Some(bad) = layout.token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(CudaError::Batch(format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
+        }
+        if layout.block_tables.len() > s.tables_cap {
+            s.tables_cap = layout.block_tables.len().next_power_of_two();
+            s.tables = gpu.zeros(s.tables_cap, "block tables")?;
+        }
+        gpu.upload(&layout.token_ids, &mut s.ids, "token ids")?;
+        gpu.upload(&layout.positions, &mut s.pos, "positions")?;
+        gpu.upload(&layout.slots, &mut s.slots, "KV slots")?;
+        gpu.upload(&layout.tok_seq, &mut s.tok_seq, "token sequences")?;
+        gpu.upload(&layout.table_start, &mut s.table_start, "table starts")?;
+        gpu.upload(&layout.block_tables, &mut s.tables, "block tables")?;
+        gpu.upload(&layout.logit_rows, &mut s.rows, "sampled rows")?;
+
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let (nh, nkv) = (cfg.num_attention_heads as i32, cfg.num_key_value_heads as i32);
+        let hidden = h as i32;
+        let eps = cfg.rms_norm_eps;
+        let scale = 1.0f32 / (cfg.head_dim as f32).sqrt();
+        let p = |x: &CudaSlice<u16>| gpu.ptr(x, 0);
+        let (residual, normed, qkv, attn, proj) = (p(&s.residual), p(&s.normed), p(&s.qkv), p(&s.attn), p(&s.proj));
+        let (gate_up, act) = (p(&s.gate_up), p(&s.act));
+        let (ids, pos, slots, tok_seq) =
+            (gpu.ptr(&s.ids, 0), gpu.ptr(&s.pos, 0), gpu.ptr(&s.slots, 0), gpu.ptr(&s.tok_seq, 0));
+        let (table_start, tables, rows) = (gpu.ptr(&s.table_start, 0), gpu.ptr(&s.tables, 0), gpu.ptr(&s.rows, 0));
+        let inv_freq = gpu.ptr(&self.inv_freq, 0);
+        let w = &self.weights;
+
+        let embed = p(&w.embed);
+        launch!(gpu, &k.embed, grid(t, 1, 256), "embed"; &ids, &embed, &residual, &hidden)?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Layer 0 only normalises; later layers first add the previous MLP's output.
+            let add = i32::from(l > 0);
+            self.norm(gpu, &k.add_rmsnorm, t, residual, proj, p(&lw.input_norm), normed, eps, add)?;
+            gpu.linear(normed, p(&lw.qkv), qkv, t, cfg.qkv_dim(), h)?;
+            let (kc, vc) = kv.layer_ptrs(gpu, l);
+            launch!(gpu, &k.rope_kv_write, grid(t, 1, 256), "rope_kv_write";
+                &qkv, &inv_freq, &pos, &slots, &kc, &vc, &nh, &nkv)?;
+            launch!(gpu, &k.paged_attention, grid(t, cfg.num_attention_heads, 128), "paged_attention";
+                &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &nh, &nkv, &scale)?;
+            gpu.linear(attn, p(&lw.o), proj, t, h, cfg.q_dim())?;
+            self.norm(gpu, &k.add_rmsnorm, t, residual, proj, p(&lw.post_norm), normed, eps, 1)?;
+            gpu.linear(normed, p(&lw.gate_up), gate_up, t, 2 * inter, h)?;
+            let total = (t * inter) as i64;
+            let inter_i = inter as i32;
+            launch!(gpu, &k.silu_mul, grid((t * inter).div_ceil(256), 1, 256), "silu_mul";
+                &gate_up, &act, &inter_i, &total)?;
+            gpu.linear(act, p(&lw.down), proj, t, h, inter)?;
+        }
+        self.norm(gpu, &k.add_rmsnorm, t, residual, proj, p(&w.final_norm), normed, eps, 1)?;
+        if r == 0 {
+            return Ok(());
+        }
+        let (last, logits, argmax) = (p(&s.last), p(&s.logits), gpu.ptr(&s.argmax, 0));
+        launch!(gpu, &k.gather_rows, grid(r, 1, 256), "gather_rows"; &normed, &rows, &last, &hidden)?;
+        gpu.linear(last, p(w.lm_head()), logits, r, cfg.vocab_size, h)?;
+        let vocab = cfg.vocab_size as i32;
+        launch!(gpu, &k.argmax_rows, grid(r, 1, 1024), "argmax_rows"; &logits, &vocab, &argmax)
+    }
+
+    /// Widens the bf16 logits of the first `rows` sampled rows into `s.logits_f32`.
+    pub fn widen_logits(&self, gpu: &Gpu, k: &Kernels, s: &Scratch, rows: usize) -> Result<(), CudaError> {
+        let n = (rows * self.cfg.vocab_size) as i64;
+        if n == 0 {
+            return Ok(());
+        }
+        let (src, dst) = (gpu.ptr(&s.logits, 0), gpu.ptr(&s.logits_f32, 0));
+        launch!(gpu, &k.widen, grid((n as usize).div_ceil(256), 1, 256), "widen"; &src, &dst, &n)
+    }
+
+    #[allow(clippy::too_many_arguments)] // One kernel's arguments, passed straight through.
+    fn norm(
+        &self,
+        gpu: &Gpu,
+        f: &CudaFunction,
+        t: usize,
+        residual: u64,
+        x: u64,
+        w: u64,
+        out: u64,
+        eps: f32,
+        add: i32,
+    ) -> Result<(), CudaError> {
+        let hidden = self.cfg.hidden_size as i32;
+        launch!(gpu, f, grid(t, 1, 512), "add_rmsnorm"; &residual, &x, &w, &out, &hidden, &eps, &add)
+    }
+}
+
+/// Random weights drawn on the GPU (the `fill_uniform` kernel), for speed runs that need no
+/// model files: same shapes and spread as `make-model`, not the same values.
+pub fn random_weights(gpu: &Gpu, k: &Kernels, cfg: &LlamaConfig, seed: u64) -> Result<Weights, CudaError> {
+    let mut counter = 0u64;
+    let mut fill = |n: usize, scale: f32, what: &str| -> Result<CudaSlice<u16>, CudaError> {
+        let d = gpu.zeros::<u16>(n, what)?;
+        counter += 1;
+        let tensor_seed = crate::ids::derive_seed(seed, "gpu-weights", counter);
+        let (ptr, len) = (gpu.ptr(&d, 0), n as i64);
+        launch!(gpu, &k.fill_uniform, grid(n.div_ceil(256), 1, 256), "fill_uniform";
+            &ptr, &len, &tensor_seed, &scale)?;
+        Ok(d)
+    };
+    let a = 0.02 * 3f32.sqrt();
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let embed = fill(cfg.vocab_size * h, a, "embeddings")?;
+    let mut layers = Vec::new();
+    for _ in 0..cfg.num_hidden_layers {
+        layers.push(super::weights::LayerWeights {
+            // Norm weights of ±0.1 rather than ~1: speed does not depend on the values, and
+            // the kernel draws around zero.
+            input_norm: fill(h, 0.1, "norm")?,
+            qkv: fill(cfg.qkv_dim() * h, a, "qkv")?,
+            o: fill(h * cfg.q_dim(), a, "o")?,
+            post_norm: fill(h, 0.1, "norm")?,
+            gate_up: fill(2 * i * h, a, "gate_up")?,
+            down: fill(h * i, a, "down")?,
+        });
+    }
+    let final_norm = fill(h, 0.1, "norm")?;
+    let lm_head = if cfg.tie_word_embeddings { None } else { Some(fill(cfg.vocab_size * h, a, "lm_head")?) };
+    gpu.sync()?;
+    Ok(Weights { embed, layers, final_norm, lm_head })
+}

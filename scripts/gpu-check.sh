@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every GPU check of the CUDA engine in one go, on a machine with an NVIDIA GPU, the CUDA
+# 13 libraries and python3 with torch + transformers (the lent H200 has them all).
+#
+# Binaries are built elsewhere (no CUDA needed to build) and found in $BIN (default gpu-out/):
+#   engine-tests  the engine's lib test binary built with --features cuda
+#   cuda-check    engine/examples/cuda_check.rs
+#   fleetplane    the control binary (make-model)
+# Build them with scripts/gpu-build.sh. Results and logs go to $OUT (default ./gpu-results).
+#
+# Usage: scripts/gpu-check.sh [correctness|speed|all]   (default all)
+set -uo pipefail
+BIN=${BIN:-gpu-out}
+OUT=${OUT:-gpu-results}
+MODE=${1:-all}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+status=0
+step() { echo; echo "=== $*"; }
+fail() { echo "FAIL: $*"; status=1; }
+
+step "machine"
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+
+if [[ $MODE == correctness || $MODE == all ]]; then
+  step "engine tests with the cuda feature (GPU tests run here)"
+  "$BIN/engine-tests" --test-threads=1 cuda:: 2>&1 | tee "$OUT/engine-tests.log" | tail -25 || fail "engine tests"
+
+  for cfg in tiny llama-1b; do
+    step "make-model $cfg"
+    start=$(date +%s.%N)
+    if [[ -x $BIN/fleetplane ]]; then
+      "$BIN/fleetplane" make-model --config "$cfg" --out "$WORK/$cfg" || fail "make-model $cfg"
+    else
+      "$BIN/cuda-check" make-model "$cfg" "$WORK/$cfg" || fail "make-model $cfg"
+    fi
+    python3 -c "import time; print('make-model $cfg: %.1f s' % (time.time() - $start))"
+    ls -la "$WORK/$cfg"
+    step "logits and greedy generation vs transformers: $cfg"
+    "$BIN/cuda-check" logits "$WORK/$cfg" "$WORK/$cfg-run" 100 40 || fail "cuda-check logits $cfg"
+    PYTHONUNBUFFERED=1 python3 scripts/llama_reference.py "$WORK/$cfg" "$WORK/$cfg-run" 2>&1 | grep -v Warning | tee -a "$OUT/reference.log" || fail "reference $cfg"
+    step "chunked and prefix-cached prefill vs one shot: $cfg"
+    "$BIN/cuda-check" chunked "$WORK/$cfg" 2>&1 | tee -a "$OUT/chunked.log" || fail "chunked $cfg"
+  done
+fi
+
+if [[ $MODE == speed || $MODE == all ]]; then
+  step "speed: llama-8b shape, random weights"
+  "$BIN/cuda-check" bench llama-8b 2>&1 | tee "$OUT/bench.log" || fail "bench"
+fi
+
+rm -rf "$WORK"
+step "summary"
+grep -h -E "PASS|FAIL|test result" "$OUT"/*.log 2>/dev/null
+exit $status
