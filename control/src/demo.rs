@@ -75,8 +75,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
     runtime.block_on(demo(args, settings)).map_err(Failure::Run)
 }
 
-/// Starts a child `fleetplane` and waits for the line (on its stdout) that says it is up.
-async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) -> anyhow::Result<Child> {
+/// Starts a child `fleetplane` and waits for the line (on its stdout) that says it is up;
+/// returns the child (killed when dropped) and that line.
+pub async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) -> anyhow::Result<(Child, String)> {
     let exe = std::env::current_exe().context("cannot find the fleetplane binary")?;
     let mut child = Command::new(exe)
         .args(args)
@@ -95,10 +96,12 @@ async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) 
         }
         Err(anyhow!("{what} exited before it was ready (its log is above)"))
     };
-    tokio::time::timeout(Duration::from_secs(60), wait).await.map_err(|_| anyhow!("{what} not ready after 60 s"))??;
+    let line = tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .map_err(|_| anyhow!("{what} not ready after 60 s"))??;
     // Keep draining its stdout so it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(child)
+    Ok((child, line))
 }
 
 async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Result<()> {
@@ -117,7 +120,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         "--database-url".into(),
         args.database_url.clone(),
     ];
-    let _serve = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    let (_serve, _) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
     let mut engines = Vec::new();
     for i in 0..args.engines {
         let engine_args: Vec<String> = [
@@ -134,7 +137,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         .iter()
         .map(|s| s.to_string())
         .collect();
-        engines.push(start("an engine", &engine_args, &envs, "listening on").await?);
+        engines.push(start("an engine", &engine_args, &envs, "listening on").await?.0);
     }
     let gateway = format!("http://{}", args.listen);
     wait_for_engines(&gateway, &admin, args.engines).await?;

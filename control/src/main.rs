@@ -7,6 +7,7 @@
 //! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
 //! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
+//! | `bench_gateway` | `fleetplane bench-gateway`: latency the gateway adds over calling an engine directly |
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `make_model` | `fleetplane make-model`: a random-weight Llama model in the Hugging Face layout |
@@ -18,6 +19,7 @@
 //! | `proto` | the engine/control-plane protocol (proto/fleetplane.proto) |
 
 mod bench;
+mod bench_gateway;
 mod bench_index;
 mod bench_matching;
 mod capacity;
@@ -60,6 +62,9 @@ enum Command {
     /// Measure the global prefix index: 1,000 instances and 10M indexed blocks; prints KV
     /// events applied per second, query latency percentiles and bytes per block.
     BenchIndex(bench_index::Args),
+    /// Measure the gateway: the same load sent to an engine directly over gRPC and through
+    /// `fleetplane serve`'s OpenAI API; prints latency percentiles and the difference.
+    BenchGateway(bench_gateway::Args),
     /// Print KV capacity (tokens per GPU, per instance, per node), the largest batch at a
     /// context and prefill and decode step times for a model, GPU and deployment layout
     /// (--tp, --dp-attention, --ep), from the cost model alone.
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
         Command::BenchMatching(args) => bench_matching::run(args),
         Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),
+        Command::BenchGateway(args) => bench_gateway::run(args),
         Command::MakeModel(args) => make_model::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Engine(args) => engine_proc::run(args),

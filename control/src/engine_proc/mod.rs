@@ -67,6 +67,11 @@ pub struct Args {
     #[arg(long)]
     pub kv_blocks: Option<u32>,
 
+    /// `sim`: a step lasts this many times the predicted time (0: as fast as the CPU goes,
+    /// for benchmarks of what surrounds the engine; 0.1: a replay ten times faster).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+
     /// Token budget of one iteration (chunked prefill).
     #[arg(long, default_value_t = 8192)]
     pub max_batch_tokens: u32,
@@ -89,11 +94,26 @@ pub struct Args {
     pub name: Option<String>,
 }
 
-struct SimBackend(CostModelExecutor);
+/// The cost model's step times, scaled by `--time-scale`.
+struct SimBackend {
+    exec: CostModelExecutor,
+    scale: f64,
+}
+
+impl Executor for SimBackend {
+    fn execute(
+        &mut self,
+        batch: &engine::Batch,
+        out: &mut engine::StepOutput,
+    ) -> Result<engine::Dur, engine::ExecutorError> {
+        let d = self.exec.execute(batch, out)?;
+        Ok(engine::Dur::from_secs_f64(d.as_secs_f64() * self.scale))
+    }
+}
 
 impl Backend for SimBackend {
     fn executor(&mut self) -> &mut dyn Executor {
-        &mut self.0
+        self
     }
 
     fn paced(&self) -> bool {
@@ -123,6 +143,9 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
     if args.max_batch_tokens == 0 {
         return Err(anyhow!("--max-batch-tokens must be at least 1"));
     }
+    if !(args.time_scale.is_finite() && args.time_scale >= 0.0) {
+        return Err(anyhow!("--time-scale {} is not a number >= 0", args.time_scale));
+    }
     let total_blocks = match args.kv_blocks {
         Some(0) => return Err(anyhow!("--kv-blocks must be at least 1")),
         Some(n) => n,
@@ -134,7 +157,7 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
         max_batch_tokens: args.max_batch_tokens,
         ..InstanceConfig::default()
     };
-    Ok((Box::new(SimBackend(CostModelExecutor::new(cost))), config))
+    Ok((Box::new(SimBackend { exec: CostModelExecutor::new(cost), scale: args.time_scale }), config))
 }
 
 struct CudaBackend(engine::cuda::CudaExecutor);
