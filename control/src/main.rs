@@ -15,7 +15,7 @@
 //! | `serve` | `fleetplane serve`: the live control plane (gateway, API, metrics, engine registry, PostgreSQL) |
 //! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
 //! | `demo` | `fleetplane demo`: serve, a few sim engines and a trace replayer, on this machine |
-//! | `replay` | sends a trace's requests through the gateway in real time |
+//! | `replay` | `fleetplane replay`: sends a workload's requests through a gateway in real time |
 //! | `proto` | the engine/control-plane protocol (proto/fleetplane.proto) |
 
 mod bench;
@@ -79,6 +79,9 @@ enum Command {
     /// Start the live system on this machine: serve (local PostgreSQL), a few simulated
     /// engines and a replayer sending a workload through the gateway.
     Demo(demo::Args),
+    /// Send a workload (a trace or a synthetic mix, with the simulate flags) through a running
+    /// gateway at its arrival times and report what the clients saw.
+    Replay(replay::Args),
 }
 
 /// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Engine(args) => engine_proc::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Replay(args) => replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

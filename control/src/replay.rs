@@ -56,6 +56,19 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
 }
 
 impl Summary {
+    /// The summary as JSON (latencies in milliseconds, as the client saw them).
+    pub fn json(&mut self) -> Value {
+        let hit = if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 };
+        let pct = |v: &mut Vec<f64>| {
+            json!({"p50": quantile(v, 0.5), "p90": quantile(v, 0.9), "p99": quantile(v, 0.99),
+                "mean": if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }})
+        };
+        json!({
+            "sent": self.sent, "ok": self.ok, "failed": self.failed, "first_error": self.first_error,
+            "ttft_ms": pct(&mut self.ttft_ms), "tpot_ms": pct(&mut self.tpot_ms), "hit_rate": hit,
+        })
+    }
+
     pub fn table(&mut self) -> String {
         let hit = if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 };
         let (t, p) = (&mut self.ttft_ms, &mut self.tpot_ms);
@@ -227,4 +240,57 @@ mod tests {
         assert_eq!(ta[..16], tb[..16]);
         assert_ne!(ta[16..32], tb[16..32]);
     }
+}
+
+/// `fleetplane replay`: a workload through any fleetplane gateway, as clients would send it.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: crate::cli::SimFlags,
+
+    /// Gateway base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub gateway: String,
+
+    /// Bearer token (an inference or admin token).
+    #[arg(long, env = "FLEETPLANE_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+
+    /// Model name to ask for [default: the scenario's model].
+    #[arg(long)]
+    pub served_model: Option<String>,
+
+    /// Write the client-side summary as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<(), crate::Failure> {
+    use crate::Failure;
+    let settings = args.flags.settings()?;
+    println!("{}", crate::cli::describe(&settings));
+    let model = args.served_model.clone().unwrap_or_else(|| settings.cost.model().name.to_string());
+    let opts = Options {
+        gateway: args.gateway.trim_end_matches('/').to_string(),
+        token: args.token.clone(),
+        model,
+        block_size: settings.instance.block_size,
+        max_requests: settings.max_requests,
+    };
+    let workload = settings.open_workload(settings.rate_scale).map_err(|e| Failure::Input(e.into()))?;
+    let mut summary =
+        crate::runtime()?.block_on(replay(opts, workload, crate::shutdown_signal())).map_err(Failure::Run)?;
+    print!("{}", summary.table());
+    if let Some(e) = &summary.first_error {
+        eprintln!("first failure: {e}");
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&summary.json()).map_err(|e| Failure::Output(e.into()))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Failure::Output(anyhow::anyhow!("cannot write {}: {e}", path.display())))?;
+    }
+    if summary.ok == 0 && summary.sent > 0 {
+        return Err(Failure::Run(anyhow::anyhow!("no request succeeded")));
+    }
+    Ok(())
 }
