@@ -2,6 +2,7 @@
 """Reference check of the CUDA engine against transformers' LlamaForCausalLM.
 
 Usage: llama_reference.py MODEL_DIR OUT_PREFIX
+       llama_reference.py chunked MODEL_DIR OUT_PREFIX
 
 Reads OUT_PREFIX.json (prompt, generated tokens) and OUT_PREFIX.f32 (our logits, one row per
 generated token: row 0 from the prefill, the others from decode steps), written by
@@ -21,6 +22,12 @@ PASS lines: logits pass when ours vs transformers-bf16 <= 1e-2, or when ours vs 
 worse than transformers-bf16 vs f32 (x1.25): the bf16 tolerance this model allows. Greedy
 passes when >= 32 tokens agree with a transformers greedy run, or every teacher-forced
 difference is a near-tie.
+
+`chunked`: reads the runs `cuda-check chunked` wrote (one-shot, chunked and prefix-cached
+prefill of one prompt, then 7 decode steps each) and compares every row with the f32
+reference teacher-forced on that run's own tokens. PASS when each run's worst error is within
+1.25x of transformers-bf16's own distance from f32 on the one-shot run's sequence (or
+<= 1e-2): chunking and prefix caching then cost no accuracy beyond bf16 rounding.
 """
 import json
 import sys
@@ -102,5 +109,44 @@ def main():
     sys.exit(0 if ok else 1)
 
 
+def chunked(model_dir, prefix):
+    meta = json.load(open(prefix + ".json"))
+    prompt, vocab, variants = meta["prompt"], meta["vocab"], meta["variants"]
+    total = sum(v["rows"] for v in variants)
+    rows = np.fromfile(prefix + ".f32", dtype=np.float32).reshape(total, vocab)
+    name = model_dir.rstrip("/").split("/")[-1]
+    start = len(prompt) - 1
+    models = {label: load(model_dir, dtype) for label, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32))}
+
+    def logits(label, generated, n):
+        seq = torch.tensor([prompt + generated[:n - 1]], device="cuda")
+        with torch.no_grad():
+            return models[label](seq).logits[0, start:start + n].float().cpu().numpy()
+
+    first = variants[0]
+    n0 = first["rows"]
+    bf16_spread = max(rel(a, b) for a, b in zip(logits("bf16", first["generated"], n0),
+                                                   logits("f32", first["generated"], n0)))
+    bar = max(1e-2, 1.25 * bf16_spread)
+    ok, at = True, 0
+    for v in variants:
+        n = v["rows"]
+        ref = logits("f32", v["generated"], n)
+        errs = [rel(rows[at + k], ref[k]) for k in range(n)]
+        at += n
+        good = max(errs) <= bar
+        ok &= good
+        print(f"{name}: chunked: {v['name']}: vs f32, prefill {errs[0]:.2e} | worst of {n - 1} decode steps "
+              f"{max(errs[1:]) if n > 1 else 0:.2e} (bar {bar:.2e}){'' if good else ' over'}")
+    print(f"{name}: chunked: every run vs f32 within max(1e-2, 1.25 x transformers-bf16 vs f32 = "
+          f"{bf16_spread:.2e}): {'PASS' if ok else 'FAIL'}")
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
-    main()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if len(sys.argv) == 4 and sys.argv[1] == "chunked":
+        chunked(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -116,6 +116,19 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::Run(anyhow::anyhow!("cannot start the async runtime: {e}")))
 }
 
+/// Accepted connections of a gRPC listener, with Nagle's algorithm off: streams write one
+/// small frame per token, and Nagle would hold each behind the peer's delayed ACK.
+fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        conn.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    })
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();

@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! cuda-check logits DIR OUT_PREFIX PROMPT_LEN DECODE   # greedy run; writes OUT_PREFIX.json + .f32
-//! cuda-check chunked DIR                               # chunked / prefix-cached prefill vs one shot
+//! cuda-check chunked DIR OUT_PREFIX                    # chunked / prefix-cached prefill vs one shot;
+//!                                                      # writes OUT_PREFIX.json + .f32 for the f32 check
+//! cuda-check graphs DIR                                # CUDA-graph decode vs eager
 //! cuda-check bench CONFIG                              # decode and prefill speed, random weights
 //! cuda-check make-model CONFIG DIR                     # as `fleetplane make-model`
 //! ```
 
-use engine::cuda::{block_hashes, CudaExecutor, CudaExecutorConfig, LlamaConfig, ModelSource, Sampling};
+use engine::cuda::{block_hashes, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LlamaConfig, ModelSource, Sampling};
 use engine::{Batch, BatchEntry, BlockId, Dur, Executor, Finished, Instance, Request, RequestId, StepOutput, Time};
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,11 +19,17 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("logits") if args.len() == 5 => logits(&args[1], &args[2], parse(&args[3]), parse(&args[4])),
-        Some("chunked") if args.len() == 2 => chunked(&args[1]),
+        Some("logits") if args.len() == 5 => match (parse(&args[3]), parse(&args[4])) {
+            (Ok(p), Ok(d)) if p > 0 && d > 0 => logits(&args[1], &args[2], p, d),
+            _ => Err(format!("PROMPT_LEN and DECODE must be positive numbers, not {} and {}", args[3], args[4])),
+        },
+        Some("chunked") if args.len() == 3 => chunked(&args[1], &args[2]),
+        Some("graphs") if args.len() == 2 => graphs(&args[1]),
         Some("bench") if args.len() == 2 => bench(&args[1]),
         Some("make-model") if args.len() == 3 => make_model(&args[1], &args[2]),
-        _ => Err("usage: cuda-check logits DIR OUT_PREFIX PROMPT_LEN DECODE | chunked DIR | bench CONFIG".into()),
+        _ => Err("usage: cuda-check logits DIR OUT_PREFIX PROMPT_LEN DECODE | chunked DIR OUT_PREFIX | graphs DIR \
+                  | bench CONFIG | make-model CONFIG DIR"
+            .into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -40,8 +48,8 @@ fn make_model(config: &str, dir: &str) -> Res {
     Ok(())
 }
 
-fn parse(s: &str) -> u32 {
-    s.parse().unwrap_or_else(|_| panic!("not a number: {s}"))
+fn parse(s: &str) -> Result<u32, String> {
+    s.parse().map_err(|_| format!("not a number: {s}"))
 }
 
 type Res = Result<(), String>;
@@ -116,22 +124,53 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// One run of a prompt: its name, generated tokens and logit rows.
+type Run = (String, Vec<u32>, Vec<Vec<f32>>);
+
+/// Writes the logit rows of several runs of one prompt (`OUT.f32`, rows in the order of
+/// `OUT.json`'s `variants`), for `llama_reference.py chunked` to compare each against the
+/// f32 reference.
+fn write_rows(out: &str, prompt: &[u32], vocab: usize, variants: &[Run]) -> Res {
+    let mut f = std::fs::File::create(format!("{out}.f32")).map_err(|e| format!("{out}.f32: {e}"))?;
+    for (_, _, rows) in variants {
+        for r in rows {
+            let bytes: Vec<u8> = r.iter().flat_map(|x| x.to_le_bytes()).collect();
+            f.write_all(&bytes).map_err(|e| format!("{out}.f32: {e}"))?;
+        }
+    }
+    let list: Vec<_> = variants
+        .iter()
+        .map(|(name, toks, rows)| serde_json::json!({ "name": name, "generated": toks, "rows": rows.len() }))
+        .collect();
+    let json = serde_json::json!({ "prompt": prompt, "vocab": vocab, "variants": list });
+    std::fs::write(format!("{out}.json"), json.to_string()).map_err(|e| format!("{out}.json: {e}"))
+}
+
 /// Chunked prefill (the prompt computed in chunks, each attending to the KV of the ones
 /// before it) and prefix caching (the same prompt again on the same instance: only its tail is
-/// computed, over cached KV) against one-shot prefill. Different chunkings run GEMMs of
-/// different shapes, whose cuBLAS algorithms round differently, so the bar is the engine's own
-/// floor for that: the one-shot prompt batched beside another request (same math, other GEMM
-/// shapes). Passes when every error is at most max(1e-2, 1.5 x floor).
-fn chunked(dir: &str) -> Res {
+/// computed, over cached KV) against one-shot prefill.
+///
+/// Two verdicts. Here, against one-shot: every error at most max(1e-2, 1.5 x a noise floor,
+/// the one-shot prompt batched beside another request). On a model whose GEMMs pick the same
+/// cuBLAS algorithms for every chunk shape (tiny) the runs are bit-identical and this decides.
+/// On larger models other row counts round differently and the floor can come out 0, so the
+/// rows of every run are also written to `OUT.*` and `llama_reference.py chunked` compares
+/// each with the f32 reference, as the transformers check does (within 1.25x of
+/// transformers-bf16's own distance from f32): that verdict stands when this one is over.
+fn chunked(dir: &str, out: &str) -> Res {
     let len = 1000;
     let mut worst = 0.0f64;
     let mut floor = 0.0f64;
     let mut one_shot: Option<(Vec<Vec<f32>>, Vec<u32>)> = None;
+    let mut variants = Vec::new();
+    let mut vocab = 0;
+    let mut first_prompt = Vec::new();
     for chunk in [8192, 256, 100] {
         let mut exec = executor(dir, chunk)?;
         exec.capture_logits(true);
-        let vocab = exec.model_config().vocab_size;
+        vocab = exec.model_config().vocab_size;
         let p = prompt(len, vocab, 2);
+        first_prompt.clone_from(&p);
         let mut inst = Instance::new(exec.instance_config());
         serve_in_turn(&mut exec, &mut inst, &[(0, p.clone())], 8);
         let rows = exec.captured_logits(RequestId(0)).ok_or("no logits")?.to_vec();
@@ -143,6 +182,9 @@ fn chunked(dir: &str) -> Res {
         if cached == 0 {
             return Err(format!("chunk {chunk}: the repeated prompt found nothing in the prefix cache"));
         }
+        let name = if chunk >= len { "one-shot".to_string() } else { format!("chunk-{chunk}") };
+        variants.push((name.clone(), toks.clone(), rows.clone()));
+        variants.push((format!("{name}-then-prefix-cached-{cached}"), toks2.clone(), rows2.clone()));
         let Some((ref_rows, ref_toks)) = &one_shot else {
             // Noise floor: the same one-shot prefill in a batch with another prompt.
             let mut fresh = Instance::new(exec.instance_config());
@@ -182,14 +224,91 @@ fn chunked(dir: &str) -> Res {
             &toks2 == ref_toks
         );
     }
+    write_rows(out, &first_prompt, vocab, &variants)?;
     let bar = (1.5 * floor).max(1e-2);
-    let pass = worst <= bar;
+    // The word PASS only when this comparison decides; otherwise the f32 check does.
     println!(
-        "chunked: worst relative error {worst:.2e}, bar max(1e-2, 1.5 x floor) = {bar:.2e}: {}",
-        if pass { "PASS" } else { "FAIL" }
+        "chunked: vs one-shot: worst relative error {worst:.2e}, bar max(1e-2, 1.5 x floor) = {bar:.2e}: {}",
+        if worst <= bar { "PASS" } else { "over this bar; the f32 comparison (llama_reference.py chunked) decides" }
     );
+    Ok(())
+}
+
+/// CUDA-graph decode against eager, on a batch of five prompts (a bucket of 8: three padding
+/// rows) and on one prompt alone (a bucket of 1), 16 greedy tokens each. Passes when replay
+/// gives the logits of the same padded launches run eagerly bit for bit. Against unpadded
+/// eager (GEMMs of other row counts, which may round differently) it reports the tokens and
+/// the logits error up to the first token that differs (after it the inputs differ).
+fn graphs(dir: &str) -> Res {
+    let mut exec = executor(dir, 8192)?;
+    exec.capture_logits(true);
+    let vocab = exec.model_config().vocab_size;
+    let batch: Vec<(u64, Vec<u32>)> = (0..5u64).map(|k| (k, prompt(40 + 23 * k as u32, vocab, 10 + k))).collect();
+    let alone = vec![(0u64, prompt(77, vocab, 20))];
+    let mut pass = true;
+    for (label, prompts) in [("batch of 5", &batch), ("alone", &alone)] {
+        let mut runs = Vec::new();
+        for mode in [DecodeGraphs::On, DecodeGraphs::PaddedEager, DecodeGraphs::Off] {
+            exec.set_decode_graphs(mode);
+            let mut inst = Instance::new(exec.instance_config());
+            serve_together(&mut exec, &mut inst, prompts, 16)?;
+            let mut per = Vec::new();
+            for (id, _) in prompts.iter() {
+                let rows = exec.captured_logits(RequestId(*id)).ok_or("no logits")?.to_vec();
+                let toks = exec.release(RequestId(*id)).ok_or("request vanished")?;
+                per.push((toks, rows));
+            }
+            runs.push(per);
+        }
+        let (captured, replayed, failure) = exec.graph_stats();
+        if let Some(f) = failure {
+            return Err(format!("graphs: {f}"));
+        }
+        let identical = runs[0] == runs[1];
+        let tokens_equal = runs[0].iter().zip(&runs[2]).all(|(a, b)| a.0 == b.0);
+        let mut worst = 0.0f64;
+        for (a, b) in runs[0].iter().zip(&runs[2]) {
+            // Row k is computed from the same inputs while tokens 0..k agree.
+            let same = a.0.iter().zip(&b.0).take_while(|(x, y)| x == y).count();
+            for (x, y) in a.1.iter().zip(&b.1).take(same + 1) {
+                worst = worst.max(rel_err(x, y));
+            }
+        }
+        let ok = identical && replayed > 0;
+        pass &= ok;
+        println!(
+            "graphs: {label}: replay vs padded eager bit-identical {identical}; vs unpadded eager: tokens equal \
+             {tokens_equal}, logits rel err up to the first differing token {worst:.2e}; graphs captured \
+             {captured}, replayed {replayed}: {}",
+            if ok { "PASS" } else { "FAIL" }
+        );
+    }
     if !pass {
-        return Err("chunked prefill logits differ from one-shot beyond the noise floor".into());
+        return Err("graph-replayed decode differs from eager".into());
+    }
+    Ok(())
+}
+
+/// Serves `prompts` at once on `inst` (one batch), each to `output` tokens.
+fn serve_together(exec: &mut CudaExecutor, inst: &mut Instance, prompts: &[(u64, Vec<u32>)], output: u32) -> Res {
+    for (id, p) in prompts {
+        exec.set_request(RequestId(*id), p.clone(), Sampling::GREEDY);
+        let req = Request {
+            id: RequestId(*id),
+            arrival: Time::ZERO,
+            prompt_tokens: p.len() as u32,
+            max_output_tokens: output,
+            block_hashes: block_hashes(p, exec.block_size()),
+            resume: None,
+        };
+        inst.enqueue(Time::ZERO, req).map_err(|e| format!("{:?}", e.0))?;
+    }
+    let (mut done, mut ev) = (Vec::new(), Vec::new());
+    let mut now = Time::ZERO;
+    while inst.has_work() {
+        let d = inst.begin_step(now, exec).map_err(|e| e.to_string())?.ok_or("no work")?;
+        now += d + Dur(1);
+        inst.end_step(now, &mut done, &mut ev);
     }
     Ok(())
 }
@@ -216,16 +335,33 @@ fn bench(config: &str) -> Res {
     let bw = 4.3e12;
     let gemm_rate = 788e12;
     println!("bench: {config}: {:.2} B params, {kv_blocks} KV blocks of {block} tokens", cfg.parameters() as f64 / 1e9);
-    println!("| phase | batch | context | step ms | tokens/s | ceiling tokens/s | share |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| phase | batch | context | mode | step ms | tokens/s | ceiling tokens/s | share |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut out = StepOutput::default();
     let mut next_id = 0u64;
-    for ctx in [128u32, 4096] {
-        for b in [1u32, 16, 64, 256] {
+    // `old`: eager launches and the simple attention kernel (the first version); `eager`:
+    // eager launches, split attention; `graphs`: the default (CUDA graphs, split attention).
+    let cases: [(u32, u32, Mode); 12] = [
+        (128, 1, Mode::Old),
+        (128, 1, Mode::Eager),
+        (128, 1, Mode::Graphs),
+        (128, 16, Mode::Graphs),
+        (128, 64, Mode::Eager),
+        (128, 64, Mode::Graphs),
+        (128, 256, Mode::Graphs),
+        (4096, 1, Mode::Old),
+        (4096, 1, Mode::Graphs),
+        (4096, 16, Mode::Graphs),
+        (4096, 64, Mode::Graphs),
+        (4096, 256, Mode::Graphs),
+    ];
+    for (ctx, b, mode) in cases {
+        mode.set(&mut exec);
+        {
             let steps = 20u32;
             let blocks_per_seq = (ctx + steps + 8).div_ceil(block);
             if u64::from(blocks_per_seq) * u64::from(b) > u64::from(kv_blocks) {
-                println!("| decode | {b} | {ctx} | does not fit ({kv_blocks} blocks) | | | |");
+                println!("| decode | {b} | {ctx} | {} | does not fit ({kv_blocks} blocks) | | | |", mode.name());
                 continue;
             }
             let ids: Vec<RequestId> = (0..b)
@@ -263,13 +399,20 @@ fn bench(config: &str) -> Res {
             let ceiling = f64::from(b) / (bytes / bw);
             let rate = f64::from(b) / t;
             println!(
-                "| decode | {b} | {ctx} | {:.2} | {rate:.0} | {ceiling:.0} | {:.0}% |",
+                "| decode | {b} | {ctx} | {} | {:.2} | {rate:.0} | {ceiling:.0} | {:.0}% |",
+                mode.name(),
                 t * 1e3,
                 100.0 * rate / ceiling
             );
         }
     }
-    for n in [2048u32, 8192] {
+    let (captured, replayed, failure) = exec.graph_stats();
+    println!(
+        "bench: CUDA graphs captured {captured}, replayed {replayed}{}",
+        failure.map_or(String::new(), |f| format!("; capture failed: {f}"))
+    );
+    for (n, mode) in [(2048u32, Mode::Old), (2048, Mode::Graphs), (8192, Mode::Graphs)] {
+        mode.set(&mut exec);
         let mut times = Vec::new();
         for rep in 0..4 {
             next_id += 1;
@@ -292,7 +435,35 @@ fn bench(config: &str) -> Res {
             + 4.0 * (cfg.num_hidden_layers * cfg.q_dim()) as f64 * f64::from(n) * f64::from(n) / 2.0;
         let ceiling = f64::from(n) / (flops / gemm_rate);
         let rate = f64::from(n) / t;
-        println!("| prefill | 1 | {n} | {:.2} | {rate:.0} | {ceiling:.0} | {:.0}% |", t * 1e3, 100.0 * rate / ceiling);
+        println!(
+            "| prefill | 1 | {n} | {} | {:.2} | {rate:.0} | {ceiling:.0} | {:.0}% |",
+            if matches!(mode, Mode::Old) { "simple attention" } else { "split attention" },
+            t * 1e3,
+            100.0 * rate / ceiling
+        );
     }
     Ok(())
+}
+
+/// How a bench row runs.
+#[derive(Clone, Copy)]
+enum Mode {
+    Old,
+    Eager,
+    Graphs,
+}
+
+impl Mode {
+    fn set(self, exec: &mut CudaExecutor) {
+        exec.set_reference_attention(matches!(self, Mode::Old));
+        exec.set_decode_graphs(if matches!(self, Mode::Graphs) { DecodeGraphs::On } else { DecodeGraphs::Off });
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Old => "old (eager, simple attention)",
+            Mode::Eager => "eager, split attention",
+            Mode::Graphs => "graphs, split attention",
+        }
+    }
 }

@@ -247,10 +247,7 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
     tonic::transport::Server::builder()
         .add_service(proto::engine_server::EngineServer::new(service))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            crate::shutdown_signal(),
-        )
+        .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal())
         .await?;
     drop(loop_thread);
     Ok(())

@@ -176,12 +176,16 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
     }));
 
     let registry = proto_server(app.clone());
-    let grpc_task =
-        tokio::spawn(tonic::transport::Server::builder().add_service(registry).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            crate::shutdown_signal(),
-        ));
+    let grpc_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(registry)
+            .serve_with_incoming_shutdown(crate::incoming(grpc), crate::shutdown_signal()),
+    );
     println!("fleetplane {} serving http://{http_addr} (gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
+    // Nagle off: SSE writes one small event per token.
+    let http = axum::serve::ListenerExt::tap_io(http, |s: &mut tokio::net::TcpStream| {
+        let _ = s.set_nodelay(true);
+    });
     axum::serve(http, routes(app)).with_graceful_shutdown(crate::shutdown_signal()).await?;
     grpc_task.await??;
     Ok(())

@@ -130,6 +130,16 @@ impl LlamaConfig {
         if !matches!(self.head_dim, 64 | 128 | 256) {
             return Err(format!("head_dim {} is not supported (64, 128 or 256)", self.head_dim));
         }
+        // The split attention kernel runs one warp per query head of a KV head's group in one
+        // block, with the group's queries and a 32-key tile of K and V in static shared memory.
+        let group = self.num_attention_heads / self.num_key_value_heads;
+        let shared = group * self.head_dim * 4 + 32 * (self.head_dim + 2) * 2 + 32 * self.head_dim * 2;
+        if group > 32 || shared > 48 << 10 {
+            return Err(format!(
+                "{group} query heads per KV head with head_dim {} are not supported (the attention kernel needs {shared} bytes of shared memory, at most 48 KiB, and at most 32 heads per group)",
+                self.head_dim
+            ));
+        }
         if self.vocab_size > i32::MAX as usize {
             return Err(format!("vocab_size {} does not fit a token id", self.vocab_size));
         }

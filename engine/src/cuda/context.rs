@@ -40,7 +40,17 @@ pub struct Gpu {
     pub blas: CudaBlas,
     /// `compute_XY` for NVRTC, from the device's compute capability.
     pub arch: String,
+    /// Streaming multiprocessors: how many blocks it takes to fill the device (the split
+    /// attention kernel sizes its splits from it).
+    pub sms: usize,
+    /// cuBLAS's workspace, owned here so that eager calls and calls captured into a CUDA
+    /// graph use the same memory and so the same algorithms (bit-identical results); without
+    /// one cuBLAS would manage its own, which capture does not see.
+    _blas_workspace: CudaSlice<u8>,
 }
+
+/// cuBLAS workspace: NVIDIA's recommendation for Hopper.
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 impl Gpu {
     /// Opens device `ordinal`, failing with a clear error when no driver is present.
@@ -55,7 +65,31 @@ impl Gpu {
         let stream = ctx.new_stream().map_err(|e| CudaError::call("creating a CUDA stream", e))?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::call("creating a cuBLAS handle", e))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| CudaError::call("reading compute capability", e))?;
-        Ok(Gpu { ctx, stream, blas, arch: format!("compute_{major}{minor}") })
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| CudaError::call("reading the multiprocessor count", e))?;
+        let workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)
+            .map_err(|e| CudaError::call("allocating the cuBLAS workspace", e))?;
+        let ws_ptr = {
+            // With event tracking off the guard records nothing.
+            let (p, _guard) = workspace.device_ptr(&stream);
+            p
+        };
+        // SAFETY: the workspace is a live allocation of BLAS_WORKSPACE_BYTES that the Gpu
+        // keeps for as long as the handle, and every cuBLAS call runs on the one stream, so
+        // no two calls use it at once.
+        unsafe { blas_sys::cublasSetWorkspace_v2(*blas.handle(), ws_ptr as *mut _, BLAS_WORKSPACE_BYTES) }
+            .result()
+            .map_err(|e| CudaError::call("setting the cuBLAS workspace", e))?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            arch: format!("compute_{major}{minor}"),
+            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            _blas_workspace: workspace,
+        })
     }
 
     /// Device memory in bytes: (free, total).

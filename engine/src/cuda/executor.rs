@@ -23,6 +23,7 @@
 use super::config::LlamaConfig;
 use super::context::Gpu;
 use super::error::CudaError;
+use super::graph::{DecodeGraphs, GraphCache};
 use super::kernels::{KernelShape, Kernels};
 use super::kv::{KvPool, StepLayout};
 use super::model::{random_weights, Llama, Scratch};
@@ -61,6 +62,8 @@ pub struct CudaExecutorConfig {
     pub max_batch_tokens: u32,
     /// Most sequences in one step (the instance's `max_seqs`).
     pub max_seqs: u32,
+    /// Whether decode steps replay CUDA graphs (see [`DecodeGraphs`]).
+    pub decode_graphs: DecodeGraphs,
 }
 
 impl CudaExecutorConfig {
@@ -73,6 +76,7 @@ impl CudaExecutorConfig {
             block_size: 16,
             max_batch_tokens: 8192,
             max_seqs: 256,
+            decode_graphs: DecodeGraphs::On,
         }
     }
 }
@@ -94,6 +98,7 @@ pub struct CudaExecutor {
     model: Llama,
     kv: KvPool,
     scratch: Scratch,
+    graphs: GraphCache,
     seqs: HashMap<RequestId, Sequence>,
     /// When on, the f32 logits each sampled row came from, per request (tests and checks).
     captured: Option<HashMap<RequestId, Vec<Vec<f32>>>>,
@@ -122,9 +127,10 @@ impl CudaExecutor {
         let (free, _) = gpu.memory()?;
         let budget = config.gpu_memory_bytes.unwrap_or(free as u64 / 10 * 9);
         let (max_tokens, max_rows) = (config.max_batch_tokens as usize, config.max_seqs as usize);
-        let fixed = Weights::bytes(&cfg) + Scratch::bytes(&cfg, max_tokens, max_rows) + RESERVED_BYTES;
+        let fixed = Weights::bytes(&cfg) + Scratch::bytes(&cfg, max_tokens, max_rows, gpu.sms) + RESERVED_BYTES;
         let per_block = KvPool::bytes_per_block(&cfg, config.block_size);
-        let blocks = budget.saturating_sub(fixed) / per_block;
+        // One block of the pool is the padding rows' (KvPool::pad_block), not the engine's.
+        let blocks = (budget.saturating_sub(fixed) / per_block).saturating_sub(1);
         let blocks_per_seq = u64::from(config.max_batch_tokens.div_ceil(config.block_size));
         if blocks < blocks_per_seq {
             return Err(CudaError::Budget(format!(
@@ -134,7 +140,11 @@ impl CudaExecutor {
         if budget > free as u64 {
             return Err(CudaError::Budget(format!("{budget} bytes asked for but only {free} are free on the device")));
         }
-        let shape = KernelShape { head_dim: cfg.head_dim, block_size: config.block_size as usize };
+        let shape = KernelShape {
+            head_dim: cfg.head_dim,
+            block_size: config.block_size as usize,
+            group: cfg.num_attention_heads / cfg.num_key_value_heads,
+        };
         let kernels = Kernels::load(&gpu.ctx, &gpu.arch, shape)?;
         let weights = match (&config.model, files) {
             (_, Some(files)) => Weights::load(&gpu, &cfg, &files)?,
@@ -143,7 +153,7 @@ impl CudaExecutor {
         };
         let num_blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
         let kv = KvPool::new(&gpu, &cfg, num_blocks, config.block_size)?;
-        let scratch = Scratch::new(&gpu, &cfg, max_tokens, max_rows)?;
+        let scratch = Scratch::new(&gpu, &cfg, max_tokens, max_rows, gpu.sms)?;
         let model = Llama::new(&gpu, cfg, weights)?;
         gpu.sync()?;
         Ok(CudaExecutor {
@@ -152,6 +162,7 @@ impl CudaExecutor {
             model,
             kv,
             scratch,
+            graphs: GraphCache::new(config.decode_graphs, max_rows.min(max_tokens)),
             seqs: HashMap::new(),
             captured: None,
             max_batch_tokens: config.max_batch_tokens,
@@ -222,13 +233,67 @@ impl CudaExecutor {
         self.captured.as_ref()?.get(&id).map(|v| &v[..])
     }
 
+    /// Switches how decode steps run (checks compare the modes on the same requests).
+    pub fn set_decode_graphs(&mut self, mode: DecodeGraphs) {
+        self.graphs.set_mode(mode);
+    }
+
+    /// Runs attention with the simple reference kernel (true) or the split serving kernel.
+    pub fn set_reference_attention(&mut self, on: bool) {
+        self.model.reference_attention = on;
+        // Captured graphs hold the other kernel.
+        self.graphs.clear();
+    }
+
+    /// CUDA graphs captured and replayed so far, and why capture failed if it did (graphs
+    /// are then off and every step runs eagerly).
+    pub fn graph_stats(&self) -> (u64, u64, Option<&str>) {
+        (self.graphs.captured, self.graphs.replayed, self.graphs.failure())
+    }
+
     fn step(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<(), CudaError> {
         let seqs = &self.seqs;
-        let layout =
+        let mut layout =
             StepLayout::build(batch, self.kv.block_size, self.kv.num_blocks, |id| seqs.get(&id).map(|s| &s.tokens[..]))
                 .map_err(CudaError::Batch)?;
-        self.model.forward(&self.gpu, &self.kernels, &self.kv, &mut self.scratch, &layout)?;
+        // Sampled rows that belong to real entries (padding rows come after them).
         let rows = layout.logit_rows.len();
+        let decode_only = !batch.entries.is_empty() && batch.entries.iter().all(|e| !e.is_prefill);
+        let bucket = if decode_only { self.graphs.bucket(layout.tokens()) } else { None };
+        let mut capture = None;
+        match bucket {
+            Some(b) => {
+                layout.pad_decode(b, self.kv.pad_block(), self.kv.block_size).map_err(CudaError::Batch)?;
+                self.model.upload(&self.gpu, &mut self.scratch, &layout)?;
+                let gen = self.scratch.tables_gen;
+                if !self.graphs.replay(b, gen)? {
+                    self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, b, b)?;
+                    if self.graphs.replays() {
+                        capture = Some((b, gen));
+                    }
+                }
+            }
+            None => self.model.forward(&self.gpu, &self.kernels, &self.kv, &mut self.scratch, &layout)?,
+        }
+        self.read_tokens(batch, &layout, rows, out)?;
+        if let Some((b, gen)) = capture {
+            // After the eager run has finished (read_tokens waited for it): capture needs an
+            // idle stream, and the eager run loaded every module and warmed cuBLAS.
+            let (gpu, kernels, kv, scratch, model) = (&self.gpu, &self.kernels, &self.kv, &self.scratch, &self.model);
+            self.graphs.capture(gpu, b, gen, || model.launch(gpu, kernels, kv, scratch, b, b));
+        }
+        Ok(())
+    }
+
+    /// Copies the step's sampled tokens (and logits where needed) to the host and appends
+    /// each to its request. `rows`: the real sampled rows, in entry order.
+    fn read_tokens(
+        &mut self,
+        batch: &Batch,
+        layout: &StepLayout,
+        rows: usize,
+        out: &mut StepOutput,
+    ) -> Result<(), CudaError> {
         if rows == 0 {
             return self.gpu.sync();
         }

@@ -1,13 +1,13 @@
 //! The NVRTC-compiled kernels: CUDA C sources embedded in the binary, compiled at start-up for
-//! the device's compute capability with the model's head_dim and the KV block size as
-//! `#define`s, so the hot loops have constant bounds.
+//! the device's compute capability with the model's head_dim, the KV block size and the
+//! query heads per KV head as `#define`s, so the hot loops have constant bounds.
 //!
 //! | file | kernels |
 //! | --- | --- |
 //! | `prelude.cu` | bf16 helpers and reductions, prepended to every file |
 //! | `norm.cu` | `add_rmsnorm` |
 //! | `rope_kv.cu` | `rope_kv_write` |
-//! | `attention.cu` | `paged_attention` |
+//! | `attention.cu` | `paged_attention_split` and `attention_combine` (serving), `paged_attention` (the simple reference) |
 //! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
 
 use super::error::CudaError;
@@ -30,11 +30,17 @@ pub const SOURCES: [(&str, &str); 4] = [
 pub struct KernelShape {
     pub head_dim: usize,
     pub block_size: usize,
+    /// Query heads per KV head (grouped-query attention): the split attention kernel runs
+    /// one warp per query head of a group, so at most 32.
+    pub group: usize,
 }
 
 /// The full text NVRTC compiles for `file`: the shape's defines, the prelude, the file.
 pub fn full_source(file_src: &str, shape: KernelShape) -> String {
-    format!("#define HEAD_DIM {}\n#define BLOCK_SIZE {}\n{PRELUDE}\n{file_src}", shape.head_dim, shape.block_size)
+    format!(
+        "#define HEAD_DIM {}\n#define BLOCK_SIZE {}\n#define GROUP {}\n{PRELUDE}\n{file_src}",
+        shape.head_dim, shape.block_size, shape.group
+    )
 }
 
 /// Compiles one source file to PTX for `arch` (`compute_90` on an H200).
@@ -63,6 +69,8 @@ pub struct Kernels {
     pub add_rmsnorm: CudaFunction,
     pub rope_kv_write: CudaFunction,
     pub paged_attention: CudaFunction,
+    pub paged_attention_split: CudaFunction,
+    pub attention_combine: CudaFunction,
     pub embed: CudaFunction,
     pub silu_mul: CudaFunction,
     pub gather_rows: CudaFunction,
@@ -88,6 +96,8 @@ impl Kernels {
             add_rmsnorm: get("norm.cu", "add_rmsnorm")?,
             rope_kv_write: get("rope_kv.cu", "rope_kv_write")?,
             paged_attention: get("attention.cu", "paged_attention")?,
+            paged_attention_split: get("attention.cu", "paged_attention_split")?,
+            attention_combine: get("attention.cu", "attention_combine")?,
             embed: get("elementwise.cu", "embed")?,
             silu_mul: get("elementwise.cu", "silu_mul")?,
             gather_rows: get("elementwise.cu", "gather_rows")?,

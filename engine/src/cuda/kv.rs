@@ -30,8 +30,10 @@ impl KvPool {
         2 * 2 * cfg.num_hidden_layers as u64 * u64::from(block_size) * cfg.kv_dim() as u64
     }
 
+    /// `num_blocks` blocks for the engine, plus the padding block (so `num_blocks + 1` are
+    /// allocated: budget for them).
     pub fn new(gpu: &Gpu, cfg: &LlamaConfig, num_blocks: u32, block_size: u32) -> Result<KvPool, CudaError> {
-        let layer_elems = num_blocks as usize * block_size as usize * cfg.kv_dim();
+        let layer_elems = (num_blocks as usize + 1) * block_size as usize * cfg.kv_dim();
         let total = layer_elems * cfg.num_hidden_layers;
         Ok(KvPool {
             k: gpu.zeros(total, "the K cache")?,
@@ -40,6 +42,11 @@ impl KvPool {
             num_blocks,
             block_size,
         })
+    }
+
+    /// The block padding rows write their KV to: never in an engine block table.
+    pub fn pad_block(&self) -> u32 {
+        self.num_blocks
     }
 
     /// Device addresses of layer `layer`'s K and V caches.
@@ -124,6 +131,32 @@ impl StepLayout {
     pub fn tokens(&self) -> usize {
         self.token_ids.len()
     }
+
+    /// Rounds a decode-only layout (one token and one sampled row per entry) up to `rows`
+    /// rows, so that a CUDA graph captured for `rows` can run it: each padding row is token 0
+    /// at position 0 of a sequence of its own whose one-block table is `pad_block`, so it
+    /// writes its KV there, attends only to itself and touches no real sequence's KV. Its
+    /// sampled row comes after every real one, so `emitting` is unchanged.
+    pub fn pad_decode(&mut self, rows: usize, pad_block: u32, block_size: u32) -> Result<(), String> {
+        let n = self.tokens();
+        if self.logit_rows.len() != n || self.table_start.len() != n || rows < n {
+            return Err(format!("cannot pad a step of {n} tokens to {rows} decode rows"));
+        }
+        if rows == n {
+            return Ok(());
+        }
+        let table = self.block_tables.len() as i32;
+        self.block_tables.push(pad_block as i32);
+        for k in n..rows {
+            self.token_ids.push(0);
+            self.positions.push(0);
+            self.slots.push(i64::from(pad_block) * i64::from(block_size));
+            self.tok_seq.push(k as i32);
+            self.table_start.push(table);
+            self.logit_rows.push(k as u32);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +201,26 @@ mod tests {
         let l = StepLayout::build(&b, 2, 4, |_| Some(&seqs[0][..])).unwrap();
         assert!(l.logit_rows.is_empty());
         assert_eq!(l.slots, [0, 1, 2]);
+    }
+
+    #[test]
+    fn padding_a_decode_step_adds_rows_that_touch_only_the_pad_block() {
+        let seqs = [vec![1, 2, 3], vec![4, 5]];
+        let b = batch(&[(1, 2, 1, false, &[5]), (2, 1, 1, false, &[6])]);
+        let mut l = StepLayout::build(&b, 4, 16, |id| Some(&seqs[id.0 as usize - 1][..])).unwrap();
+        l.pad_decode(4, 16, 4).unwrap();
+        assert_eq!(l.token_ids, [3, 5, 0, 0]);
+        assert_eq!(l.positions, [2, 1, 0, 0]);
+        assert_eq!(l.slots, [22, 25, 64, 64]);
+        assert_eq!(l.tok_seq, [0, 1, 2, 3]);
+        assert_eq!(l.table_start, [0, 1, 2, 2]);
+        assert_eq!(l.block_tables, [5, 6, 16]);
+        assert_eq!(l.logit_rows, [0, 1, 2, 3]);
+        assert_eq!(l.emitting, [0, 1]);
+        // A prefill chunk of several tokens is not a decode step.
+        let p = batch(&[(1, 0, 3, true, &[5])]);
+        let mut l = StepLayout::build(&p, 4, 16, |_| Some(&seqs[0][..])).unwrap();
+        assert!(l.pad_decode(4, 16, 4).is_err());
     }
 
     #[test]

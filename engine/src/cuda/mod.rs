@@ -15,16 +15,20 @@
 //! | `synth.rs` | random models written in that layout (`fleetplane make-model`) |
 //! | `kv.rs` | the paged KV pool, and a batch flattened into kernel arguments |
 //! | `model.rs` | the forward pass |
+//! | `graph.rs` | CUDA graphs of decode steps, one per batch-size bucket |
 //! | `sampling.rs` | greedy, temperature and top-p sampling |
 //! | `executor.rs` | [`CudaExecutor`] and its contract with the engine process |
 //!
 //! Guardrails: KV lives on the GPU only (the instance must have no L2 tier); everything runs
-//! on one stream; a step synchronises before it returns, so buffers are reused safely.
+//! on one stream; a step synchronises before it returns, so buffers are reused safely;
+//! CUDA graphs capture only device addresses that never change (a reallocated buffer drops
+//! them).
 
 mod config;
 mod context;
 mod error;
 mod executor;
+mod graph;
 pub mod kernels;
 mod kv;
 mod model;
@@ -37,6 +41,7 @@ pub use config::{Llama3RopeScaling, LlamaConfig};
 pub use context::{gpu_available, libraries_present, Gpu};
 pub use error::CudaError;
 pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
+pub use graph::DecodeGraphs;
 pub use kv::{KvPool, StepLayout};
 pub use sampling::{sample, Sampling};
 pub use weights::{safetensors_files, tensor_shapes, ModelFiles};

@@ -41,17 +41,29 @@ pub struct Scratch {
     /// Grown on demand: a batch's tables may repeat shared prefix blocks.
     tables: CudaSlice<i32>,
     tables_cap: usize,
+    /// Bumped when `tables` is reallocated: CUDA graphs captured before hold its old address.
+    pub tables_gen: u64,
+    /// Per-split attention results (`[token][head][split][head_dim + 2]` f32) for steps few
+    /// enough tokens to split their attention over the context.
+    partial: CudaSlice<f32>,
 }
 
 impl Scratch {
     /// Device bytes of the buffers for these limits (for the memory budget).
-    pub fn bytes(cfg: &LlamaConfig, max_tokens: usize, max_rows: usize) -> u64 {
+    pub fn bytes(cfg: &LlamaConfig, max_tokens: usize, max_rows: usize, sms: usize) -> u64 {
         let per_token = 2 * (3 * cfg.hidden_size + cfg.qkv_dim() + cfg.q_dim() + 3 * cfg.intermediate_size) + 4 * 8;
         let per_row = 2 * cfg.hidden_size + 6 * cfg.vocab_size + 8;
-        (max_tokens * per_token + max_rows * per_row) as u64
+        let partial = 4 * partial_elems(cfg, max_tokens, sms);
+        (max_tokens * per_token + max_rows * per_row + partial) as u64
     }
 
-    pub fn new(gpu: &Gpu, cfg: &LlamaConfig, max_tokens: usize, max_rows: usize) -> Result<Scratch, CudaError> {
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &LlamaConfig,
+        max_tokens: usize,
+        max_rows: usize,
+        sms: usize,
+    ) -> Result<Scratch, CudaError> {
         let (t, r, h) = (max_tokens, max_rows, cfg.hidden_size);
         let tables_cap = 4 * t.max(r);
         Ok(Scratch {
@@ -76,8 +88,32 @@ impl Scratch {
             rows: gpu.zeros(r, "row indices")?,
             tables: gpu.zeros(tables_cap, "block tables")?,
             tables_cap,
+            tables_gen: 0,
+            partial: gpu.zeros(partial_elems(cfg, max_tokens, sms), "split attention results")?,
         })
     }
+}
+
+/// Into how many ranges of the context the split attention kernel cuts each token's keys,
+/// for a step of `tokens` tokens: enough blocks (token × KV head × split) to give each
+/// multiprocessor about four, at most 64 splits. It depends on the token count only, so a
+/// CUDA graph captured for a batch size stays right for any context length.
+pub fn attention_splits(tokens: usize, kv_heads: usize, sms: usize) -> usize {
+    let target = 4 * sms;
+    let have = (tokens * kv_heads).max(1);
+    target.div_ceil(have).clamp(1, 64)
+}
+
+/// f32 elements of the split attention buffer: the largest `tokens × splits` over every
+/// step size up to `max_tokens` that splits at all.
+fn partial_elems(cfg: &LlamaConfig, max_tokens: usize, sms: usize) -> usize {
+    let most = (1..=max_tokens)
+        .map(|t| (t, attention_splits(t, cfg.num_key_value_heads, sms)))
+        .take_while(|&(_, s)| s > 1)
+        .map(|(t, s)| t * s)
+        .max()
+        .unwrap_or(0);
+    most * cfg.num_attention_heads * (cfg.head_dim + 2)
 }
 
 /// The model on the GPU: weights and RoPE frequencies.
@@ -85,6 +121,8 @@ pub struct Llama {
     pub cfg: LlamaConfig,
     pub weights: Weights,
     inv_freq: CudaSlice<f32>,
+    /// Run attention with the simple reference kernel instead of the split one (checks).
+    pub reference_attention: bool,
 }
 
 /// A grid of `x × y` blocks of `threads` threads.
@@ -113,7 +151,7 @@ impl Llama {
         let freqs = cfg.rope_inv_freq();
         let mut inv_freq = gpu.zeros::<f32>(freqs.len(), "RoPE frequencies")?;
         gpu.upload(&freqs, &mut inv_freq, "RoPE frequencies")?;
-        Ok(Llama { cfg, weights, inv_freq })
+        Ok(Llama { cfg, weights, inv_freq, reference_attention: false })
     }
 
     /// Runs the step described by `layout` (whose KV goes into `kv`), leaving bf16 logits of
@@ -127,6 +165,13 @@ impl Llama {
         s: &mut Scratch,
         layout: &StepLayout,
     ) -> Result<(), CudaError> {
+        self.upload(gpu, s, layout)?;
+        self.launch(gpu, k, kv, s, layout.tokens(), layout.logit_rows.len())
+    }
+
+    /// Checks `layout` against the buffers' limits and copies it into them: the host-to-device
+    /// half of a step, which a CUDA graph replay needs done before it launches.
+    pub fn upload(&self, gpu: &Gpu, s: &mut Scratch, layout: &StepLayout) -> Result<(), CudaError> {
         let cfg = &self.cfg;
         let t = layout.tokens();
         let r = layout.logit_rows.len();
@@ -145,6 +190,7 @@ impl Llama {
         if layout.block_tables.len() > s.tables_cap {
             s.tables_cap = layout.block_tables.len().next_power_of_two();
             s.tables = gpu.zeros(s.tables_cap, "block tables")?;
+            s.tables_gen += 1;
         }
         gpu.upload(&layout.token_ids, &mut s.ids, "token ids")?;
         gpu.upload(&layout.positions, &mut s.pos, "positions")?;
@@ -152,8 +198,30 @@ impl Llama {
         gpu.upload(&layout.tok_seq, &mut s.tok_seq, "token sequences")?;
         gpu.upload(&layout.table_start, &mut s.table_start, "table starts")?;
         gpu.upload(&layout.block_tables, &mut s.tables, "block tables")?;
-        gpu.upload(&layout.logit_rows, &mut s.rows, "sampled rows")?;
+        gpu.upload(&layout.logit_rows, &mut s.rows, "sampled rows")
+    }
 
+    /// Enqueues the kernels and GEMMs of a step of `t` tokens and `r` sampled rows whose
+    /// inputs [`Llama::upload`] put in `s`. Touches only device memory whose addresses stay
+    /// fixed and reads every step-dependent value (ids, positions, tables) from it, so the
+    /// same calls can be captured into a CUDA graph and replayed for any step of that shape.
+    pub fn launch(
+        &self,
+        gpu: &Gpu,
+        k: &Kernels,
+        kv: &KvPool,
+        s: &Scratch,
+        t: usize,
+        r: usize,
+    ) -> Result<(), CudaError> {
+        let cfg = &self.cfg;
+        if t == 0 {
+            return Ok(());
+        }
+        // The launches below size their grids from t and r: keep them inside the buffers.
+        if t > s.max_tokens || r > s.max_rows || r > t {
+            return Err(CudaError::Batch(format!("a step of {t} tokens and {r} sampled rows exceeds the buffers")));
+        }
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
         let (nh, nkv) = (cfg.num_attention_heads as i32, cfg.num_key_value_heads as i32);
         let hidden = h as i32;
@@ -167,6 +235,10 @@ impl Llama {
         let (table_start, tables, rows) = (gpu.ptr(&s.table_start, 0), gpu.ptr(&s.tables, 0), gpu.ptr(&s.rows, 0));
         let inv_freq = gpu.ptr(&self.inv_freq, 0);
         let w = &self.weights;
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let splits = attention_splits(t, cfg.num_key_value_heads, gpu.sms);
+        let splits_i = splits as i32;
+        let partial = gpu.ptr(&s.partial, 0);
 
         let embed = p(&w.embed);
         launch!(gpu, &k.embed, grid(t, 1, 256), "embed"; &ids, &embed, &residual, &hidden)?;
@@ -178,8 +250,23 @@ impl Llama {
             let (kc, vc) = kv.layer_ptrs(gpu, l);
             launch!(gpu, &k.rope_kv_write, grid(t, 1, 256), "rope_kv_write";
                 &qkv, &inv_freq, &pos, &slots, &kc, &vc, &nh, &nkv)?;
-            launch!(gpu, &k.paged_attention, grid(t, cfg.num_attention_heads, 128), "paged_attention";
-                &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &nh, &nkv, &scale)?;
+            if self.reference_attention {
+                launch!(gpu, &k.paged_attention, grid(t, cfg.num_attention_heads, 128), "paged_attention";
+                    &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &nh, &nkv, &scale)?;
+            } else {
+                let split_grid = LaunchConfig {
+                    grid_dim: (t as u32, cfg.num_key_value_heads as u32, splits as u32),
+                    block_dim: (32 * group as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch!(gpu, &k.paged_attention_split, split_grid, "paged_attention_split";
+                    &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &partial, &nh, &nkv, &scale,
+                    &splits_i)?;
+                if splits > 1 {
+                    launch!(gpu, &k.attention_combine, grid(t, cfg.num_attention_heads, cfg.head_dim as u32),
+                        "attention_combine"; &partial, &attn, &nh, &splits_i)?;
+                }
+            }
             gpu.linear(attn, p(&lw.o), proj, t, h, cfg.q_dim())?;
             self.norm(gpu, &k.add_rmsnorm, t, residual, proj, p(&lw.post_norm), normed, eps, 1)?;
             gpu.linear(normed, p(&lw.gate_up), gate_up, t, 2 * inter, h)?;
