@@ -4,7 +4,7 @@
 //! controller, the engine's stream relayed); the engine runs with `--time-scale 0`, so its steps
 //! take only their CPU time and the difference is the gateway's.
 
-use crate::demo::start;
+use crate::demo::{serve_addresses, start};
 use crate::proto::{self, engine_client::EngineClient};
 use crate::serve::DEFAULT_DATABASE_URL;
 use crate::Failure;
@@ -111,13 +111,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     .map(|s| s.to_string())
     .collect();
     let (_serve, line) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let http = words
-        .iter()
-        .find(|w| w.starts_with("http://"))
-        .ok_or_else(|| anyhow!("no HTTP address in `{line}`"))?
-        .to_string();
-    let grpc = words.last().ok_or_else(|| anyhow!("no gRPC address in `{line}`"))?.to_string();
+    let (http, grpc) = serve_addresses(&line)?;
     let engine_args: Vec<String> =
         ["engine", "--executor", "sim", "--time-scale", "0", "--control", &grpc, "--name", "bench"]
             .iter()

@@ -120,7 +120,9 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         "--database-url".into(),
         args.database_url.clone(),
     ];
-    let (_serve, _) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    let (_serve, line) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    // The addresses it bound (port 0 picks free ones).
+    let (http, grpc) = serve_addresses(&line)?;
     let mut engines = Vec::new();
     for i in 0..args.engines {
         let engine_args: Vec<String> = [
@@ -130,7 +132,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
             "--model",
             &args.model,
             "--control",
-            &args.grpc_listen.to_string(),
+            &grpc,
             "--name",
             &format!("demo-engine-{i}"),
         ]
@@ -139,7 +141,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         .collect();
         engines.push(start("an engine", &engine_args, &envs, "listening on").await?.0);
     }
-    let gateway = format!("http://{}", args.listen);
+    let gateway = http;
     wait_for_engines(&gateway, &admin, args.engines).await?;
     println!();
     println!("fleetplane demo is up:");
@@ -173,6 +175,14 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         return Err(anyhow!("no request succeeded"));
     }
     Ok(())
+}
+
+/// The HTTP base URL and gRPC address in `fleetplane serve`'s ready line.
+pub fn serve_addresses(line: &str) -> anyhow::Result<(String, String)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let http = words.iter().find(|w| w.starts_with("http://")).ok_or_else(|| anyhow!("no HTTP address in `{line}`"))?;
+    let grpc = words.last().filter(|w| !w.starts_with("http")).ok_or_else(|| anyhow!("no gRPC address in `{line}`"))?;
+    Ok((http.to_string(), grpc.to_string()))
 }
 
 async fn wait_for_engines(gateway: &str, token: &str, n: u32) -> anyhow::Result<()> {
