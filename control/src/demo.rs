@@ -145,6 +145,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
     wait_for_engines(&gateway, &admin, args.engines).await?;
     println!();
     println!("fleetplane demo is up:");
+    println!("  console               {gateway}/console/  (log in with the admin token)");
     println!("  gateway (OpenAI API)  {gateway}/v1   model `{}`", args.model);
     println!("  REST API              {gateway}/api  (OpenAPI: {gateway}/api/openapi.json)");
     println!("  metrics               {gateway}/metrics");

@@ -8,8 +8,8 @@ use super::live_fleet::MemberState;
 use super::store::Write;
 use super::App;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -147,13 +147,17 @@ pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiR
     admin(&app, &headers)?;
     let current = app.store.policy().await.map_err(db_error)?;
     let in_force = app.lock_hub().controller.router_name();
-    Ok(Json(match current {
+    let mut v = match current {
         Some((version, policy, author, at)) => {
             json!({"version": version, "policy": policy, "author": author, "created_at": at, "in_force": {"router": in_force}})
         }
-        None => json!({"version": 0, "policy": {"router": in_force}, "author": "default", "in_force": {"router": in_force}}),
-    })
-    .into_response())
+        None => {
+            json!({"version": 0, "policy": {"router": in_force}, "author": "default", "in_force": {"router": in_force}})
+        }
+    };
+    // What an editor may offer; a PUT of anything else is refused with the same list.
+    v["valid"] = json!({"router": RouterConfig::names()});
+    Ok(Json(v).into_response())
 }
 
 pub async fn policy_history(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
@@ -272,6 +276,10 @@ pub async fn revoke_token(State(app): State<Arc<App>>, headers: HeaderMap, Path(
 struct SimulationBody {
     /// A scenario file's text (TOML), as `fleetplane simulate --scenario` reads it.
     scenario: String,
+    /// Routers to compare instead of the scenario's own `routers` (the console's what-if:
+    /// the policy in force against the edited one on the same arrivals).
+    #[serde(default)]
+    routers: Option<Vec<String>>,
 }
 
 pub async fn submit_simulation(
@@ -281,9 +289,15 @@ pub async fn submit_simulation(
 ) -> ApiResult {
     let who = admin(&app, &headers)?;
     let b: SimulationBody = body(bytes)?;
-    super::simulations::validate(&b.scenario).map_err(|e| ApiError::invalid("scenario", e))?;
-    let id = app.store.submit_simulation(&b.scenario, &who.name).await.map_err(db_error)?;
-    super::simulations::spawn(app.clone(), id, b.scenario);
+    let scenario = match &b.routers {
+        Some(routers) => {
+            super::simulations::with_routers(&b.scenario, routers).map_err(|e| ApiError::invalid("scenario", e))?
+        }
+        None => b.scenario,
+    };
+    super::simulations::validate(&scenario).map_err(|e| ApiError::invalid("scenario", e))?;
+    let id = app.store.submit_simulation(&scenario, &who.name).await.map_err(db_error)?;
+    super::simulations::spawn(app.clone(), id, scenario);
     Ok((StatusCode::ACCEPTED, Json(json!({"id": id, "state": "queued"}))).into_response())
 }
 
@@ -306,4 +320,33 @@ pub async fn simulation_chart(State(app): State<Arc<App>>, headers: HeaderMap, P
         Some(svg) => Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()),
         None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("simulation {id} has no chart (yet)"))),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    /// Only samples taken after this time (milliseconds since the Unix epoch).
+    #[serde(default)]
+    since_ms: u64,
+}
+
+pub async fn history(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> ApiResult {
+    admin(&app, &headers)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid("since_ms", e.body_text()))?;
+    Ok(Json(json!({
+        "interval_ms": 1000,
+        "window_seconds": super::history::WINDOW.as_secs(),
+        "capacity": super::history::CAPACITY,
+        "samples": app.history.since(q.since_ms),
+    }))
+    .into_response())
+}
+
+pub async fn scenarios(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    Ok(Json(json!({"scenarios": super::simulations::examples()})).into_response())
 }

@@ -3,6 +3,7 @@
 //! request is routed by the controller like a simulated one.
 
 use super::auth::Role;
+use super::history::Finished;
 use super::hub::PlaceError;
 use super::live_fleet::{Delta, MemberState, Payload};
 use super::tokenizer;
@@ -15,7 +16,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::{Request, RequestId};
+use engine::{InstanceId, Request, RequestId};
 use policies::Reject;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -329,7 +330,8 @@ struct Run {
     id: String,
     created: u64,
     started: Instant,
-    first_token: bool,
+    /// When the first token reached the gateway: TTFT, and the start of TPOT.
+    first_token_at: Option<Instant>,
     completion_tokens: u32,
 }
 
@@ -345,24 +347,38 @@ impl Run {
             id: format!("{prefix}-{:x}", id.0),
             created,
             started: Instant::now(),
-            first_token: false,
+            first_token_at: None,
             completion_tokens: 0,
         }
     }
 
     fn note_tokens(&mut self, n: usize) {
-        if !self.first_token {
-            self.first_token = true;
-            self.app.metrics.ttft_seconds.observe(self.started.elapsed().as_secs_f64());
+        if self.first_token_at.is_none() {
+            let now = Instant::now();
+            self.first_token_at = Some(now);
+            self.app.metrics.ttft_seconds.observe(now.duration_since(self.started).as_secs_f64());
         }
         self.completion_tokens += n as u32;
         self.app.metrics.tokens_generated.inc_by(n as u64);
     }
 
-    fn note_done(&self, cached: [u32; 3]) {
+    fn note_done(&self, cached: [u32; 3], instance: InstanceId) {
         self.app.metrics.request("ok");
         self.app.metrics.prompt_tokens.inc_by(self.parsed.prompt.len() as u64);
         self.app.metrics.cached_prompt_tokens.inc_by(cached.iter().map(|&c| u64::from(c)).sum());
+        // A request that ends before any token (a zero-length output) has no TTFT to report.
+        if let Some(first) = self.first_token_at {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let tpot_ms =
+                (self.completion_tokens > 1).then(|| ms(first.elapsed()) / f64::from(self.completion_tokens - 1));
+            self.app.recorder.finished(Finished {
+                ttft_ms: ms(first.duration_since(self.started)),
+                tpot_ms,
+                prompt_tokens: self.parsed.prompt.len() as u32,
+                cached_tokens: cached,
+                instance,
+            });
+        }
     }
 
     fn usage(&self, cached: [u32; 3]) -> Value {
@@ -408,8 +424,8 @@ impl Run {
                     self.note_tokens(t.len());
                     tokens.extend(t);
                 }
-                Delta::Done { finish_reason, cached_tokens } => {
-                    self.note_done(cached_tokens);
+                Delta::Done { finish_reason, cached_tokens, instance } => {
+                    self.note_done(cached_tokens, instance);
                     let choice = self.choice(&tokenizer::decode(&tokens), Some(finish_label(&finish_reason)), false);
                     let mut body = self.envelope(vec![choice], false);
                     body["usage"] = self.usage(cached_tokens);
@@ -437,8 +453,8 @@ impl Run {
                     let body = run.envelope(vec![run.choice(&tokenizer::decode(&t), None, true)], true);
                     (vec![Event::default().data(body.to_string())], false)
                 }
-                Some(Delta::Done { finish_reason, cached_tokens }) => {
-                    run.note_done(cached_tokens);
+                Some(Delta::Done { finish_reason, cached_tokens, instance }) => {
+                    run.note_done(cached_tokens, instance);
                     let mut events = vec![];
                     let last = run.envelope(vec![run.choice("", Some(finish_label(&finish_reason)), true)], true);
                     events.push(Event::default().data(last.to_string()));

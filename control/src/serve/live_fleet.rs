@@ -16,10 +16,12 @@ use tonic::transport::Channel;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Delta {
     Tokens(Vec<u32>),
-    /// The last message: why it ended, and the prompt tokens the cache served by tier.
+    /// The last message: why it ended, and the prompt tokens the cache served by tier on
+    /// `instance`, the engine that finished it.
     Done {
         finish_reason: String,
         cached_tokens: [u32; 3],
+        instance: InstanceId,
     },
     /// The request failed after it started; the message says why.
     Failed(String),
@@ -287,7 +289,11 @@ async fn stream_request(
                             for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
                                 *c = *v;
                             }
-                            let _ = payload.out.send(Delta::Done { finish_reason: chunk.finish_reason, cached_tokens });
+                            let _ = payload.out.send(Delta::Done {
+                                finish_reason: chunk.finish_reason,
+                                cached_tokens,
+                                instance,
+                            });
                             let _ =
                                 news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
                             return;

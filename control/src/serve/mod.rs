@@ -6,7 +6,9 @@
 
 mod api;
 mod auth;
+mod console;
 mod gateway;
+mod history;
 mod hub;
 mod leader;
 mod live_fleet;
@@ -80,6 +82,10 @@ pub struct App {
     simulations: Semaphore,
     /// Policy version in force (0: the command line's).
     policy_version: std::sync::atomic::AtomicI32,
+    /// Requests the gateway finished recently, for the history's windowed statistics.
+    pub recorder: history::Recorder,
+    /// The console's time series: one sample a second, the last fifteen minutes.
+    pub history: history::History,
 }
 
 impl App {
@@ -147,6 +153,8 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         leader: Arc::new(AtomicBool::new(false)),
         simulations: Semaphore::new(1),
         policy_version: 0.into(),
+        recorder: history::Recorder::default(),
+        history: history::History::default(),
     });
     if let Some((version, policy, _, _)) = store.policy().await? {
         match serde_json::from_value::<api::Policy>(policy)
@@ -169,6 +177,7 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
 
     tokio::spawn(drive(app.clone(), news_rx));
     tokio::spawn(sync_from_database(app.clone()));
+    tokio::spawn(history::run(app.clone()));
     let leader_app = app.clone();
     tokio::spawn(leader::run(args.database_url.clone(), app.leader.clone(), move |leading| {
         leader_app.metrics.leader.set(i64::from(leading));
@@ -181,7 +190,7 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
             .add_service(registry)
             .serve_with_incoming_shutdown(crate::incoming(grpc), crate::shutdown_signal()),
     );
-    println!("fleetplane {} serving http://{http_addr} (gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
+    println!("fleetplane {} serving http://{http_addr} (console /console/, gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
     // Nagle off: SSE writes one small event per token.
     let http = axum::serve::ListenerExt::tap_io(http, |s: &mut tokio::net::TcpStream| {
         let _ = s.set_nodelay(true);
@@ -213,10 +222,13 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/api/simulations/{id}/chart.svg", get(api::simulation_chart))
         .route("/api/scaling-events", get(api::scaling_events))
         .route("/api/audit", get(api::audit_log))
+        .route("/api/history", get(api::history))
+        .route("/api/scenarios", get(api::scenarios))
         .route("/api/tokens", get(api::tokens).post(api::create_token))
         .route("/api/tokens/{name}", axum::routing::delete(api::revoke_token))
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok" }))
+        .merge(console::routes())
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
 }

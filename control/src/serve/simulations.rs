@@ -2,16 +2,94 @@
 //! simulator (one at a time, off the async threads), results and chart kept in the database.
 
 use super::App;
+use serde_json::json;
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{Report, RunReport};
 use simulator::scenario::{Scenario, Settings};
 use simulator::sim::{self, SimConfig};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Parses and checks a scenario's text.
 pub fn validate(text: &str) -> Result<Settings, String> {
     let scenario: Scenario = toml::from_str(text).map_err(|e| format!("the scenario is not valid TOML: {e}"))?;
     scenario.resolve().map_err(|e| e.to_string())
+}
+
+/// The scenario's text with its `routers` replaced (comments are lost: the stored text is
+/// the one that ran).
+pub fn with_routers(text: &str, routers: &[String]) -> Result<String, String> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| format!("the scenario is not valid TOML: {e}"))?;
+    let list = routers.iter().map(|r| toml::Value::String(r.clone())).collect();
+    table.insert("routers".into(), toml::Value::Array(list));
+    toml::to_string(&table).map_err(|e| format!("cannot write the scenario back: {e}"))
+}
+
+/// The repository's example scenarios, copied into the binary so that a console served from
+/// anywhere offers them; `examples/` in the working directory, when there, is read instead
+/// (it may hold an operator's own).
+const EXAMPLES: [(&str, &str); 8] = [
+    ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
+    ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
+    ("long-context-layouts.toml", include_str!("../../../examples/long-context-layouts.toml")),
+    ("long-input-fair.toml", include_str!("../../../examples/long-input-fair.toml")),
+    ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
+    ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
+    ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
+    ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
+];
+
+const EXAMPLES_DIR: &str = "examples";
+
+/// Example scenarios by name, each with its text and whether its trace (if it reads one) is
+/// found. A relative trace path is relative to the scenario's file, but a scenario sent
+/// through the API has no file: such paths are made absolute here, in the text.
+pub fn examples() -> Vec<serde_json::Value> {
+    let dir = Path::new(EXAMPLES_DIR);
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .filter_map(|p| {
+                    let name = p.file_name()?.to_str()?.to_string();
+                    Some((name, std::fs::read_to_string(&p).ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if files.is_empty() {
+        files = EXAMPLES.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect();
+    }
+    files.sort();
+    files.into_iter().map(|(name, text)| example(dir, name, text)).collect()
+}
+
+fn example(dir: &Path, name: String, text: String) -> serde_json::Value {
+    let scenario: Scenario = match toml::from_str(&text) {
+        Ok(s) => s,
+        Err(e) => return json!({"name": name, "text": text, "error": format!("not a valid scenario: {e}")}),
+    };
+    let Some(trace) = scenario.workload.trace else {
+        return json!({"name": name, "text": text, "trace": null, "trace_found": null});
+    };
+    let Some(written) = trace.to_str() else {
+        return json!({"name": name, "text": text, "error": "the trace path is not UTF-8"});
+    };
+    let resolved = if trace.is_relative() { dir.join(&trace) } else { trace.clone() };
+    // A file that exists gets its canonical path (no `..`); one that does not, an absolute one.
+    let found = resolved.is_file();
+    let absolute = std::fs::canonicalize(&resolved).or_else(|_| std::path::absolute(&resolved)).unwrap_or(resolved);
+    // The path appears in the text as a TOML basic string; replacing that string keeps the
+    // file's comments, which a parse and re-serialisation would drop.
+    let text = match absolute.to_str() {
+        Some(abs) if trace.is_relative() => {
+            text.replacen(&format!("\"{written}\""), &toml::Value::String(abs.into()).to_string(), 1)
+        }
+        _ => text,
+    };
+    json!({"name": name, "text": text, "trace": absolute, "trace_found": found})
 }
 
 /// Runs `id` in the background; the state and result land in the database.
@@ -59,4 +137,38 @@ fn run(text: &str) -> Result<(serde_json::Value, String), String> {
 
 fn rand_suffix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_scenario_is_embedded() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| d.filter_map(Result::ok).filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        on_disk.retain(|n| n.ends_with(".toml"));
+        on_disk.sort();
+        let embedded: Vec<String> = EXAMPLES.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(on_disk, embedded, "list every examples/*.toml in EXAMPLES, so that the console offers it anywhere");
+    }
+
+    #[test]
+    fn a_relative_trace_path_is_made_absolute_in_the_text() {
+        let text = "# keep me\n[workload]\ntrace = \"../t.jsonl\"\nformat = \"mooncake\"\n";
+        let v = example(Path::new("/srv/examples"), "x.toml".into(), text.into());
+        assert_eq!(v["text"], "# keep me\n[workload]\ntrace = \"/srv/examples/../t.jsonl\"\nformat = \"mooncake\"\n");
+        assert_eq!(v["trace_found"], false);
+    }
+
+    #[test]
+    fn routers_are_replaced_and_the_rest_kept() {
+        let text = "seed = 3\nrouters = [\"round-robin\"]\n[fleet]\ninstances = 2\n";
+        let out = with_routers(text, &["cache-aware".into(), "power-of-two".into()]).expect("valid");
+        let s: Scenario = toml::from_str(&out).expect("parses");
+        assert_eq!(s.routers, Some(vec!["cache-aware".into(), "power-of-two".into()]));
+        assert_eq!((s.seed, s.fleet.instances), (Some(3), Some(2)));
+    }
 }

@@ -1,0 +1,130 @@
+// What-if: the edited router against the one in force, on the same arrivals of a scenario in
+// the simulator (POST /api/simulations with both routers), compared side by side; "apply"
+// puts the edited router in force on the live fleet.
+
+import { get, post, put } from '../api.js';
+import { h, replace, errorBox } from '../dom.js';
+import { comparisonTable, cdfChart, runsOf } from '../report.js';
+import { DRAFT_KEY } from './policies.js';
+
+export const title = 'What-if';
+
+const POLL_MS = 1000;
+
+export function mount(el) {
+  let stopped = false;
+  let timer = null;
+  const pick = h('select', { id: 'scenario-pick' }, h('option', { value: '' }, 'loading the examples…'));
+  const traceNote = h('p', { class: 'muted', id: 'trace-note' });
+  const text = h('textarea', { id: 'scenario-text', rows: 16, cols: 80, spellcheck: 'false',
+    placeholder: 'Pick an example above, or paste a scenario (TOML, as fleetplane simulate --scenario reads it).' });
+  const current = h('input', { id: 'current-router', readonly: true, size: 24 });
+  const edited = h('input', { id: 'edited-router', list: 'whatif-router-names', autocomplete: 'off', size: 24 });
+  const names = h('datalist', { id: 'whatif-router-names' });
+  const message = h('div', { id: 'whatif-message', 'aria-live': 'polite' });
+  const result = h('div', { id: 'whatif-result' });
+  let examples = [];
+
+  const form = h('form', { class: 'card', id: 'whatif-form' },
+    h('label', { for: 'scenario-pick' }, 'Scenario'), pick, traceNote,
+    h('label', { for: 'scenario-text' }, 'Scenario text (editable)'), text,
+    h('div', { class: 'columns' },
+      h('div', {}, h('label', { for: 'current-router' }, 'Router in force'), current),
+      h('div', {}, h('label', { for: 'edited-router' }, 'Edited router'), edited, names)),
+    h('div', { class: 'buttons' }, h('button', { type: 'submit', id: 'run-whatif' }, 'Run both in the simulator')),
+    message);
+  replace(el, h('h1', {}, 'What-if'),
+    h('p', { class: 'muted' }, 'Runs the scenario twice on the simulator, once with the router in force and once with the edited one, on the same arrivals. ',
+      'Max rate under the SLO is not computed here (it takes many runs): use ', h('code', {}, 'fleetplane max-rate --scenario FILE'), '.'),
+    form, result);
+
+  pick.addEventListener('change', () => {
+    const ex = examples.find((x) => x.name === pick.value);
+    if (!ex) return;
+    text.value = ex.text;
+    replace(traceNote, ex.error ? errorBox(ex.error)
+      : ex.trace_found === false ? errorBox(`Its trace ${ex.trace} is not on this server: the run will fail unless you change [workload].`)
+        : ex.trace ? `Trace: ${ex.trace}` : 'Synthetic workload: runs anywhere. Lower `requests` for a quicker run.');
+  });
+
+  (async () => {
+    try {
+      const [list, policy] = await Promise.all([get('/scenarios'), get('/policies')]);
+      examples = list.scenarios;
+      replace(pick, h('option', { value: '' }, '— paste below, or pick an example —'),
+        examples.map((x) => h('option', { value: x.name }, x.trace_found === false ? `${x.name} (trace missing)` : x.name)));
+      current.value = policy.in_force.router;
+      edited.value = sessionStorage.getItem(DRAFT_KEY) || '';
+      replace(names, policy.valid.router.map((n) => h('option', { value: n })));
+    } catch (e) {
+      replace(message, errorBox(`Cannot load the examples or the policy: ${e.message}`));
+    }
+  })();
+
+  async function watch(id, routers) {
+    if (stopped) return;
+    let sim;
+    try {
+      sim = await get(`/simulations/${id}`);
+    } catch (e) {
+      replace(message, errorBox(`Cannot read simulation ${id}: ${e.message}`));
+      return;
+    }
+    if (sim.state === 'queued' || sim.state === 'running') {
+      replace(message, h('p', { class: 'muted', id: 'whatif-state' }, `Simulation ${id} ${sim.state}…`));
+      timer = setTimeout(() => watch(id, routers), POLL_MS);
+      return;
+    }
+    if (sim.state === 'failed') {
+      replace(message, errorBox(`Simulation ${id} failed: ${sim.error}`));
+      return;
+    }
+    replace(message, h('p', { class: 'ok', id: 'whatif-state' }, `Simulation ${id} done.`));
+    const runs = runsOf(sim).map((r, k) => ({ ...r, label: `${k === 0 ? 'in force' : 'edited'}: ${r.label}` }));
+    const applyMsg = h('div', { id: 'apply-message', 'aria-live': 'polite' });
+    const apply = h('button', { type: 'button', id: 'apply-edited', onclick: async () => {
+      try {
+        const res = await put('/policies', { router: routers[1] });
+        replace(applyMsg, h('p', { class: 'ok' }, `Applied: ${res.policy.router} is in force (version ${res.version}).`));
+        current.value = res.policy.router;
+      } catch (e) {
+        replace(applyMsg, errorBox(`Not applied: ${e.message}`));
+      }
+    } }, `Apply ${routers[1]} to the live fleet`);
+    replace(result, h('div', { class: 'card' }, h('h2', {}, `Comparison (simulation ${id})`), comparisonTable(runs),
+      h('div', { class: 'buttons' }, apply), applyMsg));
+    try {
+      result.firstChild.append(h('h3', {}, 'TTFT and TPOT distributions'), await cdfChart(id));
+    } catch (e) {
+      result.firstChild.append(errorBox(`No chart: ${e.message}`));
+    }
+  }
+
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    clearTimeout(timer);
+    replace(result);
+    const routers = [current.value.trim(), edited.value.trim()];
+    if (!routers[1]) {
+      replace(message, errorBox('Name the edited router to compare with the one in force.'));
+      return;
+    }
+    if (routers[0] === routers[1]) {
+      replace(message, errorBox(`The edited router is the one in force (${routers[0]}): pick another to compare.`));
+      return;
+    }
+    sessionStorage.setItem(DRAFT_KEY, routers[1]);
+    try {
+      const { id } = await post('/simulations', { scenario: text.value, routers });
+      replace(message, h('p', { class: 'muted', id: 'whatif-state' }, `Simulation ${id} queued…`));
+      watch(id, routers);
+    } catch (e) {
+      replace(message, errorBox(e.message));
+    }
+  });
+
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
