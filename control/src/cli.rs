@@ -5,7 +5,9 @@ use crate::Failure;
 use anyhow::Context;
 use clap::Args;
 use simulator::cost::{CpMode, UnknownName};
-use simulator::scenario::{FleetSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection};
+use simulator::scenario::{
+    FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection,
+};
 use simulator::tiers::KvSection;
 use std::path::PathBuf;
 
@@ -139,6 +141,37 @@ pub struct SimFlags {
     /// ended, with `runaway_action = "end"` in [scheduler]) [default: none].
     #[arg(long, value_name = "N")]
     pub runaway_output_tokens: Option<u32>,
+
+    /// Fleet layout: colocated (every instance prefills and decodes) or pd (a prefill pool
+    /// hands each request's KV to a decode pool) [default: colocated].
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+
+    /// Prefill instances at the start (--mode pd) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub prefill_instances: Option<u32>,
+
+    /// Decode instances at the start (--mode pd) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub decode_instances: Option<u32>,
+
+    /// Pool sizing (--mode pd): none, fixed-xpyd (whole groups of X prefill + Y decode) or
+    /// slo-load (each pool from its SLO load) [default: none].
+    #[arg(long, value_name = "NAME")]
+    pub autoscaler: Option<String>,
+
+    /// Seconds from asking for an instance to its serving [default: 10].
+    #[arg(long, value_name = "S")]
+    pub startup_s: Option<f64>,
+
+    /// GPUs the fleet may hold at once, starting and draining instances included
+    /// [default: --instances x GPUs per instance].
+    #[arg(long, value_name = "G")]
+    pub gpu_budget: Option<u32>,
+
+    /// fixed-xpyd's group, X prefill and Y decode instances [default: the starting pools' ratio].
+    #[arg(long, value_name = "X:Y")]
+    pub xpyd: Option<String>,
 }
 
 impl SimFlags {
@@ -165,6 +198,7 @@ impl SimFlags {
                 rate_scale: self.rate_scale,
                 max_requests: self.max_requests,
                 synthetic: None,
+                phased: None,
             },
             slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
             kv: KvSection {
@@ -182,6 +216,16 @@ impl SimFlags {
                 ..SchedulerSection::default()
             },
             cost: None,
+            pools: PoolsSection {
+                mode: self.mode.clone(),
+                prefill_instances: self.prefill_instances,
+                decode_instances: self.decode_instances,
+                autoscaler: self.autoscaler.clone(),
+                startup_s: self.startup_s,
+                gpu_budget: self.gpu_budget,
+                xpyd: self.xpyd.clone(),
+                ..PoolsSection::default()
+            },
         }
     }
 
@@ -200,6 +244,9 @@ pub fn describe(s: &Settings) -> String {
     let source = match &s.workload {
         simulator::scenario::WorkloadSource::Trace { path, .. } => path.display().to_string(),
         simulator::scenario::WorkloadSource::Synthetic(c) => format!("synthetic ({} requests)", c.requests),
+        simulator::scenario::WorkloadSource::Phased(c) => {
+            format!("phased ({} phases over {})", c.phases.len(), c.lengths.display())
+        }
     };
     let block_tokens = u64::from(s.instance.block_size);
     let mut tiers = String::new();

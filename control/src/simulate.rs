@@ -7,8 +7,8 @@ use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use indicatif::MultiProgress;
 
-use simulator::plot::{plot_cdfs, CdfSeries};
-use simulator::report::{comparison_table, write_json, Report, RunReport};
+use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
+use simulator::report::{comparison_table, pools_table, write_json, Report, RunReport};
 use simulator::scenario::{RunSpec, Settings};
 use simulator::sim::{self, RunOutput, SimConfig};
 use std::path::PathBuf;
@@ -25,6 +25,12 @@ pub struct Args {
     /// Draw TTFT and TPOT CDFs per router (SVG or PNG, by the file's extension).
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
+
+    /// Draw the time series of runs with pools (SLO attainment per window, GPUs, instances
+    /// per pool, SLO loads; SVG or PNG). Runs get a time series with --mode pd or a scenario's
+    /// [pools] timeline_s.
+    #[arg(long, value_name = "PATH")]
+    pub timeline_plot: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -41,6 +47,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone(), decisions: o.decisions.clone() })
         .collect();
     print!("{}", comparison_table(&runs));
+    let pools = pools_table(&runs);
+    if !pools.is_empty() {
+        print!("\n{pools}");
+    }
     if let Some(path) = &args.json {
         write_json(path, &Report { runs }).map_err(|e| Failure::Output(e.into()))?;
     }
@@ -50,6 +60,20 @@ pub fn run(args: Args) -> Result<(), Failure> {
             .map(|o| CdfSeries { label: o.router.clone(), ttft: o.ttft_cdf.clone(), tpot: o.tpot_cdf.clone() })
             .collect();
         plot_cdfs(path, &series).map_err(|e| Failure::Output(e.into()))?;
+    }
+    if let Some(path) = &args.timeline_plot {
+        let series: Vec<TimelineSeries> = outputs
+            .iter()
+            .filter_map(|o| {
+                let p = o.summary.pools.as_ref()?;
+                Some(TimelineSeries {
+                    label: o.router.clone(),
+                    points: p.timeline.clone(),
+                    shifts_s: p.shifts_s.clone(),
+                })
+            })
+            .collect();
+        plot_timeline(path, &series).map_err(|e| Failure::Output(e.into()))?;
     }
     Ok(())
 }

@@ -156,6 +156,13 @@ pub enum Rejected {
     TooLarge { needed_tokens: u64, capacity_tokens: u64 },
     #[error("request has an empty prompt")]
     EmptyPrompt,
+    /// A KV transfer needs its blocks at once, and this many are not available.
+    #[error("a KV transfer needs {needed_blocks} free KV blocks but only {available_blocks} are available")]
+    NoKvRoom { needed_blocks: u32, available_blocks: u32 },
+    /// Only a request whose prefill ran elsewhere (it carries its first token in `resume`)
+    /// can take its KV by transfer.
+    #[error("request has no first token to continue from: its prefill has not run")]
+    NotPrefilled,
 }
 
 /// What a load report carries (the fields vLLM's metrics expose, plus outstanding work).
@@ -188,6 +195,11 @@ pub struct Instance {
     pub(crate) waiting: VecDeque<u32>,
     /// Admitted requests in order of admission; preemption takes from the back.
     pub(crate) running: Vec<u32>,
+    /// Sequences holding KV while it is transferred to or from another instance (P/D
+    /// disaggregation, see `crate::handoff`): in no queue, never scheduled.
+    pub(crate) parked: Vec<u32>,
+    /// Prefill-only requests whose prefill ended since the last `take_handoffs`.
+    pub(crate) handoffs: Vec<crate::handoff::Handoff>,
     pub(crate) batch: Batch,
     /// Slot of each batch entry, in entry order.
     pub(crate) batch_slots: Vec<u32>,
@@ -220,6 +232,8 @@ impl Instance {
             spare_tables: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: Vec::new(),
+            handoffs: Vec::new(),
             batch: Batch::default(),
             batch_slots: Vec::new(),
             output: StepOutput::default(),
@@ -291,9 +305,9 @@ impl Instance {
         self.stepping
     }
 
-    /// Requests queued or running.
+    /// Requests queued, running, or holding KV for a transfer.
     pub fn in_flight(&self) -> usize {
-        self.running.len() + self.waiting.len()
+        self.running.len() + self.waiting.len() + self.parked.len()
     }
 
     pub fn load(&self) -> Load {
@@ -405,7 +419,7 @@ impl Instance {
                 self.decode_tokens_left -= 1;
                 self.emitted.push(e.request);
                 seq.first_token_at.get_or_insert(now);
-                any_done |= seq.generated >= seq.target_output();
+                any_done |= seq.generated >= seq.stop_at();
             }
         }
         if any_done {
@@ -474,9 +488,13 @@ impl Instance {
         for i in 0..self.running.len() {
             let s = self.running[i];
             let seq = self.seq(s);
-            if seq.generated < seq.target_output() {
+            if seq.generated < seq.stop_at() {
                 self.running[kept] = s;
                 kept += 1;
+                continue;
+            }
+            if seq.generated < seq.target_output() {
+                self.park_sending(now, s);
                 continue;
             }
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
@@ -506,9 +524,15 @@ impl Instance {
     /// Checks every bookkeeping rule of the instance; panics naming the broken one.
     pub fn check_invariants(&self) {
         let mut seen = vec![false; self.slots.len()];
-        for &s in self.waiting.iter().chain(self.running.iter()) {
+        for &s in self.waiting.iter().chain(self.running.iter()).chain(self.parked.iter()) {
             assert!(!seen[s as usize], "slot {s} queued twice");
             seen[s as usize] = true;
+        }
+        for &s in &self.parked {
+            assert!(self.seq(s).parked.is_some(), "parked slot {s} is not marked parked");
+        }
+        for &s in self.waiting.iter().chain(self.running.iter()) {
+            assert!(self.seq(s).parked.is_none(), "queued slot {s} is marked parked");
         }
         for &s in &self.free_slots {
             assert!(self.slots[s as usize].is_none(), "free slot {s} holds a sequence");

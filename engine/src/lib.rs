@@ -9,6 +9,7 @@ pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod executor;
+mod handoff;
 pub mod ids;
 pub mod instance;
 pub mod kv;
@@ -20,6 +21,7 @@ pub mod time;
 
 pub use batch::{Batch, BatchEntry, BatchStats};
 pub use executor::{Executor, ExecutorError, StepOutput};
+pub use handoff::Handoff;
 pub use ids::{block_hashes, BlockHash, BlockId, InstanceId, RequestId};
 pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
 pub use request::{CutShort, Evicted, Finished, Request, Resume};

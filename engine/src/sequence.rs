@@ -37,6 +37,22 @@ pub(crate) struct Seq {
     pub paused_wait: Dur,
     pub paused_mark: Dur,
     pub evictions: u32,
+    /// Prefill-only (disaggregated prefill): the sequence stops after its first token and
+    /// hands its KV to a decode instance instead of decoding here.
+    pub handoff: bool,
+    /// Out of the queues while its KV travels to or from another instance (see
+    /// `crate::handoff`).
+    pub parked: Option<Parked>,
+}
+
+/// Why a sequence waits outside the queues, holding its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Parked {
+    /// Its prefill ended here and its KV is being sent; the blocks are freed when the
+    /// transfer ends.
+    Sending,
+    /// Its KV is being received into blocks reserved for it; it decodes once the transfer ends.
+    Receiving,
 }
 
 impl Seq {
@@ -69,6 +85,8 @@ impl Seq {
             paused_wait: resume.map_or(Dur::ZERO, |r| r.paused_wait),
             paused_mark,
             evictions: resume.map_or(0, |r| r.evictions),
+            handoff: false,
+            parked: None,
         }
     }
 
@@ -89,8 +107,20 @@ impl Seq {
         self.prefill_len.saturating_sub(self.kv_len)
     }
 
+    /// Tokens generated when the sequence leaves this instance: its whole output, or for a
+    /// prefill-only sequence the one token its prefill samples (the decode instance generates
+    /// the rest; a request placed again after an eviction has generated some already).
+    pub fn stop_at(&self) -> u32 {
+        if self.handoff {
+            (self.generated_before + 1).min(self.target_output())
+        } else {
+            self.target_output()
+        }
+    }
+
+    /// Tokens still to generate on this instance.
     pub fn decode_left(&self) -> u32 {
-        self.target_output() - self.generated
+        self.stop_at().saturating_sub(self.generated)
     }
 
     /// Hit accounting counts only the first prefill, so that a recompute after preemption

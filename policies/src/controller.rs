@@ -15,8 +15,9 @@
 //! ChaCha generators seeded from the run's seed. The same inputs give the same decisions.
 
 use crate::fleet::{Command, FleetEvent};
+use crate::pd::{Pd, PdConfig, PdStatus, ScalingEvent};
 use crate::router::{CostHints, Router, RouterConfig, Why};
-use crate::view::{FleetView, InstanceState};
+use crate::view::{FleetView, InstanceState, Role};
 use engine::{InstanceId, Request, Time};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -49,11 +50,38 @@ pub enum Reject {
 pub struct Controller {
     router: Box<dyn Router>,
     fleet: FleetView,
+    /// Pairing, SLO load and pool sizing of a disaggregated fleet (see [`crate::pd`]);
+    /// `None` for a colocated one.
+    pd: Option<Pd>,
 }
 
 impl Controller {
     pub fn new(config: &ControllerConfig) -> Controller {
-        Controller { router: config.router.build(config.seed, &config.hints), fleet: FleetView::default() }
+        Controller { router: config.router.build(config.seed, &config.hints), fleet: FleetView::default(), pd: None }
+    }
+
+    /// The controller of a disaggregated fleet: requests go to the prefill pool, each is
+    /// paired with a decode instance when its prefill ends, and the pools are sized by
+    /// `pools.autoscaler` (see [`crate::pd`]).
+    pub fn with_pools(mut self, pools: PdConfig) -> Controller {
+        self.pd = Some(Pd::new(pools));
+        self
+    }
+
+    /// Whether the fleet should report each finished request's latencies
+    /// ([`FleetEvent::RequestLatency`]): the SLO load needs them.
+    pub fn wants_latencies(&self) -> bool {
+        self.pd.is_some()
+    }
+
+    /// The pools and their SLO loads as of the last tick (disaggregated fleets only).
+    pub fn pools(&self) -> Option<PdStatus> {
+        self.pd.as_ref().map(Pd::status)
+    }
+
+    /// Every scaling decision so far, with the loads that caused it.
+    pub fn scaling_events(&self) -> &[ScalingEvent] {
+        self.pd.as_ref().map_or(&[], Pd::scaling_events)
     }
 
     /// Whether the fleet should publish KV events (the router reads the prefix index).
@@ -69,7 +97,7 @@ impl Controller {
         &self.fleet
     }
 
-    pub fn on_event(&mut self, _now: Time, event: &FleetEvent) {
+    pub fn on_event(&mut self, now: Time, event: &FleetEvent) {
         match *event {
             FleetEvent::InstanceUp { instance, capacity_tokens } => self.fleet.up(instance, capacity_tokens),
             FleetEvent::InstanceDraining { instance } => self.set_state(instance, InstanceState::Draining),
@@ -81,6 +109,10 @@ impl Controller {
                 if let Some(v) = self.fleet.get_mut(instance) {
                     v.load = load;
                     v.routed_since_report = 0;
+                    let role = v.role;
+                    if let Some(pd) = &mut self.pd {
+                        pd.on_load(now, instance, role);
+                    }
                 }
             }
             FleetEvent::RequestFinished { instance, .. } | FleetEvent::RequestEvicted { instance, .. } => {
@@ -89,6 +121,38 @@ impl Controller {
                 }
             }
             FleetEvent::Kv { ref events } => self.fleet.index_mut().apply_batch(events),
+            FleetEvent::InstanceRole { instance, role } => {
+                let new = self.fleet.set_role(instance, role);
+                if let Some(pd) = &mut self.pd {
+                    pd.on_role(role, new);
+                }
+            }
+            FleetEvent::PrefillDone { instance, request, kv_tokens, output_tokens, ttft } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_prefill_done(now, instance, request, kv_tokens, output_tokens, ttft);
+                }
+            }
+            FleetEvent::TransferDone { request, from, .. } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_transfer_done(request);
+                }
+                if let Some(v) = self.fleet.get_mut(from) {
+                    v.in_flight = v.in_flight.saturating_sub(1);
+                }
+            }
+            FleetEvent::TransferRefused { request, to, .. } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_transfer_refused(now, request);
+                }
+                if let Some(v) = self.fleet.get_mut(to) {
+                    v.in_flight = v.in_flight.saturating_sub(1);
+                }
+            }
+            FleetEvent::RequestLatency { tpot, .. } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_latency(now, tpot);
+                }
+            }
         }
         self.router.on_event(event);
     }
@@ -110,7 +174,9 @@ impl Controller {
         };
         let v = self.fleet.get_mut(pick.instance).expect("router picked an unknown instance");
         debug_assert!(v.is_serving() && request.peak_kv_tokens() <= v.capacity_tokens);
-        v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(request.max_output_tokens);
+        // A prefill instance generates only the first token; the rest is the decode pool's.
+        let output = if v.role == Role::Prefill { 1 } else { request.max_output_tokens };
+        v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(output);
         v.in_flight += 1;
         Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })
     }
@@ -125,12 +191,18 @@ impl Controller {
         route
     }
 
-    /// Periodic decisions. The routers of this version need none; scaling and protection
-    /// policies add their commands here.
-    pub fn tick(&mut self, _now: Time, _out: &mut Vec<Command>) {}
+    /// Periodic decisions: in a disaggregated fleet, sending the KV of finished prefills to
+    /// decode instances and sizing the pools (see [`crate::pd`]). The routers need none.
+    pub fn tick(&mut self, now: Time, out: &mut Vec<Command>) {
+        if let Some(pd) = &mut self.pd {
+            pd.tick(now, &mut self.fleet, out);
+        }
+    }
 
-    /// When [`Controller::tick`] wants to be called next, if ever.
+    /// When [`Controller::tick`] wants to be called next, if ever. A disaggregated fleet's
+    /// controller always has a next scaling tick: a driver stops calling once it has no
+    /// arrivals and no fleet events left.
     pub fn next_deadline(&self) -> Option<Time> {
-        None
+        self.pd.as_ref().and_then(Pd::next_deadline)
     }
 }

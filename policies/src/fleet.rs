@@ -1,8 +1,9 @@
 //! The boundary between the controller and a fleet backend.
 
 use crate::controller::Route;
+use crate::view::Role;
 use engine::kv::KvEvent;
-use engine::{CutShort, InstanceId, Load, Request, RequestId, Time};
+use engine::{CutShort, Dur, InstanceId, Load, Request, RequestId, Time};
 
 /// What a fleet tells the controller. Closed: a new kind of news must be handled everywhere.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +26,22 @@ pub enum FleetEvent {
     /// the instance that published it; batched as engines publish them. Published only when
     /// the controller asks for them ([`crate::Controller::wants_kv_events`]).
     Kv { events: Vec<(InstanceId, KvEvent)> },
+    /// The instance serves one phase only (a disaggregated fleet); sent before its
+    /// `InstanceUp`. Instances never told are colocated.
+    InstanceRole { instance: InstanceId, role: Role },
+    /// A prefill instance computed the prompt of a request and sampled its first token
+    /// `ttft` after the request arrived; its KV (`kv_tokens`) stays there until the controller
+    /// sends it to a decode instance with [`Command::Transfer`].
+    PrefillDone { instance: InstanceId, request: RequestId, kv_tokens: u64, output_tokens: u32, ttft: Dur },
+    /// A KV transfer ended: `from` released the KV, `to` decodes the request.
+    TransferDone { request: RequestId, from: InstanceId, to: InstanceId },
+    /// `to` could not take a transfer (no KV room when it began); the KV stays on `from`
+    /// and the controller places the request again.
+    TransferRefused { request: RequestId, from: InstanceId, to: InstanceId },
+    /// A request finished with these latencies (sent after its `RequestFinished`, only to a
+    /// controller that asked: [`crate::Controller::wants_latencies`]). `tpot` is `None` for
+    /// outputs of one token.
+    RequestLatency { instance: InstanceId, request: RequestId, ttft: Dur, tpot: Option<Dur> },
 }
 
 /// What the controller asks a fleet to do besides serving requests.
@@ -32,6 +49,11 @@ pub enum FleetEvent {
 pub enum Command {
     /// Stop routing to the instance, let its requests finish, then take it down.
     Drain { instance: InstanceId },
+    /// Start a new instance in the pool of `role`; it announces itself with `InstanceRole`
+    /// and `InstanceUp` once started (which takes the fleet's start-up time).
+    Start { role: Role },
+    /// Send the KV of `request`, whose prefill ended on `from`, to decode instance `to`.
+    Transfer { request: RequestId, from: InstanceId, to: InstanceId },
 }
 
 /// Why a fleet could not take a routed request.

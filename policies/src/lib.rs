@@ -12,15 +12,27 @@
 //! | `controller` | [`Controller`]: admission, routing, accounting |
 //! | `prefix_index` | [`PrefixIndex`]: which instance caches which prefix, from KV events |
 //! | `router` | the [`Router`] trait, one file per router, and the registry |
+//! | `pd` | disaggregated fleets: handoffs to decode, SLO load, pool sizing ([`PdConfig`]) |
+//! | `pairing` | choosing the decode instance of a request whose prefill ended |
+//! | `slo_load` | [`SloLoad`]: `Load_P` and `Load_D` from actual and predicted latency |
+//! | `autoscaler` | the [`Autoscaler`] trait, one file per scaling policy, and the registry |
 
+pub mod autoscaler;
 pub mod controller;
 pub mod fleet;
+pub mod pairing;
+pub mod pd;
 pub mod prefix_index;
 pub mod router;
+pub mod slo_load;
 pub mod view;
 
+pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutoscaler};
 pub use controller::{Controller, ControllerConfig, Reject, Route};
 pub use fleet::{Command, DispatchError, Fleet, FleetEvent};
+pub use pairing::TransferHints;
+pub use pd::{PdConfig, PdStatus, ScalingEvent};
 pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};
 pub use router::{CostHints, Pick, Router, RouterConfig, UnknownRouter, Why};
-pub use view::{CandidateRule, FleetView, InstanceState, InstanceView};
+pub use slo_load::{DecodeModel, Loads, SloLoad, SloLoadConfig};
+pub use view::{CandidateRule, FleetView, InstanceState, InstanceView, Role};

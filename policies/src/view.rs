@@ -4,6 +4,30 @@
 use crate::prefix_index::PrefixIndex;
 use engine::{InstanceId, Load, Request};
 
+/// Which phase of a request an instance serves. A colocated fleet has only `Colocated`
+/// instances; a disaggregated one has a prefill pool and a decode pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Prefill and decode on the same instance.
+    #[default]
+    Colocated,
+    /// Computes prompts and hands their KV to a decode instance.
+    Prefill,
+    /// Takes prompts' KV by transfer and generates their output.
+    Decode,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Colocated => "colocated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InstanceState {
     Serving,
@@ -16,6 +40,8 @@ pub enum InstanceState {
 pub struct InstanceView {
     pub id: InstanceId,
     pub state: InstanceState,
+    /// The phase it serves (routers only ever see instances of the role being routed to).
+    pub role: Role,
     /// Largest request (prompt plus output tokens) the instance can hold.
     pub capacity_tokens: u64,
     /// The last load report.
@@ -50,6 +76,8 @@ impl InstanceView {
 pub struct CandidateRule {
     peak_kv_tokens: u64,
     avoid: Option<InstanceId>,
+    /// Only instances of this role qualify.
+    role: Role,
     /// The best rank among the instances that fit; only instances of that rank qualify.
     rank: u8,
 }
@@ -62,7 +90,7 @@ impl CandidateRule {
     }
 
     fn fits(&self, v: &InstanceView) -> bool {
-        v.is_serving() && self.peak_kv_tokens <= v.capacity_tokens
+        v.is_serving() && v.role == self.role && self.peak_kv_tokens <= v.capacity_tokens
     }
 
     pub fn admits(&self, v: &InstanceView) -> bool {
@@ -77,6 +105,8 @@ pub struct FleetView {
     index: PrefixIndex,
     /// The instance a request being placed again has just left, if any: the last choice.
     pub(crate) avoid: Option<InstanceId>,
+    /// The role a new request is routed to: `Prefill` once any instance has that role.
+    pub(crate) route_role: Role,
 }
 
 impl FleetView {
@@ -123,7 +153,12 @@ impl FleetView {
     /// The test behind [`FleetView::candidates`], for routers that walk the instances
     /// themselves.
     pub fn candidate_rule(&self, request: &Request) -> CandidateRule {
-        let mut rule = CandidateRule { peak_kv_tokens: request.peak_kv_tokens(), avoid: self.avoid, rank: 0 };
+        let mut rule = CandidateRule {
+            peak_kv_tokens: request.peak_kv_tokens(),
+            avoid: self.avoid,
+            role: self.route_role,
+            rank: 0,
+        };
         rule.rank = self
             .instances
             .iter()
@@ -134,20 +169,43 @@ impl FleetView {
         rule
     }
 
+    /// Gives instance `id` a role (before its `up`); once any instance is a prefill
+    /// instance, new requests are routed to the prefill pool. Returns whether `id` was new.
+    pub(crate) fn set_role(&mut self, id: InstanceId, role: Role) -> bool {
+        let new = self.get(id).is_none();
+        self.ensure(id);
+        self.instances[id.0 as usize].role = role;
+        if role == Role::Prefill {
+            self.route_role = Role::Prefill;
+        }
+        new
+    }
+
     pub(crate) fn up(&mut self, id: InstanceId, capacity_tokens: u64) {
+        self.ensure(id);
+        let v = &mut self.instances[id.0 as usize];
+        v.state = InstanceState::Serving;
+        v.capacity_tokens = capacity_tokens;
+    }
+
+    /// Makes room for instance `id` (instances not yet heard of are down).
+    fn ensure(&mut self, id: InstanceId) {
         let idx = id.0 as usize;
         if self.instances.len() <= idx {
             self.instances.extend((self.instances.len()..=idx).map(|i| InstanceView {
                 id: InstanceId(i as u32),
                 state: InstanceState::Down,
+                role: Role::Colocated,
                 capacity_tokens: 0,
                 load: Load::default(),
                 routed_since_report: 0,
                 in_flight: 0,
             }));
         }
-        let v = &mut self.instances[idx];
-        v.state = InstanceState::Serving;
-        v.capacity_tokens = capacity_tokens;
+    }
+
+    /// The role new requests are routed to: `Prefill` in a disaggregated fleet.
+    pub fn route_role(&self) -> Role {
+        self.route_role
     }
 }

@@ -5,12 +5,21 @@
 //! that caused them (the time a real event bus takes); every other event is immediate.
 //! Requests an instance evicts (KV high-water protection) wait in the fleet, counted in
 //! flight, until the driver takes them to place them again.
+//!
+//! A disaggregated fleet ([`SimFleet::disaggregated`]) has a prefill pool and a decode pool.
+//! A prefill instance runs each request's prefill only and parks it, KV held, reporting
+//! `PrefillDone`; on `Command::Transfer` the decode instance reserves blocks for the KV at
+//! once and the transfer takes `bytes per token × tokens / bandwidth + latency`, after which
+//! the prefill side releases its copy and the decode side decodes (`TransferDone`). Instances
+//! asked for with `Command::Start` serve after the start-up time; a draining instance goes
+//! down once it holds no request, parked ones included. GPU time is integrated over every
+//! instance that holds its GPUs: starting, serving or draining.
 
 use crate::cost::CostModelExecutor;
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
-use engine::{Dur, Evicted, Finished, Instance, InstanceConfig, InstanceId, Request, Time};
-use policies::{Command, DispatchError, Fleet, FleetEvent, Route};
+use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
+use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::VecDeque;
 
 /// Something that happens to one instance at a point in virtual time.
@@ -21,10 +30,16 @@ enum Wake {
     Start,
     /// The running iteration ends.
     StepDone,
+    /// The instance has started and serves from now on.
+    Up,
+    /// The KV of `request` has arrived from `from` on this instance.
+    Arrived { request: RequestId, from: InstanceId },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
+    /// Asked for, holding its GPUs, not serving yet.
+    Starting,
     Serving,
     Draining,
     Down,
@@ -35,6 +50,17 @@ struct SimInstance {
     state: State,
     /// An iteration is running or about to start.
     busy: bool,
+    role: Role,
+}
+
+/// How a disaggregated fleet runs: pool sizes, start-up time, KV transfers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolOptions {
+    pub prefill: u32,
+    pub decode: u32,
+    /// Time from `Command::Start` to serving.
+    pub startup: Dur,
+    pub transfer: TransferHints,
 }
 
 /// How the fleet's KV tiers and events are set up.
@@ -60,6 +86,21 @@ pub struct SimFleet {
     /// KV events on their way to the controller, in order of delivery time.
     kv_in_flight: VecDeque<(Time, InstanceId, KvEvent)>,
     kv_scratch: Vec<KvEvent>,
+    /// Instance settings and the shared L3 store, for instances started later.
+    config: InstanceConfig,
+    l3: Option<SharedStore>,
+    /// Start-up time and transfer costs (a disaggregated fleet).
+    pools: Option<PoolOptions>,
+    /// Requests whose prefill ended, parked on their prefill instance until a transfer is
+    /// commanded: (prefill instance, the handoff).
+    handoffs: Vec<(InstanceId, Handoff)>,
+    handoff_scratch: Vec<Handoff>,
+    /// Report `RequestLatency` for every finished request.
+    report_latencies: bool,
+    /// Instances holding GPUs now, and the instance-time they held until `gpu_clock`.
+    holding: u32,
+    held_us: u128,
+    gpu_clock: Time,
 }
 
 impl SimFleet {
@@ -76,18 +117,121 @@ impl SimFleet {
             kv,
             kv_in_flight: VecDeque::new(),
             kv_scratch: Vec::new(),
+            config: config.clone(),
+            l3: kv.l3_blocks.map(SharedStore::new),
+            pools: None,
+            handoffs: Vec::new(),
+            handoff_scratch: Vec::new(),
+            report_latencies: false,
+            holding: 0,
+            held_us: 0,
+            gpu_clock: Time::ZERO,
         };
-        let l3 = kv.l3_blocks.map(SharedStore::new);
-        for i in 0..count {
-            let mut engine = Instance::with_shared_store(config.clone(), l3.clone());
-            if kv.publish_events {
-                engine.record_kv_events();
-            }
-            let capacity_tokens = engine.capacity_tokens();
-            fleet.instances.push(SimInstance { engine, state: State::Serving, busy: false });
-            fleet.events.push(FleetEvent::InstanceUp { instance: InstanceId(i), capacity_tokens });
+        for _ in 0..count {
+            fleet.add_instance(Time::ZERO, Role::Colocated, true);
         }
         fleet
+    }
+
+    /// A disaggregated fleet: `pools.prefill` prefill and `pools.decode` decode instances,
+    /// all serving from time zero.
+    pub fn disaggregated(
+        pools: PoolOptions,
+        config: &InstanceConfig,
+        executor: CostModelExecutor,
+        kv: KvOptions,
+    ) -> SimFleet {
+        let mut fleet = SimFleet::new(0, config, executor, kv);
+        fleet.pools = Some(pools);
+        for _ in 0..pools.prefill {
+            fleet.add_instance(Time::ZERO, Role::Prefill, true);
+        }
+        for _ in 0..pools.decode {
+            fleet.add_instance(Time::ZERO, Role::Decode, true);
+        }
+        fleet
+    }
+
+    /// Reports `RequestLatency` after every `RequestFinished` (the SLO load needs them).
+    pub fn report_latencies(&mut self) {
+        self.report_latencies = true;
+    }
+
+    /// Adds an instance of `role`, serving now (`ready`) or after the start-up time.
+    fn add_instance(&mut self, now: Time, role: Role, ready: bool) {
+        let id = InstanceId(self.instances.len() as u32);
+        let mut engine = Instance::with_shared_store(self.config.clone(), self.l3.clone());
+        if self.kv.publish_events {
+            engine.record_kv_events();
+        }
+        self.advance_gpu_clock(now);
+        self.holding += 1;
+        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role });
+        if ready {
+            self.instance_up(id);
+        } else {
+            let startup = self.pools.map_or(Dur::ZERO, |p| p.startup);
+            self.queue.push(now + startup, (id, Wake::Up));
+        }
+    }
+
+    fn instance_up(&mut self, id: InstanceId) {
+        let inst = &mut self.instances[id.0 as usize];
+        inst.state = State::Serving;
+        if inst.role != Role::Colocated {
+            self.events.push(FleetEvent::InstanceRole { instance: id, role: inst.role });
+        }
+        let capacity_tokens = inst.engine.capacity_tokens();
+        self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
+    }
+
+    fn advance_gpu_clock(&mut self, now: Time) {
+        self.held_us += u128::from(self.holding) * u128::from(now.since(self.gpu_clock).0);
+        self.gpu_clock = self.gpu_clock.max(now);
+    }
+
+    /// Instance-hours held (starting, serving or draining) from time zero to `now`.
+    pub fn instance_hours(&mut self, now: Time) -> f64 {
+        self.advance_gpu_clock(now);
+        self.held_us as f64 / 3.6e9
+    }
+
+    /// Instances per role and lifecycle now: (role, starting, serving, draining).
+    pub fn pool_counts(&self) -> Vec<(Role, u32, u32, u32)> {
+        let mut out: Vec<(Role, u32, u32, u32)> = Vec::new();
+        for inst in &self.instances {
+            let k = match out.iter().position(|c| c.0 == inst.role) {
+                Some(k) => k,
+                None => {
+                    out.push((inst.role, 0, 0, 0));
+                    out.len() - 1
+                }
+            };
+            match inst.state {
+                State::Starting => out[k].1 += 1,
+                State::Serving => out[k].2 += 1,
+                State::Draining => out[k].3 += 1,
+                State::Down => {}
+            }
+        }
+        out.sort_by_key(|c| c.0);
+        out
+    }
+
+    /// Instances holding GPUs now.
+    pub fn holding(&self) -> u32 {
+        self.holding
+    }
+
+    /// Takes a draining instance down once it holds no request.
+    fn maybe_down(&mut self, now: Time, id: InstanceId) {
+        let inst = &mut self.instances[id.0 as usize];
+        if inst.state == State::Draining && !inst.busy && inst.engine.in_flight() == 0 {
+            inst.state = State::Down;
+            self.events.push(FleetEvent::InstanceDown { instance: id });
+            self.advance_gpu_clock(now);
+            self.holding -= 1;
+        }
     }
 
     /// Time of the next thing the fleet will do on its own.
@@ -114,12 +258,41 @@ impl SimFleet {
             }
         }
         let (now, (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
+        match wake {
+            Wake::Up => {
+                self.instance_up(id);
+                return now;
+            }
+            Wake::Arrived { request, from } => {
+                self.transfer_arrived(now, request, from, id);
+                return now;
+            }
+            Wake::Start | Wake::StepDone => {}
+        }
         let inst = &mut self.instances[id.0 as usize];
         if wake == Wake::StepDone {
             let before = self.finished.len();
             inst.engine.end_step(now, &mut self.finished, &mut self.evicted_scratch);
             for f in &self.finished[before..] {
                 self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id });
+                if self.report_latencies {
+                    let ttft = f.first_token_at.since(f.request.arrival);
+                    let tpot = (f.output_tokens >= 2)
+                        .then(|| Dur(f.finished_at.since(f.first_token_at).0 / u64::from(f.output_tokens - 1)));
+                    self.events.push(FleetEvent::RequestLatency { instance: id, request: f.request.id, ttft, tpot });
+                }
+            }
+            inst.engine.take_handoffs(&mut self.handoff_scratch);
+            for h in self.handoff_scratch.drain(..) {
+                let resume = h.request.resume.as_deref().expect("a handoff carries its first token");
+                self.events.push(FleetEvent::PrefillDone {
+                    instance: id,
+                    request: h.request.id,
+                    kv_tokens: u64::from(h.kv_tokens),
+                    output_tokens: h.request.max_output_tokens,
+                    ttft: resume.first_token_at.since(h.request.arrival),
+                });
+                self.handoffs.push((id, h));
             }
             for e in self.evicted_scratch.drain(..) {
                 self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
@@ -157,12 +330,50 @@ impl SimFleet {
             Some(d) => self.queue.push(now + d, (id, Wake::StepDone)),
             None => {
                 inst.busy = false;
-                if inst.state == State::Draining {
-                    inst.state = State::Down;
-                    self.events.push(FleetEvent::InstanceDown { instance: id });
-                }
+                self.maybe_down(now, id);
             }
         }
+    }
+
+    /// Starts the transfer of `request`'s KV from `from` to `to`, or reports it refused.
+    fn start_transfer(&mut self, now: Time, request: RequestId, from: InstanceId, to: InstanceId) {
+        let Some(pos) = self.handoffs.iter().position(|(f, h)| *f == from && h.request.id == request) else {
+            return;
+        };
+        let serving = self.instances.get(to.0 as usize).is_some_and(|i| i.state == State::Serving);
+        if !serving {
+            self.events.push(FleetEvent::TransferRefused { request, from, to });
+            return;
+        }
+        let (_, h) = self.handoffs.swap_remove(pos);
+        let kv_tokens = u64::from(h.kv_tokens);
+        match self.instances[to.0 as usize].engine.receive_transfer(now, h.request) {
+            Ok(()) => {
+                let took = self.pools.map_or(Dur::ZERO, |p| p.transfer.time(kv_tokens));
+                self.queue.push(now + took, (to, Wake::Arrived { request, from }));
+            }
+            Err((_, back)) => {
+                self.handoffs.push((from, Handoff { request: back, kv_tokens: kv_tokens as u32 }));
+                self.events.push(FleetEvent::TransferRefused { request, from, to });
+            }
+        }
+    }
+
+    /// The KV arrived: the prefill side lets go of it, the decode side decodes.
+    fn transfer_arrived(&mut self, now: Time, request: RequestId, from: InstanceId, to: InstanceId) {
+        let released = self.instances[from.0 as usize].engine.release_handoff(now, request);
+        let received = self.instances[to.0 as usize].engine.finish_transfer(now, request);
+        assert!(released && received, "{request}: transfer {from} -> {to} lost track of its KV");
+        self.events.push(FleetEvent::TransferDone { request, from, to });
+        // The prefill side may now admit prompts that were waiting for the blocks it freed.
+        for id in [from, to] {
+            let inst = &mut self.instances[id.0 as usize];
+            if !inst.busy && inst.engine.has_work() {
+                inst.busy = true;
+                self.queue.push(now, (id, Wake::Start));
+            }
+        }
+        self.maybe_down(now, from);
     }
 
     /// Requests that finished since the last call, for the metrics.
@@ -193,9 +404,11 @@ impl Fleet for SimFleet {
         let Some(inst) = self.instances.get_mut(id.0 as usize).filter(|i| i.state == State::Serving) else {
             return Err((DispatchError::NotServing { instance: id }, request));
         };
-        inst.engine
-            .enqueue(now, request)
-            .map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r))?;
+        let queued = match inst.role {
+            Role::Prefill => inst.engine.enqueue_prefill_only(now, request),
+            Role::Colocated | Role::Decode => inst.engine.enqueue(now, request),
+        };
+        queued.map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r))?;
         if !inst.busy {
             inst.busy = true;
             self.queue.push(now, (id, Wake::Start));
@@ -217,10 +430,129 @@ impl Fleet for SimFleet {
                     self.queue.push(now, (instance, Wake::Start));
                 }
             }
+            Command::Start { role } => self.add_instance(now, role, false),
+            Command::Transfer { request, from, to } => self.start_transfer(now, request, from, to),
         }
     }
 
     fn poll_events(&mut self, out: &mut Vec<FleetEvent>) {
         out.append(&mut self.events);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
+    use engine::{BlockHash, RequestId};
+    use policies::Why;
+
+    fn fleet(prefill: u32, decode: u32, startup: Dur) -> SimFleet {
+        let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h100"));
+        let cost =
+            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
+                .expect("fits");
+        let config = InstanceConfig { total_blocks: 1024, ..InstanceConfig::default() };
+        let transfer = TransferHints { bytes_per_token: 131_072.0, bytes_per_s: 50e9, latency: Dur::from_millis(1) };
+        let pools = PoolOptions { prefill, decode, startup, transfer };
+        SimFleet::disaggregated(pools, &config, CostModelExecutor::new(cost), KvOptions::default())
+    }
+
+    fn request(id: u64, prompt: u32, output: u32) -> Request {
+        let block_hashes = (0..prompt / 16).map(|i| BlockHash::ROOT.chain(id * 10_000 + u64::from(i))).collect();
+        Request {
+            id: RequestId(id),
+            arrival: Time::ZERO,
+            prompt_tokens: prompt,
+            max_output_tokens: output,
+            block_hashes,
+            resume: None,
+        }
+    }
+
+    fn route(prefill: u32) -> Route {
+        Route { prefill: InstanceId(prefill), decode: InstanceId(prefill), why: Why::Turn }
+    }
+
+    /// Steps until the fleet has nothing to do, answering each `PrefillDone` with a transfer
+    /// to `to`; returns every event and, at each transfer's start and end, the KV blocks in
+    /// use on the prefill and decode side.
+    fn drive(f: &mut SimFleet, to: InstanceId) -> (Vec<FleetEvent>, Vec<(u32, u32)>) {
+        let (mut all, mut kv) = (Vec::new(), Vec::new());
+        let used = |f: &SimFleet| {
+            (f.instances[0].engine.kv().used_blocks(), f.instances[to.0 as usize].engine.kv().used_blocks())
+        };
+        let mut events = Vec::new();
+        for _ in 0..100_000 {
+            let Some(_) = f.next_time() else { break };
+            let now = f.step();
+            f.poll_events(&mut events);
+            for e in events.drain(..) {
+                match e {
+                    FleetEvent::PrefillDone { instance, request, .. } => {
+                        f.apply(now, &Command::Transfer { request, from: instance, to });
+                        kv.push(used(f));
+                    }
+                    FleetEvent::TransferDone { .. } => kv.push(used(f)),
+                    _ => {}
+                }
+                all.push(e);
+            }
+        }
+        (all, kv)
+    }
+
+    #[test]
+    fn a_transfer_holds_kv_on_both_sides_then_only_on_the_decode_side() {
+        let mut f = fleet(1, 1, Dur::ZERO);
+        f.dispatch(Time::ZERO, request(1, 160, 4), &route(0)).expect("serving");
+        let (events, kv) = drive(&mut f, InstanceId(1));
+        // 160 prompt tokens are 10 blocks: held on both sides while they travel, then the
+        // prefill side lets go.
+        assert_eq!(kv, vec![(10, 10), (0, 10)]);
+        assert!(events.contains(&FleetEvent::TransferDone {
+            request: RequestId(1),
+            from: InstanceId(0),
+            to: InstanceId(1)
+        }));
+        let mut done = Vec::new();
+        f.take_finished(&mut done);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].output_tokens, 4);
+        assert_eq!(f.in_flight(), 0);
+        for inst in &f.instances {
+            assert_eq!(inst.engine.kv().used_blocks(), 0, "no block stays held");
+        }
+    }
+
+    #[test]
+    fn a_started_instance_serves_after_the_startup_time_and_a_drained_one_finishes_its_requests() {
+        let mut f = fleet(1, 1, Dur::from_millis(10_000));
+        let mut events = Vec::new();
+        f.poll_events(&mut events);
+        events.clear();
+        f.apply(Time::ZERO, &Command::Start { role: Role::Decode });
+        assert_eq!(f.pool_counts(), vec![(Role::Prefill, 0, 1, 0), (Role::Decode, 1, 1, 0)]);
+        assert_eq!(f.next_time(), Some(Time::from_millis(10_000)));
+        f.step();
+        f.poll_events(&mut events);
+        assert_eq!(
+            events,
+            vec![
+                FleetEvent::InstanceRole { instance: InstanceId(2), role: Role::Decode },
+                FleetEvent::InstanceUp { instance: InstanceId(2), capacity_tokens: 1024 * 16 },
+            ]
+        );
+        let now = Time::from_millis(10_000);
+        f.dispatch(now, request(2, 64, 50), &route(0)).expect("serving");
+        f.apply(now, &Command::Drain { instance: InstanceId(0) });
+        assert!(f.dispatch(now, request(3, 64, 5), &route(0)).is_err(), "a draining instance takes nothing new");
+        let (events, _) = drive(&mut f, InstanceId(2));
+        assert!(events.contains(&FleetEvent::InstanceDown { instance: InstanceId(0) }));
+        let mut done = Vec::new();
+        f.take_finished(&mut done);
+        assert_eq!(done.len(), 1, "the drained instance's request finished elsewhere");
+        // Three instances held GPUs for the first 10 s (one of them starting).
+        assert!(f.instance_hours(now) >= 3.0 * 10.0 / 3600.0);
     }
 }

@@ -13,16 +13,20 @@
 //! | `workload` | Mooncake and Azure trace readers, synthetic generators (streamed) |
 //! | `metrics` | fixed-size histograms and the run summary |
 //! | `report`, `plot` | terminal tables, JSON, CDF charts |
+//! | `pools` | disaggregated and autoscaled runs: settings, controller config, report |
 //! | `scenario` | scenario files, flag overlay, resolved settings |
 //! | `tiers` | the `[kv]` section: tiers on, their sizes and links, KV event delay |
+//! | `timeline` | per-window time series: pools, GPUs, SLO loads and attainment; restore times |
 
 pub mod cost;
 pub mod fleet;
 pub mod metrics;
 pub mod plot;
+pub mod pools;
 mod queue;
 pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod tiers;
+pub mod timeline;
 pub mod workload;

@@ -52,6 +52,19 @@ pub struct Slo {
     pub tpot_ms: f64,
 }
 
+impl Slo {
+    /// Whether a finished request met both targets (the rule of [`Metrics::record`]: the
+    /// TPOT target is compared without dividing, and one output token always meets it).
+    pub fn met_by(&self, f: &Finished) -> bool {
+        let ttft_met = f.first_token_at.since(f.request.arrival).0 as f64 <= self.ttft_ms * 1e3;
+        let tpot_met = f.output_tokens < 2 || {
+            let gaps = f64::from(f.output_tokens - 1);
+            f.finished_at.since(f.first_token_at).0 as f64 <= self.tpot_ms * 1e3 * gaps
+        };
+        f.ended.is_none() && ttft_met && tpot_met
+    }
+}
+
 /// Prompts of at least this many tokens are long in the per-class TTFT (the long requests of
 /// the long-input experiments are 32K to 256K tokens).
 pub const LONG_PROMPT_TOKENS: u32 = 32_768;
@@ -162,6 +175,10 @@ pub struct Summary {
     /// Per request, time queued while admission was paused (zero for most).
     #[serde(default)]
     pub paused_wait_ms: Percentiles,
+    /// Disaggregated or autoscaled fleets: pools, scaling decisions and time series (absent
+    /// for a fixed colocated fleet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pools: Option<crate::pools::PoolsReport>,
 }
 
 /// Token-weighted shares of prompt tokens served from each tier.
@@ -409,6 +426,7 @@ impl Metrics {
             ended_runaway: self.ended_runaway,
             admission_paused_s: self.admission_paused.as_secs_f64(),
             paused_wait_ms: self.paused_wait.percentiles(),
+            pools: None,
         }
     }
 

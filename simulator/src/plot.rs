@@ -161,6 +161,139 @@ where
     Ok(())
 }
 
+/// One run's time series (see [`crate::timeline`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimelineSeries {
+    pub label: String,
+    pub points: Vec<crate::timeline::TimelinePoint>,
+    /// Where the workload shifts, in seconds (drawn as vertical lines).
+    pub shifts_s: Vec<f64>,
+}
+
+/// Draws four panels over time, one line per run: SLO attainment per window, GPUs held,
+/// prefill and decode instances (dashed: decode; colocated instances as prefill), and the
+/// SLO loads `Load_P` (solid) and `Load_D` (dashed), into `path` (`.svg` or `.png`).
+pub fn plot_timeline(path: &Path, series: &[TimelineSeries]) -> Result<(), PlotError> {
+    let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let draw_error = |message: String| PlotError::Draw { path: path.to_path_buf(), message };
+    let size = (1400, 1200);
+    match extension.as_deref() {
+        Some("svg") => {
+            register_font(path)?;
+            let root = SVGBackend::new(path, size).into_drawing_area();
+            draw_timeline(&root, series).map_err(|e| draw_error(e.to_string()))?;
+            root.present().map_err(|e| draw_error(e.to_string()))
+        }
+        Some("png") => {
+            register_font(path)?;
+            let root = BitMapBackend::new(path, size).into_drawing_area();
+            draw_timeline(&root, series).map_err(|e| draw_error(e.to_string()))?;
+            root.present().map_err(|e| draw_error(e.to_string()))
+        }
+        _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf() }),
+    }
+}
+
+/// A curve of one panel: its points, and whether it is drawn dashed.
+type Curve<'a> = (String, Vec<(f64, f64)>, bool, usize);
+
+fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[TimelineSeries]) -> DrawResult<DB> {
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((4, 1));
+    let t_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.t_s)).fold(1.0, f64::max);
+    let shifts: Vec<f64> = series.first().map(|s| s.shifts_s.clone()).unwrap_or_default();
+    let pick = |f: &dyn Fn(&crate::timeline::TimelinePoint) -> Option<f64>, dashed: bool, suffix: &str| {
+        series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let pts: Vec<(f64, f64)> = s.points.iter().filter_map(|p| f(p).map(|v| (p.t_s, v))).collect();
+                (format!("{}{suffix}", s.label), pts, dashed, i)
+            })
+            .filter(|c| !c.1.is_empty())
+            .collect::<Vec<Curve>>()
+    };
+    let attainment = pick(&|p| Some(p.slo_attainment * 100.0), false, "");
+    let gpus = pick(&|p| Some(f64::from(p.gpus)), false, "");
+    let mut instances = pick(&|p| Some(f64::from(p.prefill + p.colocated)), false, " P");
+    instances.extend(pick(&|p| (p.decode > 0).then_some(f64::from(p.decode)), true, " D"));
+    let mut loads = pick(&|p| p.load_p.map(|l| l.min(5.0)), false, " Load_P");
+    loads.extend(pick(&|p| p.load_d.map(|l| l.min(5.0)), true, " Load_D"));
+    let y_max = |c: &[Curve], floor: f64| c.iter().flat_map(|c| c.1.iter().map(|p| p.1)).fold(floor, f64::max) * 1.1;
+    draw_time_panel(&panels[0], "SLO attainment per window", "%", 0.0..101.0, t_max, &attainment, &shifts)?;
+    draw_time_panel(&panels[1], "GPUs held", "GPUs", 0.0..y_max(&gpus, 1.0), t_max, &gpus, &shifts)?;
+    let top = y_max(&instances, 1.0);
+    draw_time_panel(
+        &panels[2],
+        "instances: prefill (solid), decode (dashed)",
+        "instances",
+        0.0..top,
+        t_max,
+        &instances,
+        &shifts,
+    )?;
+    let top = y_max(&loads, 1.2);
+    draw_time_panel(
+        &panels[3],
+        "SLO load (capped at 5): Load_P (solid), Load_D (dashed)",
+        "load",
+        0.0..top,
+        t_max,
+        &loads,
+        &shifts,
+    )
+}
+
+fn draw_time_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    caption: &str,
+    y_desc: &str,
+    y: std::ops::Range<f64>,
+    t_max: f64,
+    curves: &[Curve],
+    shifts: &[f64],
+) -> DrawResult<DB> {
+    let (y_lo, y_hi) = (y.start, y.end);
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FAMILY, LABEL_PX + 4))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..t_max, y)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(y_desc)
+        .axis_desc_style((FAMILY, LABEL_PX))
+        .label_style((FAMILY, LABEL_PX))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format_ms(*y))
+        .draw()?;
+    for &s in shifts {
+        chart.draw_series(LineSeries::new([(s, y_lo), (s, y_hi)], BLACK.mix(0.3)))?;
+    }
+    for (label, points, dashed, i) in curves {
+        let color = Palette99::pick(*i).to_rgba();
+        let style = color.stroke_width(2);
+        let anno = if *dashed {
+            chart.draw_series(DashedLineSeries::new(points.iter().copied(), 8, 5, style))?
+        } else {
+            chart.draw_series(LineSeries::new(points.iter().copied(), style))?
+        };
+        anno.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+    }
+    if !curves.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font((FAMILY, LABEL_PX - 2))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    Ok(())
+}
+
 /// Labelled ticks at 1, 2 and 5 times each power of ten in `[lo, hi]` (only the powers of ten
 /// when the range spans more than four decades), grid lines at the other multiples.
 /// Plotters' own log ticks label only the powers of ten, often two labels per panel.
@@ -259,5 +392,38 @@ mod tests {
         assert!(message.contains(&path.display().to_string()), "{message}");
         assert!(message.contains(".svg") && message.contains(".png"), "{message}");
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn plot_timeline_writes_four_panels_with_each_run_in_the_legend() {
+        let point = |t_s: f64, prefill: u32, load: Option<f64>| crate::timeline::TimelinePoint {
+            t_s,
+            prefill,
+            decode: prefill * 2,
+            colocated: 0,
+            starting: 1,
+            draining: 0,
+            gpus: prefill * 3,
+            load_p: load,
+            load_d: load.map(|l| l / 2.0),
+            finished: 10,
+            slo_attainment: 0.95,
+        };
+        let series = vec![
+            TimelineSeries {
+                label: "pd".into(),
+                points: vec![point(10.0, 1, Some(0.5)), point(20.0, 3, Some(9.0))],
+                shifts_s: vec![15.0],
+            },
+            TimelineSeries { label: "colocated".into(), points: vec![point(10.0, 4, None)], shifts_s: vec![15.0] },
+            TimelineSeries { label: "empty".into(), points: Vec::new(), shifts_s: Vec::new() },
+        ];
+        let path = temp_path("timeline.svg");
+        plot_timeline(&path, &series).expect("plot written");
+        let text = std::fs::read_to_string(&path).expect("plot read");
+        std::fs::remove_file(&path).expect("plot removed");
+        for label in ["SLO attainment per window", "GPUs held", "pd Load_P", "colocated P", "pd D"] {
+            assert!(text.contains(label), "{label} missing");
+        }
     }
 }

@@ -163,6 +163,50 @@ pub fn max_rate_table(runs: &[MaxRateRun]) -> String {
     render(header, rows)
 }
 
+/// One row per run with pools (disaggregated, autoscaled or with a time series): SLO
+/// attainment, GPU-hours, scaling, and the time to meet the SLO again after each shift of the
+/// workload. Empty when no run has pools.
+pub fn pools_table(runs: &[RunReport]) -> String {
+    let with_pools: Vec<(&RunReport, &crate::pools::PoolsReport)> =
+        runs.iter().filter_map(|r| r.summary.pools.as_ref().map(|p| (r, p))).collect();
+    if with_pools.is_empty() {
+        return String::new();
+    }
+    let header = [
+        "run",
+        "mode",
+        "autoscaler",
+        "start-up (s)",
+        "SLO attainment (%)",
+        "GPU-hours (h)",
+        "scaling events",
+        "transfers",
+        "restore after each shift (s)",
+        "most reversals per pool and phase",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows = with_pools
+        .iter()
+        .map(|(r, p)| {
+            let restore: Vec<String> = p.restore_s.iter().map(|s| format!("{s:.0}")).collect();
+            vec![
+                r.router.clone(),
+                p.mode.clone(),
+                p.autoscaler.clone(),
+                format!("{:.0}", p.startup_s),
+                format!("{:.2}", r.summary.slo_attainment * 100.0),
+                format!("{:.2}", r.summary.gpu_hours),
+                p.scaling_events.to_string(),
+                p.transfers.to_string(),
+                if restore.is_empty() { "-".to_string() } else { restore.join(" / ") },
+                p.direction_changes.iter().flatten().max().copied().unwrap_or(0).to_string(),
+            ]
+        })
+        .collect();
+    render(header, rows)
+}
+
 fn ratio_cell(base: f64, other: f64) -> String {
     if base == 0.0 {
         "-".to_string()

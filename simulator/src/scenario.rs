@@ -26,6 +26,12 @@
 //!
 //! [kv]                  # see `tiers.rs`
 //! tiers = "l1,l2,l3"
+//!
+//! [pools]               # see `PoolsSection`: disaggregated prefill/decode pools, autoscaling
+//! mode = "pd"
+//! prefill_instances = 2
+//! decode_instances = 6
+//! autoscaler = "slo-load"
 //! ```
 //!
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
@@ -33,11 +39,12 @@
 
 use crate::cost::{gpu_by_name, model_by_name, CostError, CostModel, CostParams, CpMode, Deployment, UnknownName};
 use crate::metrics::Slo;
+use crate::pools::PdRun;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
-use crate::workload::{self, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::{FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction};
-use policies::{RouterConfig, UnknownRouter};
+use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
+use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction};
+use policies::{AutoscalerConfig, RouterConfig, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -67,6 +74,184 @@ pub struct Scenario {
     pub scheduler: SchedulerSection,
     /// Overrides of the cost model's efficiency factors and overheads.
     pub cost: Option<CostParams>,
+    /// Prefill/decode pools and autoscaling (absent: a fixed colocated fleet).
+    #[serde(default)]
+    pub pools: PoolsSection,
+}
+
+/// `[pools]`: a disaggregated fleet, its autoscaler, and time series.
+///
+/// ```toml
+/// [pools]
+/// mode = "pd"                 # or "colocated" [default]
+/// prefill_instances = 2       # at the start [default: 1]
+/// decode_instances = 6        # [default: 1]
+/// autoscaler = "slo-load"     # none, fixed-xpyd, slo-load [default: none]
+/// startup_s = 10              # from Start to serving [default: 10]
+/// gpu_budget = 16             # GPUs held at most [default: fleet.instances × GPUs per instance]
+/// xpyd = "1:3"                # fixed-xpyd's group [default: the starting pools' ratio]
+/// min_per_pool = 1            # [default: 1]
+/// tick_s = 1                  # scaling period [default: 1]
+/// slo_window_s = 20           # SLO load window [default: 20]
+/// transfer_gb_s = 50          # KV link between P and D, GB/s [default: 50]
+/// transfer_latency_ms = 1     # per transfer [default: 1]
+/// timeline_s = 10             # time-series window [default: 10 for pd, none otherwise]
+///
+/// # Several runs on the same arrivals, each overriding the keys above:
+/// runs = [ { label = "colocated", mode = "colocated" },
+///          { label = "slo-load", autoscaler = "slo-load", startup_s = 10 } ]
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolsSection {
+    pub label: Option<String>,
+    pub mode: Option<String>,
+    pub prefill_instances: Option<u32>,
+    pub decode_instances: Option<u32>,
+    pub autoscaler: Option<String>,
+    pub startup_s: Option<f64>,
+    pub gpu_budget: Option<u32>,
+    pub xpyd: Option<String>,
+    pub min_per_pool: Option<u32>,
+    pub tick_s: Option<f64>,
+    pub slo_window_s: Option<f64>,
+    pub transfer_gb_s: Option<f64>,
+    pub transfer_latency_ms: Option<f64>,
+    pub timeline_s: Option<f64>,
+    pub runs: Option<Vec<PoolsSection>>,
+}
+
+impl PoolsSection {
+    fn overlay(self, over: PoolsSection) -> PoolsSection {
+        PoolsSection {
+            label: over.label.or(self.label),
+            mode: over.mode.or(self.mode),
+            prefill_instances: over.prefill_instances.or(self.prefill_instances),
+            decode_instances: over.decode_instances.or(self.decode_instances),
+            autoscaler: over.autoscaler.or(self.autoscaler),
+            startup_s: over.startup_s.or(self.startup_s),
+            gpu_budget: over.gpu_budget.or(self.gpu_budget),
+            xpyd: over.xpyd.or(self.xpyd),
+            min_per_pool: over.min_per_pool.or(self.min_per_pool),
+            tick_s: over.tick_s.or(self.tick_s),
+            slo_window_s: over.slo_window_s.or(self.slo_window_s),
+            transfer_gb_s: over.transfer_gb_s.or(self.transfer_gb_s),
+            transfer_latency_ms: over.transfer_latency_ms.or(self.transfer_latency_ms),
+            timeline_s: over.timeline_s.or(self.timeline_s),
+            runs: over.runs.or(self.runs),
+        }
+    }
+
+    /// One run's pools: `None` for a fixed colocated fleet without time series or label.
+    fn resolve(&self, fleet_instances: u32, gpus_per_instance: u32) -> Result<Option<PoolsRun>, ScenarioError> {
+        let seconds = |key: &'static str, v: Option<f64>, default: f64| -> Result<Dur, ScenarioError> {
+            let v = v.unwrap_or(default);
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(key, format!("{v} is not a number of seconds >= 0")));
+            }
+            Ok(Dur::from_secs_f64(v))
+        };
+        let positive_s = |key: &'static str, v: Option<f64>, default: f64| -> Result<Dur, ScenarioError> {
+            let d = seconds(key, v, default)?;
+            if d == Dur::ZERO {
+                return Err(invalid(key, "must be positive"));
+            }
+            Ok(d)
+        };
+        let autoscaler_name = self.autoscaler.as_deref().unwrap_or("none");
+        let pd = match self.mode.as_deref().unwrap_or("colocated") {
+            "colocated" => {
+                if autoscaler_name != "none" {
+                    return Err(invalid("pools.autoscaler", "autoscaling needs mode = \"pd\" (--mode pd)"));
+                }
+                None
+            }
+            "pd" => {
+                let prefill = self.prefill_instances.unwrap_or(1);
+                let decode = self.decode_instances.unwrap_or(1);
+                if prefill == 0 || decode == 0 {
+                    return Err(invalid("pools.prefill_instances", "each pool needs at least one instance"));
+                }
+                let min_per_pool = self.min_per_pool.unwrap_or(1).max(1);
+                let xpyd = match &self.xpyd {
+                    Some(s) => parse_xpyd(s)?,
+                    None => {
+                        let g = gcd(prefill, decode);
+                        (prefill / g, decode / g)
+                    }
+                };
+                let startup = seconds("pools.startup_s", self.startup_s, 10.0)?;
+                let autoscaler = AutoscalerConfig::by_name(autoscaler_name, startup, xpyd)?;
+                let gpu_budget = self.gpu_budget.unwrap_or(fleet_instances * gpus_per_instance);
+                if gpu_budget < (prefill + decode) * gpus_per_instance {
+                    let reason = format!(
+                        "{gpu_budget} GPUs cannot hold the {} starting instances of {gpus_per_instance} GPUs",
+                        prefill + decode
+                    );
+                    return Err(invalid("pools.gpu_budget", reason));
+                }
+                let gb_s = self.transfer_gb_s.unwrap_or(50.0);
+                if !(gb_s.is_finite() && gb_s > 0.0) {
+                    return Err(invalid("pools.transfer_gb_s", format!("{gb_s} is not a positive bandwidth")));
+                }
+                Some(PdRun {
+                    prefill,
+                    decode,
+                    autoscaler,
+                    startup,
+                    gpu_budget,
+                    min_per_pool,
+                    tick: positive_s("pools.tick_s", self.tick_s, 1.0)?,
+                    slo_window: positive_s("pools.slo_window_s", self.slo_window_s, 20.0)?,
+                    transfer_bytes_per_s: gb_s * 1e9,
+                    transfer_latency: seconds(
+                        "pools.transfer_latency_ms",
+                        self.transfer_latency_ms.map(|ms| ms / 1e3),
+                        0.001,
+                    )?,
+                })
+            }
+            other => return Err(invalid("pools.mode", format!("unknown mode `{other}` (valid: colocated, pd)"))),
+        };
+        let timeline = match (self.timeline_s, &pd) {
+            (None, None) => None,
+            (None, Some(_)) => Some(Dur::from_secs_f64(10.0)),
+            (Some(s), _) => Some(positive_s("pools.timeline_s", Some(s), 10.0)?),
+        };
+        if pd.is_none() && timeline.is_none() && self.label.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(PoolsRun { label: self.label.clone(), pd, timeline }))
+    }
+}
+
+/// `X:Y`, both at least 1.
+fn parse_xpyd(s: &str) -> Result<(u32, u32), ScenarioError> {
+    let bad = || invalid("pools.xpyd", format!("`{s}` is not X:Y with X, Y >= 1 (like 1:3)"));
+    let (x, y) = s.split_once(':').ok_or_else(bad)?;
+    let x: u32 = x.trim().parse().map_err(|_| bad())?;
+    let y: u32 = y.trim().parse().map_err(|_| bad())?;
+    if x == 0 || y == 0 {
+        return Err(bad());
+    }
+    Ok((x, y))
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a.max(1)
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// One run's pools, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolsRun {
+    /// Appended to the router's name in reports (`router/label`).
+    pub label: Option<String>,
+    pub pd: Option<PdRun>,
+    pub timeline: Option<Dur>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -102,6 +287,8 @@ pub struct WorkloadSection {
     pub rate_scale: Option<f64>,
     pub max_requests: Option<u64>,
     pub synthetic: Option<SyntheticConfig>,
+    /// A workload whose shape shifts in phases (see [`crate::workload::PhasedConfig`]).
+    pub phased: Option<PhasedConfig>,
 }
 
 /// `[scheduler]`: `prefill = "fcfs"` (default) or `"fair"`, and fair prefill's knobs (see
@@ -259,6 +446,8 @@ pub enum ScenarioError {
     #[error(transparent)]
     UnknownRouter(#[from] UnknownRouter),
     #[error(transparent)]
+    UnknownAutoscaler(#[from] UnknownAutoscaler),
+    #[error(transparent)]
     Cost(#[from] CostError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
@@ -279,6 +468,7 @@ pub enum WorkloadSource {
     },
     /// Boxed: the description is large, and read once per run.
     Synthetic(Box<SyntheticConfig>),
+    Phased(Box<PhasedConfig>),
 }
 
 /// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
@@ -294,14 +484,20 @@ pub struct RunSpec {
     pub tiers: KvTiers,
     pub prefill: PrefillPolicy,
     pub kv_protection: Option<KvProtection>,
+    /// Disaggregated pools, autoscaling, time series (`None`: a fixed colocated fleet).
+    pub pools: Option<PoolsRun>,
 }
 
 impl RunSpec {
     /// The run's name in tables and JSON.
     pub fn label(&self) -> String {
-        match &self.variant {
+        let name = match &self.variant {
             Some(t) => format!("{}@{t}", self.router),
             None => self.router.to_string(),
+        };
+        match self.pools.as_ref().and_then(|p| p.label.as_deref()) {
+            Some(l) => format!("{name}/{l}"),
+            None => name,
         }
     }
 }
@@ -328,6 +524,12 @@ impl Scenario {
             std::fs::read_to_string(path).map_err(|source| ScenarioError::Read { path: path.to_path_buf(), source })?;
         let mut s: Scenario = toml::from_str(&text)
             .map_err(|source| ScenarioError::Parse { path: path.to_path_buf(), source: Box::new(source) })?;
+        if let Some(phased) = &mut s.workload.phased {
+            if phased.lengths.is_relative() {
+                let base = path.parent().unwrap_or(Path::new("."));
+                phased.lengths = base.join(&phased.lengths);
+            }
+        }
         if let Some(trace) = &s.workload.trace {
             if trace.is_relative() {
                 let base = path.parent().unwrap_or(Path::new("."));
@@ -342,11 +544,11 @@ impl Scenario {
         let f = over.fleet;
         let w = over.workload;
         // A trace given on top replaces a synthetic workload below, and the other way round.
-        let replaces_source = w.trace.is_some() || w.synthetic.is_some();
-        let (trace, synthetic, format) = if replaces_source {
-            (w.trace, w.synthetic, w.format)
+        let replaces_source = w.trace.is_some() || w.synthetic.is_some() || w.phased.is_some();
+        let (trace, synthetic, phased, format) = if replaces_source {
+            (w.trace, w.synthetic, w.phased, w.format)
         } else {
-            (self.workload.trace, self.workload.synthetic, w.format.or(self.workload.format))
+            (self.workload.trace, self.workload.synthetic, self.workload.phased, w.format.or(self.workload.format))
         };
         Scenario {
             seed: over.seed.or(self.seed),
@@ -370,6 +572,7 @@ impl Scenario {
                 rate_scale: w.rate_scale.or(self.workload.rate_scale),
                 max_requests: w.max_requests.or(self.workload.max_requests),
                 synthetic,
+                phased,
             },
             slo: SloSection {
                 ttft_ms: over.slo.ttft_ms.or(self.slo.ttft_ms),
@@ -378,6 +581,7 @@ impl Scenario {
             kv: self.kv.overlay(over.kv),
             scheduler: self.scheduler.overlay(over.scheduler),
             cost: over.cost.or(self.cost),
+            pools: self.pools.overlay(over.pools),
         }
     }
 
@@ -421,7 +625,22 @@ impl Scenario {
         let prefill = self.scheduler.resolve()?;
         let (protection, protection_on) = self.scheduler.resolve_protection()?;
         let kv_protection = protection_on.then_some(protection);
-        let mut routers = Vec::with_capacity(names.len());
+        let pool_runs = match &self.pools.runs {
+            None => vec![self.pools.resolve(instances, cost.gpus())?],
+            Some(runs) if runs.is_empty() => return Err(invalid("pools.runs", "name at least one run")),
+            Some(runs) => {
+                let mut out = Vec::with_capacity(runs.len());
+                for run in runs {
+                    if run.runs.is_some() {
+                        return Err(invalid("pools.runs", "a run cannot have runs of its own"));
+                    }
+                    let merged = PoolsSection { runs: None, ..self.pools.clone() }.overlay(run.clone());
+                    out.push(merged.resolve(instances, cost.gpus())?);
+                }
+                out
+            }
+        };
+        let mut routers = Vec::with_capacity(names.len() * pool_runs.len());
         for spec in &names {
             let (name, variant) = match spec.trim().split_once('@') {
                 Some((n, v)) => (n, Some(v.to_string())),
@@ -458,13 +677,16 @@ impl Scenario {
                     run_tiers = section.resolve(&cost, block_size)?;
                 }
             }
-            routers.push(RunSpec {
-                router,
-                variant,
-                tiers: run_tiers,
-                prefill: run_prefill,
-                kv_protection: run_protection,
-            });
+            for pools in &pool_runs {
+                routers.push(RunSpec {
+                    router,
+                    variant: variant.clone(),
+                    tiers: run_tiers,
+                    prefill: run_prefill,
+                    kv_protection: run_protection,
+                    pools: pools.clone(),
+                });
+            }
         }
         // The links are the same for every run; only which tiers are on differs.
         let cost = cost.with_links(tiers.links);
@@ -479,10 +701,21 @@ impl Scenario {
             kv_protection,
         };
         let w = &self.workload;
-        let workload = match (&w.trace, &w.synthetic) {
-            (Some(_), Some(_)) => return Err(invalid("workload", "give either `trace` or `synthetic`, not both")),
-            (None, None) => return Err(invalid("workload", "give a trace (--trace PATH) or a synthetic workload")),
-            (Some(path), None) => {
+        let workload = match (&w.trace, &w.synthetic, &w.phased) {
+            (None, None, Some(cfg)) => {
+                cfg.validate()?;
+                WorkloadSource::Phased(Box::new(cfg.clone()))
+            }
+            (_, _, Some(_)) => {
+                return Err(invalid("workload", "give one of `trace`, `synthetic` and `phased`, not several"))
+            }
+            (Some(_), Some(_), None) => {
+                return Err(invalid("workload", "give either `trace` or `synthetic`, not both"))
+            }
+            (None, None, None) => {
+                return Err(invalid("workload", "give a trace (--trace PATH) or a synthetic workload"))
+            }
+            (Some(path), None, None) => {
                 let format = match &w.format {
                     Some(name) => name.parse::<TraceFormat>()?,
                     None => TraceFormat::guess(path).ok_or_else(|| {
@@ -491,7 +724,7 @@ impl Scenario {
                 };
                 WorkloadSource::Trace { path: path.clone(), format }
             }
-            (None, Some(cfg)) => WorkloadSource::Synthetic(Box::new(cfg.clone())),
+            (None, Some(cfg), None) => WorkloadSource::Synthetic(Box::new(cfg.clone())),
         };
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
@@ -530,6 +763,7 @@ impl Settings {
             tiers: self.tiers,
             prefill: self.instance.prefill,
             kv_protection: self.instance.kv_protection,
+            pools: None,
         }
     }
 
@@ -550,6 +784,12 @@ impl Settings {
             l3_blocks: run.tiers.l3_blocks,
             event_delay: run.tiers.event_delay,
             infinite_cache_bound: true,
+            pd: run.pools.as_ref().and_then(|p| p.pd),
+            timeline: run.pools.as_ref().and_then(|p| p.timeline),
+            shifts_s: match &self.workload {
+                WorkloadSource::Phased(cfg) => cfg.shifts_s().iter().map(|s| s / self.rate_scale).collect(),
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -559,10 +799,91 @@ impl Settings {
         let w = match &self.workload {
             WorkloadSource::Trace { path, format } => workload::open_trace(path, *format, &opts)?,
             WorkloadSource::Synthetic(cfg) => workload::synthetic(cfg, &opts)?,
+            WorkloadSource::Phased(cfg) => workload::phased(cfg, &opts)?,
         };
         Ok(match self.max_requests {
             Some(n) => workload::limit(w, n),
             None => w,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(toml_text: &str) -> Result<Settings, ScenarioError> {
+        let base = r#"
+            [workload.synthetic]
+            requests = 10
+            arrival = { kind = "poisson", rate_rps = 1.0 }
+            input = { kind = "constant", tokens = 100 }
+            output = { kind = "constant", tokens = 10 }
+        "#;
+        let s: Scenario = toml::from_str(&format!("{toml_text}\n{base}")).expect("parses");
+        s.resolve()
+    }
+
+    #[test]
+    fn a_scenario_without_pools_runs_a_fixed_colocated_fleet() {
+        let s = resolve("").expect("valid");
+        assert_eq!(s.routers[0].pools, None);
+        assert_eq!(s.sim_config(&s.routers[0]).pd, None);
+    }
+
+    #[test]
+    fn pool_runs_multiply_the_routers_and_inherit_the_section() {
+        let s = resolve(
+            r#"
+            routers = ["round-robin", "least-outstanding"]
+            [pools]
+            gpu_budget = 12
+            startup_s = 30
+            runs = [ { label = "colo" }, { label = "slo", mode = "pd", prefill_instances = 2, decode_instances = 4, autoscaler = "slo-load" } ]
+            "#,
+        )
+        .expect("valid");
+        let labels: Vec<String> = s.routers.iter().map(RunSpec::label).collect();
+        assert_eq!(labels, ["round-robin/colo", "round-robin/slo", "least-outstanding/colo", "least-outstanding/slo"]);
+        let pd = s.routers[1].pools.as_ref().and_then(|p| p.pd).expect("a pd run");
+        assert_eq!((pd.prefill, pd.decode, pd.gpu_budget, pd.startup), (2, 4, 12, Dur::from_millis(30_000)));
+        assert_eq!(pd.autoscaler.name(), "slo-load");
+        assert_eq!(s.routers[0].pools.as_ref().map(|p| p.pd), Some(None), "colo has a label and no pools");
+    }
+
+    #[test]
+    fn bad_pool_settings_name_their_key() {
+        let err = |t: &str| resolve(t).expect_err("invalid").to_string();
+        assert_eq!(
+            err("[pools]\nmode = \"split\""),
+            "invalid setting `pools.mode`: unknown mode `split` (valid: colocated, pd)"
+        );
+        assert_eq!(
+            err("[pools]\nautoscaler = \"slo-load\""),
+            "invalid setting `pools.autoscaler`: autoscaling needs mode = \"pd\" (--mode pd)"
+        );
+        assert_eq!(
+            err("[pools]\nmode = \"pd\"\nautoscaler = \"magic\""),
+            "unknown autoscaler `magic` (valid: none, fixed-xpyd, slo-load)"
+        );
+        assert_eq!(
+            err("[pools]\nmode = \"pd\"\nxpyd = \"2x3\""),
+            "invalid setting `pools.xpyd`: `2x3` is not X:Y with X, Y >= 1 (like 1:3)"
+        );
+        assert_eq!(
+            err("[pools]\nmode = \"pd\"\nprefill_instances = 6\ndecode_instances = 6\ngpu_budget = 8"),
+            "invalid setting `pools.gpu_budget`: 8 GPUs cannot hold the 12 starting instances of 1 GPUs"
+        );
+        assert!(toml::from_str::<Scenario>("[pools]\nprefil_instances = 2").is_err(), "unknown keys are refused");
+    }
+
+    #[test]
+    fn fixed_xpyd_groups_default_to_the_starting_ratio() {
+        let s =
+            resolve("[pools]\nmode = \"pd\"\nprefill_instances = 2\ndecode_instances = 6\nautoscaler = \"fixed-xpyd\"")
+                .expect("valid");
+        let pd = s.routers[0].pools.as_ref().and_then(|p| p.pd).expect("pd");
+        assert!(matches!(pd.autoscaler, AutoscalerConfig::FixedXpyd { x: 1, y: 3, .. }));
+        assert_eq!(s.sim_config(&s.routers[0]).timeline, Some(Dur::from_millis(10_000)), "pd runs have a time series");
     }
 }

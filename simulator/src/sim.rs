@@ -15,6 +15,8 @@
 use crate::cost::{CostModel, CostModelExecutor};
 use crate::fleet::{KvOptions, SimFleet};
 use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, Summary};
+use crate::pools::{direction_changes, PdRun, PoolsReport};
+use crate::timeline::{restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig};
@@ -38,7 +40,20 @@ pub struct SimConfig {
     /// Also measure the hit rate of an infinite shared cache (memory grows with the distinct
     /// blocks of the workload).
     pub infinite_cache_bound: bool,
+    /// A disaggregated fleet (prefill and decode pools) instead of `instances` colocated ones.
+    pub pd: Option<PdRun>,
+    /// Window of the time series (`None`: no time series).
+    pub timeline: Option<Dur>,
+    /// When the workload shifts (seconds), for the time to restore the SLO after each.
+    pub shifts_s: Vec<f64>,
 }
+
+/// Controller ticks in a row with no arrival and no fleet event left, after which a run with
+/// requests still in flight is stuck (the controller cannot place them).
+const MAX_IDLE_TICKS: u32 = 1_000_000;
+
+/// Windows whose attainment is at least this meet the SLO (for restore times).
+pub const RESTORE_ATTAINMENT: f64 = 0.99;
 
 /// One routing decision, kept for explanation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -107,13 +122,27 @@ pub fn run(
 ) -> Result<RunOutput, SimError> {
     let hints = cost_hints(&config.cost, &config.instance);
     let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
+    if let Some(pd) = &config.pd {
+        let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
+        controller = controller.with_pools(pools);
+    }
     let executor = CostModelExecutor::new(config.cost.clone());
     let kv = KvOptions {
         l3_blocks: config.l3_blocks,
         publish_events: controller.wants_kv_events(),
         event_delay: config.event_delay,
     };
-    let mut fleet = SimFleet::new(config.instances, &config.instance, executor, kv);
+    let mut fleet = match &config.pd {
+        None => SimFleet::new(config.instances, &config.instance, executor, kv),
+        Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
+    };
+    if controller.wants_latencies() {
+        fleet.report_latencies();
+    }
+    let gpus_per_instance = config.cost.gpus();
+    let mut timeline = config.timeline.map(|w| Timeline::new(w, config.slo));
+    let mut transfers = 0u64;
+    let mut idle_ticks = 0u32;
     let mut bound = config.infinite_cache_bound.then(InfiniteCacheBound::default);
     let mut decisions = Vec::new();
     let mut metrics = Metrics::new(config.slo);
@@ -137,7 +166,18 @@ pub fn run(
         let t_fleet = fleet.next_time();
         let t_tick = controller.next_deadline();
         let earliest = [t_arrival, t_fleet].into_iter().flatten().min();
-        if let Some(t) = t_tick.filter(|&t| earliest.is_none_or(|e| t <= e)) {
+        // With nothing else to come, ticks matter only while requests wait in the fleet for
+        // the controller (handoffs waiting for a decode instance).
+        let tick_due = t_tick.filter(|&t| earliest.map_or(fleet.in_flight() > 0, |e| t <= e));
+        if let Some(t) = tick_due {
+            idle_ticks = if earliest.is_none() { idle_ticks + 1 } else { 0 };
+            assert!(
+                idle_ticks < MAX_IDLE_TICKS,
+                "the controller cannot place the requests left in the fleet: {} in flight, pools {:?}, fleet {:?}",
+                fleet.in_flight(),
+                controller.pools(),
+                fleet.pool_counts()
+            );
             now = now.max(t);
             controller.tick(now, &mut commands);
             for c in commands.drain(..) {
@@ -191,10 +231,17 @@ pub fn run(
         }
         fleet.poll_events(&mut events);
         for e in events.drain(..) {
+            transfers += u64::from(matches!(e, FleetEvent::TransferDone { .. }));
             controller.on_event(now, &e);
+        }
+        if let Some(tl) = timeline.as_mut().filter(|tl| tl.due(now)) {
+            tl.sample(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller);
         }
         fleet.take_finished(&mut finished);
         for f in finished.drain(..) {
+            if let Some(tl) = &mut timeline {
+                tl.record(&f);
+            }
             metrics.record(&f);
             spare.push(f.request.block_hashes);
         }
@@ -222,6 +269,43 @@ pub fn run(
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
     let mut summary = metrics.summary(&cost);
     summary.max_hit_rate = bound.map(|b| b.hit_rate());
+    let points = timeline.map(|tl| {
+        tl.finish(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller)
+    });
+    if let Some(pd) = &config.pd {
+        // The fleet's size changed over the run: GPU time is integrated, from time zero.
+        summary.gpu_hours = fleet.instance_hours(now) * f64::from(gpus_per_instance);
+        let mtok = (summary.input_tokens + summary.output_tokens) as f64 / 1e6;
+        summary.cost_per_mtok = if mtok > 0.0 { summary.gpu_hours * cost.price_per_gpu_hour / mtok } else { 0.0 };
+        let points = points.clone().unwrap_or_default();
+        summary.pools = Some(PoolsReport {
+            mode: "pd".to_string(),
+            autoscaler: pd.autoscaler.name().to_string(),
+            startup_s: pd.startup.as_secs_f64(),
+            gpu_budget: pd.gpu_budget,
+            scaling_events: controller.scaling_events().len() as u64,
+            scaling: controller.scaling_events().to_vec(),
+            transfers,
+            shifts_s: config.shifts_s.clone(),
+            restore_s: restore_times_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
+            direction_changes: direction_changes(controller.scaling_events(), &config.shifts_s),
+            timeline: points,
+        });
+    } else if let Some(points) = points {
+        summary.pools = Some(PoolsReport {
+            mode: "colocated".to_string(),
+            autoscaler: "none".to_string(),
+            startup_s: 0.0,
+            gpu_budget: gpus,
+            scaling_events: 0,
+            scaling: Vec::new(),
+            transfers: 0,
+            shifts_s: config.shifts_s.clone(),
+            restore_s: restore_times_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
+            direction_changes: vec![[0; 2]; config.shifts_s.len() + 1],
+            timeline: points,
+        });
+    }
     Ok(RunOutput {
         router: config.label.clone(),
         summary,

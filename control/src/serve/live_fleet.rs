@@ -206,6 +206,13 @@ impl Fleet for LiveFleet {
                     }
                 }
             }
+            // The live fleet is colocated: its engines never hand off a prefill, so the
+            // controller has nothing to transfer, and no scaling policy runs in it yet (a
+            // process actuator is the next step, docs/LIVE.md).
+            Command::Start { role } => tracing::warn!(?role, "no actuator: cannot start an engine"),
+            Command::Transfer { request, .. } => {
+                tracing::error!(%request, "KV transfer asked of a colocated live fleet; ignored")
+            }
         }
     }
 

@@ -28,14 +28,16 @@ pub fn with_routers(text: &str, routers: &[String]) -> Result<String, String> {
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 8] = [
+const EXAMPLES: [(&str, &str); 10] = [
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
     ("long-context-layouts.toml", include_str!("../../../examples/long-context-layouts.toml")),
     ("long-input-fair.toml", include_str!("../../../examples/long-input-fair.toml")),
+    ("live-fidelity.toml", include_str!("../../../examples/live-fidelity.toml")),
     ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
     ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
+    ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
 ];
 
@@ -151,7 +153,8 @@ mod tests {
             .unwrap_or_default();
         on_disk.retain(|n| n.ends_with(".toml"));
         on_disk.sort();
-        let embedded: Vec<String> = EXAMPLES.iter().map(|(n, _)| n.to_string()).collect();
+        let mut embedded: Vec<String> = EXAMPLES.iter().map(|(n, _)| n.to_string()).collect();
+        embedded.sort();
         assert_eq!(on_disk, embedded, "list every examples/*.toml in EXAMPLES, so that the console offers it anywhere");
     }
 

@@ -11,6 +11,7 @@
 //! | `mooncake.rs` | Mooncake JSONL: 512-token `hash_ids` mapped onto the engine's block size |
 //! | `azure.rs` | Azure LLM inference CSV: wall-clock timestamps, no prefix information |
 //! | `synthetic.rs` | [`SyntheticConfig`]: Poisson / gamma arrivals, rate schedules, length distributions, shared system prompts |
+//! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
 //! | `limit.rs` | [`limit`]: stop any workload after a number of requests |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
@@ -32,6 +33,7 @@ mod azure;
 mod limit;
 mod lines;
 mod mooncake;
+mod phased;
 mod synthetic;
 
 #[cfg(test)]
@@ -44,6 +46,7 @@ use std::str::FromStr;
 
 pub use limit::limit;
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
+pub use phased::{phased, Phase, PhasedConfig};
 pub use synthetic::{
     synthetic, ArrivalProcess, LengthDist, LongInputs, LongOutputs, PrefixGroups, RateStep, SyntheticConfig,
 };

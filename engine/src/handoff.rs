@@ -1,0 +1,382 @@
+//! Prefill/decode disaggregation inside one instance: computing a prompt and handing its KV
+//! to another instance, and taking a prompt's KV by transfer to decode it.
+//!
+//! # Sending side (a prefill instance)
+//!
+//! 1. [`Instance::enqueue_prefill_only`] queues a request that stops after its first token
+//!    (the prefill samples it), scheduled like any other prompt.
+//! 2. When that token is out, the sequence *parks*: it leaves the running queue but keeps its
+//!    blocks, since the transfer reads them, and [`Instance::take_handoffs`] hands the driver
+//!    a [`Handoff`]: the request with its timeline (`resume`: one token generated, first-token
+//!    time) and the KV it holds.
+//! 3. [`Instance::release_handoff`] frees the blocks once the transfer has ended.
+//!
+//! # Receiving side (a decode instance)
+//!
+//! 1. [`Instance::receive_transfer`] reserves blocks for the request's KV at once (the
+//!    transfer writes into them; all or nothing, so a full instance says so before the
+//!    transfer starts) and parks the sequence.
+//! 2. [`Instance::finish_transfer`] moves it to the running queue as a decoding sequence: no
+//!    prompt token is computed here. If KV later runs short it may be preempted and
+//!    recomputed here like any other sequence.
+//!
+//! During a transfer the KV is held on both sides; each side's blocks are accounted in its
+//! own cache (`Instance::check_invariants` counts parked sequences), so no block leaks.
+
+use crate::instance::{Instance, Rejected};
+use crate::request::{Request, Resume};
+use crate::sequence::{Parked, Seq};
+use crate::time::Time;
+use crate::RequestId;
+
+/// A request whose prefill ended on a prefill-only instance, waiting for its KV to be sent.
+#[derive(Clone, Debug)]
+pub struct Handoff {
+    /// The request as a decode instance takes it: `resume` carries the first token (and the
+    /// timeline: admission, first-token time, cache hits) so the finished record describes the
+    /// whole request.
+    pub request: Request,
+    /// Tokens of KV the transfer carries (the prompt's).
+    pub kv_tokens: u32,
+}
+
+impl Instance {
+    /// Queues a request that this instance only prefills: once its first token is sampled it
+    /// is handed off (see the module doc) instead of decoding here. A request asking for at
+    /// most one token simply finishes here.
+    pub fn enqueue_prefill_only(&mut self, now: Time, request: Request) -> Result<(), (Rejected, Request)> {
+        let id = request.id;
+        self.enqueue(now, request)?;
+        let &s = self.waiting.back().expect("enqueue queued the request");
+        let seq = self.seq_mut(s);
+        debug_assert_eq!(seq.request.id, id);
+        let before = seq.decode_left();
+        seq.handoff = true;
+        let after = seq.decode_left();
+        self.decode_tokens_left -= u64::from(before - after);
+        Ok(())
+    }
+
+    /// Moves the handoffs of prefill-only requests whose prefill ended since the last call
+    /// into `out`, in the order their prefills ended.
+    pub fn take_handoffs(&mut self, out: &mut Vec<Handoff>) {
+        out.append(&mut self.handoffs);
+    }
+
+    /// Parks running sequence `s`, whose prefill-only work is done, until its KV is sent.
+    pub(crate) fn park_sending(&mut self, now: Time, s: u32) {
+        let seq = self.seq_mut(s);
+        seq.parked = Some(Parked::Sending);
+        let mut request = seq.request.clone();
+        request.resume = Some(Box::new(Resume {
+            generated: seq.generated,
+            admitted_at: seq.admitted_at.unwrap_or(now),
+            first_token_at: seq.first_token_at.unwrap_or(now),
+            cached_tokens: seq.cached_tokens,
+            preemptions: seq.preemptions,
+            yields: seq.yields,
+            paused_wait: seq.paused_wait,
+            evictions: seq.evictions,
+        }));
+        let kv_tokens = seq.kv_len;
+        self.parked.push(s);
+        self.handoffs.push(Handoff { request, kv_tokens });
+    }
+
+    /// The KV of handed-off request `id` has been sent: frees its blocks here. False when no
+    /// such request is parked here.
+    pub fn release_handoff(&mut self, now: Time, id: RequestId) -> bool {
+        let Some(pos) = self.parked_position(id, Parked::Sending) else { return false };
+        let s = self.parked.remove(pos);
+        let mut seq = self.slots[s as usize].take().expect("parked slot is empty");
+        self.kv.release(now, &mut seq.kv);
+        let mut table = std::mem::take(&mut seq.kv.blocks);
+        table.clear();
+        self.spare_tables.push(table);
+        self.free_slots.push(s);
+        self.debug_check_handoff();
+        true
+    }
+
+    /// Reserves blocks for the KV of `request` (handed off by a prefill instance: its
+    /// `resume` holds the first token), which will arrive by transfer. Refused, changing
+    /// nothing, when the request could never fit, has not been prefilled, or the blocks are
+    /// not available now.
+    pub fn receive_transfer(&mut self, now: Time, request: Request) -> Result<(), (Rejected, Request)> {
+        if let Err(e) = self.admissible(&request) {
+            return Err((e, request));
+        }
+        let generated = request.generated_before();
+        if generated == 0 || generated >= request.max_output_tokens {
+            return Err((Rejected::NotPrefilled, request));
+        }
+        // The prompt's KV and that of every generated token but the last (whose KV the next
+        // decode step writes).
+        let kv_tokens = request.prompt_tokens + generated - 1;
+        let needed_blocks = self.kv.blocks_for(kv_tokens);
+        let available_blocks = self.kv.available_blocks();
+        if needed_blocks > available_blocks {
+            return Err((Rejected::NoKvRoom { needed_blocks, available_blocks }, request));
+        }
+        let table = self.spare_tables.pop().unwrap_or_default();
+        let mut seq = Seq::new(request, table, self.paused_clock(now));
+        let ok = self.kv.allocate(&mut seq.kv, needed_blocks);
+        debug_assert!(ok, "the blocks were counted available");
+        seq.prefill_len = kv_tokens;
+        seq.kv_len = kv_tokens;
+        seq.parked = Some(Parked::Receiving);
+        self.decode_tokens_left += u64::from(seq.decode_left());
+        let s = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
+        self.parked.push(s);
+        self.debug_check_handoff();
+        Ok(())
+    }
+
+    /// The KV of request `id` has arrived: it joins the running queue and decodes from the
+    /// next step. False when no such transfer is being received here.
+    pub fn finish_transfer(&mut self, now: Time, id: RequestId) -> bool {
+        let Some(pos) = self.parked_position(id, Parked::Receiving) else { return false };
+        let s = self.parked.remove(pos);
+        let seq = self.seq_mut(s);
+        seq.parked = None;
+        seq.admitted_at.get_or_insert(now);
+        self.running.push(s);
+        self.debug_check_handoff();
+        true
+    }
+
+    /// Requests parked here for a transfer, in either direction.
+    pub fn transfers_in_flight(&self) -> usize {
+        self.parked.len()
+    }
+
+    fn parked_position(&self, id: RequestId, how: Parked) -> Option<usize> {
+        self.parked.iter().position(|&s| {
+            let seq = self.seq(s);
+            seq.request.id == id && seq.parked == Some(how)
+        })
+    }
+
+    fn debug_check_handoff(&self) {
+        if cfg!(any(test, feature = "invariants")) {
+            self.check_invariants();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::*;
+    use proptest::prelude::*;
+
+    /// Every iteration takes 1 ms plus 1 µs per token.
+    struct Fixed;
+
+    impl Executor for Fixed {
+        fn execute(&mut self, batch: &Batch, _out: &mut StepOutput) -> Result<Dur, ExecutorError> {
+            Ok(Dur(1_000 + batch.stats.tokens()))
+        }
+    }
+
+    fn instance(total_blocks: u32) -> Instance {
+        Instance::new(InstanceConfig {
+            block_size: 4,
+            total_blocks,
+            max_batch_tokens: 64,
+            max_seqs: 16,
+            admission_watermark: 0.0,
+            ..InstanceConfig::default()
+        })
+    }
+
+    fn req(id: u64, prompt: u32, output: u32) -> Request {
+        let mut h = BlockHash::ROOT;
+        let block_hashes = (0..prompt / 4)
+            .map(|i| {
+                h = h.chain(id * 1_000 + u64::from(i));
+                h
+            })
+            .collect();
+        Request {
+            id: RequestId(id),
+            arrival: Time::ZERO,
+            prompt_tokens: prompt,
+            max_output_tokens: output,
+            block_hashes,
+            resume: None,
+        }
+    }
+
+    /// Steps `inst` until it has nothing to run; returns the time it went idle.
+    fn drain(inst: &mut Instance, mut now: Time, done: &mut Vec<Finished>) -> Time {
+        let mut evicted = Vec::new();
+        for _ in 0..10_000 {
+            let Some(d) = inst.begin_step(now, &mut Fixed).expect("fixed executor") else { break };
+            now += d;
+            inst.end_step(now, done, &mut evicted);
+        }
+        assert!(evicted.is_empty());
+        now
+    }
+
+    #[test]
+    fn a_prefill_only_request_hands_off_and_decodes_elsewhere_releasing_kv_on_both_sides() {
+        let (mut p, mut d) = (instance(64), instance(64));
+        p.enqueue_prefill_only(Time::ZERO, req(1, 30, 5)).unwrap();
+        assert_eq!(p.load().decode_tokens_left, 1, "a prefill-only request generates one token here");
+        let mut done = Vec::new();
+        let t = drain(&mut p, Time::ZERO, &mut done);
+        assert!(done.is_empty(), "nothing finishes on the prefill instance");
+        let mut handoffs = Vec::new();
+        p.take_handoffs(&mut handoffs);
+        let [h] = &handoffs[..] else { panic!("one handoff expected, got {}", handoffs.len()) };
+        assert_eq!(h.kv_tokens, 30);
+        let resume = h.request.resume.as_deref().copied().expect("the handoff carries its first token");
+        assert_eq!(resume.generated, 1);
+        assert_eq!((p.in_flight(), p.kv().used_blocks()), (1, 8), "the prompt's KV stays while it is sent");
+
+        d.receive_transfer(t, h.request.clone()).unwrap();
+        assert_eq!(d.kv().used_blocks(), 8, "the receiver reserves the prompt's blocks at once");
+        assert!(!d.has_work(), "nothing to run before the KV arrives");
+        assert!(p.release_handoff(t, RequestId(1)));
+        assert_eq!((p.in_flight(), p.kv().used_blocks()), (0, 0));
+        assert!(!p.release_handoff(t, RequestId(1)), "a handoff is released once");
+        assert!(d.finish_transfer(t, RequestId(1)));
+        let end = drain(&mut d, t, &mut done);
+        let [f] = &done[..] else { panic!("one request finishes") };
+        assert_eq!(f.output_tokens, 5);
+        assert_eq!(f.first_token_at, resume.first_token_at, "TTFT comes from the prefill instance");
+        assert_eq!(f.finished_at, end);
+        assert_eq!((d.in_flight(), d.kv().used_blocks()), (0, 0));
+        assert_eq!(d.load().decode_tokens_left, 0);
+    }
+
+    #[test]
+    fn a_one_token_request_finishes_on_the_prefill_instance() {
+        let mut p = instance(64);
+        p.enqueue_prefill_only(Time::ZERO, req(1, 10, 1)).unwrap();
+        let mut done = Vec::new();
+        drain(&mut p, Time::ZERO, &mut done);
+        let mut handoffs = Vec::new();
+        p.take_handoffs(&mut handoffs);
+        assert!(handoffs.is_empty());
+        assert_eq!(done.len(), 1);
+        assert_eq!(p.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_transfer_without_room_is_refused_and_changes_nothing() {
+        let mut d = instance(4);
+        let mut r = req(1, 30, 5);
+        r.resume = Some(Box::new(Resume {
+            generated: 1,
+            admitted_at: Time::ZERO,
+            first_token_at: Time::ZERO,
+            cached_tokens: [0; 3],
+            preemptions: 0,
+            yields: 0,
+            paused_wait: Dur::ZERO,
+            evictions: 0,
+        }));
+        // 30 + 5 tokens do not fit 16 at all.
+        assert!(matches!(d.receive_transfer(Time::ZERO, r.clone()), Err((Rejected::TooLarge { .. }, _))));
+        let mut d = instance(12);
+        let mut busy = req(2, 20, 1);
+        busy.resume = None;
+        d.enqueue(Time::ZERO, busy).unwrap();
+        d.begin_step(Time::ZERO, &mut Fixed).unwrap();
+        let err = d.receive_transfer(Time::ZERO, r).unwrap_err().0;
+        assert_eq!(err, Rejected::NoKvRoom { needed_blocks: 8, available_blocks: 7 });
+        assert_eq!(d.transfers_in_flight(), 0);
+        assert!(matches!(d.receive_transfer(Time::ZERO, req(3, 8, 4)), Err((Rejected::NotPrefilled, _))));
+    }
+
+    #[test]
+    fn a_request_placed_again_after_an_eviction_recomputes_and_hands_off_with_its_progress() {
+        let mut p = instance(64);
+        let mut r = req(1, 20, 10);
+        r.resume = Some(Box::new(Resume {
+            generated: 3,
+            admitted_at: Time::ZERO,
+            first_token_at: Time(5),
+            cached_tokens: [0; 3],
+            preemptions: 0,
+            yields: 0,
+            paused_wait: Dur::ZERO,
+            evictions: 1,
+        }));
+        p.enqueue_prefill_only(Time(10), r).unwrap();
+        assert_eq!(p.load().decode_tokens_left, 1);
+        let mut done = Vec::new();
+        drain(&mut p, Time(10), &mut done);
+        let mut handoffs = Vec::new();
+        p.take_handoffs(&mut handoffs);
+        let [h] = &handoffs[..] else { panic!("one handoff") };
+        // The prompt and the 3 tokens generated before were recomputed; the 4th was sampled.
+        assert_eq!(h.kv_tokens, 23);
+        let resume = h.request.resume.as_deref().copied().unwrap();
+        assert_eq!((resume.generated, resume.first_token_at), (4, Time(5)));
+        let mut d = instance(64);
+        d.receive_transfer(Time(20), h.request.clone()).unwrap();
+        assert_eq!(d.kv().used_blocks(), 6, "23 tokens of KV in 4-token blocks");
+        assert!(p.release_handoff(Time(20), RequestId(1)) && d.finish_transfer(Time(20), RequestId(1)));
+        drain(&mut d, Time(20), &mut done);
+        assert_eq!(done[0].output_tokens, 10);
+        assert_eq!(d.kv().used_blocks(), 0);
+    }
+
+    proptest! {
+        /// Any mix of requests, prefilled on one instance and decoded on another with the
+        /// transfers ending in any order, finishes every request with its whole output and
+        /// leaves no block held on either side.
+        #[test]
+        fn transfers_in_any_order_leak_no_block(
+            reqs in prop::collection::vec((1u32..60, 1u32..12), 1..12),
+            release_first in prop::collection::vec(any::<bool>(), 12),
+        ) {
+            let (mut p, mut d) = (instance(96), instance(128));
+            for (i, &(prompt, output)) in reqs.iter().enumerate() {
+                p.enqueue_prefill_only(Time::ZERO, req(i as u64, prompt, output)).unwrap();
+            }
+            let mut done = Vec::new();
+            let mut handoffs = Vec::new();
+            let mut now = Time::ZERO;
+            let mut evicted = Vec::new();
+            for _ in 0..10_000 {
+                let stepped = match p.begin_step(now, &mut Fixed).unwrap() {
+                    Some(dur) => { now += dur; p.end_step(now, &mut done, &mut evicted); true }
+                    None => false,
+                };
+                p.take_handoffs(&mut handoffs);
+                for (k, h) in handoffs.drain(..).enumerate() {
+                    let id = h.request.id;
+                    d.receive_transfer(now, h.request).unwrap();
+                    if release_first[k % release_first.len()] {
+                        prop_assert!(p.release_handoff(now, id));
+                        prop_assert!(d.finish_transfer(now, id));
+                    } else {
+                        prop_assert!(d.finish_transfer(now, id));
+                        prop_assert!(p.release_handoff(now, id));
+                    }
+                }
+                if let Some(dur) = d.begin_step(now, &mut Fixed).unwrap() {
+                    now += dur;
+                    d.end_step(now, &mut done, &mut evicted);
+                } else if !stepped {
+                    break;
+                }
+            }
+            prop_assert!(evicted.is_empty());
+            prop_assert_eq!(done.len(), reqs.len());
+            for f in &done {
+                prop_assert_eq!(f.output_tokens, f.request.max_output_tokens.max(1));
+            }
+            for inst in [&p, &d] {
+                inst.check_invariants();
+                prop_assert_eq!(inst.in_flight(), 0);
+                prop_assert_eq!(inst.kv().used_blocks(), 0);
+                prop_assert_eq!(inst.load().decode_tokens_left + inst.load().prefill_tokens_left, 0);
+            }
+        }
+    }
+}
