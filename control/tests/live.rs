@@ -321,3 +321,30 @@ fn the_demo_starts_the_live_system_and_replays_through_the_gateway() {
     assert!(stdout.contains("gateway (OpenAI API)  http://127.0.0.1:"), "{stdout}");
     assert!(stdout.contains("requests sent 40  ok 40  failed 0"), "{stdout}");
 }
+
+#[test]
+fn a_client_that_goes_away_frees_its_engine() {
+    let db = Db::fresh("cancel");
+    let s = serve(&db, &[]);
+    let _e = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    // ~5 ms a token: 2,000 tokens would hold the engine for about 10 s.
+    let response = common::client()
+        .post(format!("{}/v1/completions", s.http))
+        .bearer_auth(ADMIN)
+        .json(&json!({"model": MODEL, "prompt": "a very long story", "max_tokens": 2000, "stream": true}))
+        .send()
+        .expect("stream");
+    let mut lines = BufReader::new(response).lines().map_while(Result::ok);
+    let mut tokens = 0;
+    while tokens < 20 {
+        tokens += usize::from(lines.next().expect("stream open").starts_with("data: {"));
+    }
+    let running =
+        || get(&format!("{}/api/instances", s.http), Some(ADMIN)).1["instances"][0]["load"]["running"].as_u64();
+    assert_eq!(running(), Some(1));
+    drop(lines);
+    eventually(3, "the engine drops the abandoned request", || running() == Some(0));
+    let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "next", "max_tokens": 2}));
+    assert_eq!(status, 200);
+}

@@ -360,6 +360,36 @@ impl Instance {
         &self.output
     }
 
+    /// Drops a queued or running request whose client went away, releasing its KV (the blocks
+    /// it cached stay in the prefix tree for others). Returns whether it was here; a request
+    /// parked for a KV hand-off is left to its transfer. Called between steps only.
+    pub fn cancel(&mut self, now: Time, id: RequestId) -> bool {
+        assert!(!self.stepping, "cancel called during a step");
+        let Some(slot) = self.slots.iter().position(|s| s.as_ref().is_some_and(|q| q.request.id == id)) else {
+            return false;
+        };
+        let slot = slot as u32;
+        if let Some(i) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(i);
+        } else if let Some(i) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(i);
+        } else {
+            return false;
+        }
+        let mut seq = self.slots[slot as usize].take().expect("queued slot is empty");
+        self.kv.release(now, &mut seq.kv);
+        self.prefill_tokens_left -= u64::from(seq.prefill_left());
+        self.decode_tokens_left -= u64::from(seq.decode_left());
+        let (_, table) = seq.into_finished(now, None);
+        self.spare_tables.push(table);
+        self.free_slots.push(slot);
+        if self.config.kv_protection.is_some() {
+            self.update_admission(now);
+        }
+        self.debug_check();
+        true
+    }
+
     /// Requests that produced a token in the step [`Instance::end_step`] last credited, in
     /// batch order: what a live engine streams (with the executor's sampled tokens, when it
     /// samples, in the same order).

@@ -489,3 +489,28 @@ fn every_generated_token_is_reported_as_emitted_once() {
     }
     assert_eq!(emitted, [(1, 5), (2, 1), (3, 9)].into_iter().collect());
 }
+
+#[test]
+fn a_cancelled_request_leaves_and_frees_its_kv_while_the_others_finish() {
+    let mut inst = Instance::new(config(64, 8));
+    for (id, prompt, output) in [(1, 12, 40), (2, 8, 5), (3, 16, 5)] {
+        inst.enqueue(Time::ZERO, req(id, prompt, output, &[])).unwrap();
+    }
+    let (mut now, mut done, mut evicted) = (Time::ZERO, Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let d = inst.begin_step(now, &mut Fixed).expect("fixed executor").expect("work");
+        now += d;
+        inst.end_step(now, &mut done, &mut evicted);
+    }
+    let used = inst.kv().used_blocks();
+    assert!(inst.cancel(now, RequestId(1)), "request 1 is running");
+    assert!(inst.kv().used_blocks() < used, "its private blocks are free again");
+    assert!(!inst.cancel(now, RequestId(1)), "cancelled once");
+    assert!(!inst.cancel(now, RequestId(99)), "never here");
+    let (rest, _, _) = run(&mut inst, now);
+    done.extend(rest);
+    let mut ids: Vec<u64> = done.iter().map(|f| f.request.id.0).collect();
+    ids.sort();
+    assert_eq!(ids, [2, 3]);
+    assert_eq!(inst.kv().used_blocks(), 0);
+}

@@ -107,6 +107,7 @@ impl Runner {
             while let Ok(c) = commands.try_recv() {
                 self.handle(c);
             }
+            self.cancel_abandoned();
             let start = self.now();
             let paced = self.backend.paced();
             match self.instance.begin_step(start, self.backend.executor()) {
@@ -163,6 +164,21 @@ impl Runner {
                     }
                 }
             }
+        }
+    }
+
+    /// Drops the requests whose client stopped reading (the gateway closed the stream): they
+    /// would hold KV and batch slots to the end of their output for nobody.
+    fn cancel_abandoned(&mut self) {
+        let gone: Vec<RequestId> = self.streams.iter().filter(|(_, s)| s.out.is_closed()).map(|(&id, _)| id).collect();
+        for id in gone {
+            let now = self.now();
+            if self.instance.cancel(now, id) {
+                tracing::info!(request = %id, "client gone: request cancelled");
+            }
+            self.backend.release(id);
+            self.streams.remove(&id);
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -282,7 +282,16 @@ async fn stream_request(
         Ok(stream) => {
             let mut stream = stream.into_inner();
             loop {
-                match stream.next().await {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    // The client went away: dropping the stream cancels the call, and the
+                    // engine drops the request.
+                    () = payload.out.closed() => {
+                        let _ = news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
+                        return;
+                    }
+                };
+                match next {
                     Some(Ok(chunk)) => {
                         if !chunk.tokens.is_empty() {
                             payload.generated.extend_from_slice(&chunk.tokens);
