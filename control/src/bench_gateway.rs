@@ -49,11 +49,7 @@ struct PathResult {
 
 impl PathResult {
     fn quantile(&mut self, q: f64) -> f64 {
-        self.latencies_ms.sort_by(f64::total_cmp);
-        self.latencies_ms
-            .get(((self.latencies_ms.len().max(1) - 1) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
+        crate::replay::quantile(&mut self.latencies_ms, q)
     }
 }
 

@@ -47,7 +47,9 @@ pub struct Summary {
     cached_tokens: u64,
 }
 
-fn quantile(v: &mut [f64], q: f64) -> f64 {
+/// The `q` quantile of `v` (sorted in place), the sample nearest to rank q × (n − 1); NaN for
+/// none.
+pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

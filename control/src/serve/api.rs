@@ -141,6 +141,13 @@ impl Policy {
     pub fn validate(&self) -> Result<RouterConfig, ApiError> {
         self.router.parse::<RouterConfig>().map_err(|e| ApiError::invalid("router", e.to_string()))
     }
+
+    /// The router of a policy as stored in the database (stored ones were validated, but a
+    /// newer build may know other names).
+    pub fn stored_router(stored: Value) -> Result<RouterConfig, String> {
+        let policy: Policy = serde_json::from_value(stored).map_err(|e| e.to_string())?;
+        policy.validate().map_err(|e| format!("{e:?}"))
+    }
 }
 
 pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {

@@ -72,17 +72,41 @@ impl Hub {
 
     /// Feeds the fleet's pending events to the controller.
     pub fn pump(&mut self) {
-        let now = self.now();
         self.fleet.poll_events(&mut self.scratch);
-        for e in self.scratch.drain(..) {
-            if let FleetEvent::Load { instance, load } = e {
-                if let Some(m) = self.fleet.member_mut(instance) {
-                    m.load = load;
-                    m.last_seen = Instant::now();
-                }
-            }
-            self.controller.on_event(now, &e);
+        let mut events = std::mem::take(&mut self.scratch);
+        for e in events.drain(..) {
+            self.feed(e);
         }
+        self.scratch = events;
+    }
+
+    /// One fleet event to the controller; a load report also refreshes the engine's record.
+    fn feed(&mut self, e: FleetEvent) {
+        if let FleetEvent::Load { instance, load } = e {
+            if let Some(m) = self.fleet.member_mut(instance) {
+                m.load = load;
+                m.last_seen = Instant::now();
+            }
+        }
+        let now = self.now();
+        self.controller.on_event(now, &e);
+    }
+
+    /// Hands a routed request to the fleet; if the fleet cannot take it, undoes the
+    /// controller's accounting of it and gives the payload back.
+    fn dispatch_routed(
+        &mut self,
+        now: Time,
+        request: Request,
+        route: &Route,
+        payload: Payload,
+    ) -> Result<(), (DispatchError, Payload)> {
+        let id = request.id;
+        self.fleet.stage(id, payload);
+        self.fleet.dispatch(now, request, route).map_err(|(e, _)| {
+            self.controller.on_event(now, &FleetEvent::RequestFinished { instance: route.prefill, request: id });
+            (e, self.fleet.unstage(id).expect("staged payload vanished"))
+        })
     }
 
     /// Routes and dispatches a request whose tokens are in `payload`.
@@ -96,24 +120,16 @@ impl Hub {
             Ok(r) => r,
             Err(e) => return Err((e.into(), payload)),
         };
-        let id = request.id;
-        self.fleet.stage(id, payload);
-        match self.fleet.dispatch(now, request, &route) {
+        match self.dispatch_routed(now, request, &route, payload) {
             Ok(()) => Ok(route),
-            Err((e, _)) => {
-                // Undo the controller's accounting of the routed request.
-                let done = FleetEvent::RequestFinished { instance: route.prefill, request: id };
-                self.controller.on_event(now, &done);
-                let payload = self.fleet.unstage(id).expect("staged payload vanished");
-                Err((e.into(), payload))
-            }
+            Err((e, payload)) => Err((e.into(), payload)),
         }
     }
 
     /// Takes in what the fleet's tasks learned.
     pub fn handle(&mut self, news: News) {
         match news {
-            News::Event(e) => self.fleet_event(e),
+            News::Event(e) => self.feed(e),
             News::EngineLost { instance, why } => {
                 tracing::warn!(%instance, "engine lost: {why}");
                 self.fleet.lose(instance);
@@ -125,17 +141,6 @@ impl Hub {
             }
         }
         self.pump();
-    }
-
-    fn fleet_event(&mut self, e: FleetEvent) {
-        let now = self.now();
-        if let FleetEvent::Load { instance, load } = e {
-            if let Some(m) = self.fleet.member_mut(instance) {
-                m.load = load;
-                m.last_seen = Instant::now();
-            }
-        }
-        self.controller.on_event(now, &e);
     }
 
     /// Places a request again after its engine vanished or evicted it; it resumes after the
@@ -157,14 +162,8 @@ impl Hub {
                 let _ = payload.out.send(Delta::Failed(format!("{why}; no other engine can take it: {e}")));
             }
             Ok(route) => {
-                let id = request.id;
-                self.fleet.stage(id, payload);
-                if let Err((e, _)) = self.fleet.dispatch(now, request, &route) {
-                    let done = FleetEvent::RequestFinished { instance: route.prefill, request: id };
-                    self.controller.on_event(now, &done);
-                    if let Some(p) = self.fleet.unstage(id) {
-                        let _ = p.out.send(Delta::Failed(format!("{why}; then {e}")));
-                    }
+                if let Err((e, p)) = self.dispatch_routed(now, request, &route, payload) {
+                    let _ = p.out.send(Delta::Failed(format!("{why}; then {e}")));
                 }
             }
         }

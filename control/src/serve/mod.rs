@@ -157,10 +157,7 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         history: history::History::default(),
     });
     if let Some((version, policy, _, _)) = store.policy().await? {
-        match serde_json::from_value::<api::Policy>(policy)
-            .map_err(|e| e.to_string())
-            .and_then(|p| p.validate().map_err(|e| format!("{e:?}")))
-        {
+        match api::Policy::stored_router(policy) {
             Ok(router) => app.apply_policy(router, version),
             Err(e) => tracing::warn!(version, "stored policy ignored: {e}"),
         }
@@ -309,10 +306,7 @@ async fn sync_from_database(app: Arc<App>) {
         }
         if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
             if version > app.policy_version.load(Ordering::SeqCst) {
-                if let Ok(router) = serde_json::from_value::<api::Policy>(policy)
-                    .map_err(|_| ())
-                    .and_then(|p| p.validate().map_err(|_| ()))
-                {
+                if let Ok(router) = api::Policy::stored_router(policy) {
                     app.apply_policy(router, version);
                 }
             }
