@@ -166,17 +166,9 @@ impl Instance {
 
 #[cfg(test)]
 mod tests {
+    use crate::tests::Fixed;
     use crate::*;
     use proptest::prelude::*;
-
-    /// Every iteration takes 1 ms plus 1 µs per token.
-    struct Fixed;
-
-    impl Executor for Fixed {
-        fn execute(&mut self, batch: &Batch, _out: &mut StepOutput) -> Result<Dur, ExecutorError> {
-            Ok(Dur(1_000 + batch.stats.tokens()))
-        }
-    }
 
     fn instance(total_blocks: u32) -> Instance {
         Instance::new(InstanceConfig {
@@ -190,21 +182,7 @@ mod tests {
     }
 
     fn req(id: u64, prompt: u32, output: u32) -> Request {
-        let mut h = BlockHash::ROOT;
-        let block_hashes = (0..prompt / 4)
-            .map(|i| {
-                h = h.chain(id * 1_000 + u64::from(i));
-                h
-            })
-            .collect();
-        Request {
-            id: RequestId(id),
-            arrival: Time::ZERO,
-            prompt_tokens: prompt,
-            max_output_tokens: output,
-            block_hashes,
-            resume: None,
-        }
+        crate::tests::req(id, prompt, output, &[])
     }
 
     /// Steps `inst` until it has nothing to run; returns the time it went idle.

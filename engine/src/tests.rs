@@ -5,7 +5,7 @@ use crate::*;
 use proptest::prelude::*;
 
 /// Every iteration takes 1 ms plus 1 µs per token: enough to order events.
-struct Fixed;
+pub(crate) struct Fixed;
 
 impl Executor for Fixed {
     fn execute(&mut self, batch: &Batch, _out: &mut StepOutput) -> Result<Dur, ExecutorError> {
@@ -26,7 +26,8 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
     }
 }
 
-fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
+/// A request whose blocks are unique to it after `prefix` (content keys of shared blocks).
+pub(crate) fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request {
     let mut h = BlockHash::ROOT;
     let block_hashes = (0..prompt / 4)
         .map(|i| {
