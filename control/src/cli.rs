@@ -101,6 +101,15 @@ pub struct SimFlags {
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<u32>,
 
+    /// KV blocks per instance [default: what the GPU memory left by the weights holds].
+    #[arg(long, value_name = "N")]
+    pub kv_blocks: Option<u32>,
+
+    /// Step profile measured on the engine (`fleetplane profile`): the cost model's
+    /// efficiencies and step overhead are fitted to it.
+    #[arg(long, value_name = "FILE.json")]
+    pub profile: Option<PathBuf>,
+
     /// KV tiers: l1 (GPU memory only), l1,l2 (plus host memory per instance) or l1,l2,l3
     /// (plus a store shared by the fleet) [default: l1].
     #[arg(long, value_name = "TIERS")]
@@ -191,6 +200,8 @@ impl SimFlags {
                 block_size: self.block_size,
                 max_batch_tokens: self.max_batch_tokens,
                 max_seqs: None,
+                kv_blocks: self.kv_blocks,
+                profile: self.profile.clone(),
             },
             workload: WorkloadSection {
                 trace: self.trace.clone(),
@@ -256,14 +267,37 @@ pub fn describe(s: &Settings) -> String {
     if let Some(l3) = s.tiers.l3_blocks {
         tiers += &format!(", L3 {} tokens shared", u64::from(l3) * block_tokens);
     }
+    let calibrated = match &s.calibration {
+        Some(c) => format!(
+            " | calibrated on {} samples ({}): GEMM {:.0}%, attention {:.1}%, HBM {:.0}% of peak, {:.0} us/step \
+             (+{:.0} us with prefill); \
+             step time error median {:.1}% (uncalibrated {:.1}%), p90 {:.1}%, max {:.1}%",
+            c.samples,
+            c.source,
+            100.0 * c.compute_efficiency,
+            100.0 * c.attention_efficiency,
+            100.0 * c.memory_efficiency,
+            c.step_overhead_us,
+            c.prefill_step_overhead_us,
+            100.0 * c.median_error,
+            100.0 * c.uncalibrated_median_error,
+            100.0 * c.p90_error,
+            100.0 * c.max_error,
+        ),
+        None => String::new(),
+    };
     format!(
-        "seed={} | {} x {} on {} ({}), KV {} tokens per instance{tiers} | {} at rate x{}{}",
+        "seed={} | {} x {} on {} ({}), KV {} tokens per instance{tiers} | {} at rate x{}{}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,
         s.cost.gpu().name,
         layout(s.cost.deployment()),
-        s.cost.kv_capacity_tokens(),
+        // Blocks set by hand (engines with a memory budget) replace what the GPU would hold.
+        match s.instance.total_blocks == s.cost.kv_blocks(s.instance.block_size) {
+            true => s.cost.kv_capacity_tokens(),
+            false => u64::from(s.instance.total_blocks) * block_tokens,
+        },
         source,
         s.rate_scale,
         s.max_requests.map(|n| format!(", first {n} requests")).unwrap_or_default(),

@@ -11,6 +11,7 @@
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `make_model` | `fleetplane make-model`: a random-weight Llama model in the Hugging Face layout |
+//! | `profile` | `fleetplane profile`: the CUDA engine's step times over batch shapes, for `simulate --profile` |
 //! | `progress` | progress display on stderr for runs longer than a second |
 //! | `serve` | `fleetplane serve`: the live control plane (gateway, API, metrics, engine registry, PostgreSQL) |
 //! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
@@ -28,6 +29,7 @@ mod demo;
 mod engine_proc;
 mod make_model;
 mod max_rate;
+mod profile;
 mod progress;
 mod proto;
 mod replay;
@@ -71,6 +73,9 @@ enum Command {
     Capacity(capacity::Args),
     /// Write a Llama-shaped model with random bf16 weights (config.json + safetensors).
     MakeModel(make_model::Args),
+    /// Measure the CUDA engine's step times over a grid of batch shapes and write them as a
+    /// profile that `simulate --profile` calibrates the cost model on.
+    Profile(profile::Args),
     /// Run the live control plane: OpenAI-compatible gateway, REST API, Prometheus metrics and
     /// the engine registry, with fleet state in PostgreSQL (DATABASE_URL).
     Serve(serve::Args),
@@ -158,6 +163,7 @@ fn main() -> ExitCode {
         Command::Capacity(args) => capacity::run(args),
         Command::BenchGateway(args) => bench_gateway::run(args),
         Command::MakeModel(args) => make_model::run(args),
+        Command::Profile(args) => profile::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Engine(args) => engine_proc::run(args),
         Command::Demo(args) => demo::run(args),

@@ -52,7 +52,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
         print!("\n{pools}");
     }
     if let Some(path) = &args.json {
-        write_json(path, &Report { runs }).map_err(|e| Failure::Output(e.into()))?;
+        write_json(path, &Report { runs, calibration: settings.calibration.clone() })
+            .map_err(|e| Failure::Output(e.into()))?;
     }
     if let Some(path) = &args.plot {
         let series: Vec<CdfSeries> = outputs

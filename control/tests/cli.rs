@@ -317,3 +317,29 @@ fn a_cuda_engine_without_a_gpu_says_so() {
     }
     fails_with(&["engine", "--executor", "cuda", "--model", &model.display().to_string()], &["CUDA"]);
 }
+
+#[test]
+fn a_measured_profile_calibrates_the_simulation_and_a_wrong_one_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scenario = root.join("examples/cuda-fidelity.toml");
+    let profile = root.join("docs/results/profile-h200-llama-8b.json");
+    let dir = tests::scratch_dir("profile");
+    let json = dir.join("out.json");
+    let (scenario, profile) = (scenario.to_str().unwrap(), profile.to_str().unwrap());
+    let args = ["simulate", "--scenario", scenario, "--max-requests", "100", "--profile", profile];
+    let o = fleetplane(&[&args[..], &["--json", json.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("calibrated on"), "{}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let c = &report["calibration"];
+    let (fitted, plain) = (c["median_error"].as_f64().unwrap(), c["uncalibrated_median_error"].as_f64().unwrap());
+    assert!(fitted < 0.1 && fitted < plain / 2.0, "the fit predicts the measured steps: {c}");
+    assert_eq!(c["fits"].as_array().unwrap().len() as u64, c["samples"].as_u64().unwrap());
+    // The profile was measured on an H200: an H100 fleet cannot use it.
+    fails_with(&[&args[..], &["--gpu", "h100"]].concat(), &["profile-h200-llama-8b.json", "gpu `h200`, not `h100`"]);
+    let broken = dir.join("broken.json");
+    std::fs::write(&broken, "{\"format\": 1, \"model\": ").unwrap();
+    let mut bad = args;
+    bad[6] = broken.to_str().unwrap();
+    fails_with(&bad, &["parsing profile", "broken.json"]);
+}

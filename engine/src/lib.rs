@@ -13,6 +13,7 @@ mod handoff;
 pub mod ids;
 pub mod instance;
 pub mod kv;
+pub mod profile;
 pub mod request;
 mod scheduler;
 mod sequence;
@@ -24,6 +25,7 @@ pub use executor::{Executor, ExecutorError, StepOutput};
 pub use handoff::Handoff;
 pub use ids::{block_hashes, BlockHash, BlockId, InstanceId, RequestId};
 pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
+pub use profile::{StepProfile, StepSample, PROFILE_FORMAT};
 pub use request::{CutShort, Evicted, Finished, Request, Resume};
 pub use time::{Dur, Time};
 

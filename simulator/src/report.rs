@@ -24,6 +24,9 @@ pub struct RunReport {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub runs: Vec<RunReport>,
+    /// The cost model's fit to the engine's measured profile (`--profile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<crate::cost::Calibration>,
 }
 
 /// The highest load a router sustained within the SLO.
@@ -316,7 +319,7 @@ mod tests {
     #[test]
     fn write_json_writes_pretty_json_with_a_trailing_newline() {
         let path = std::env::temp_dir().join(format!("fleetplane-report-{}-write.json", std::process::id()));
-        let report = Report { runs: vec![run("round_robin", 1.0)] };
+        let report = Report { runs: vec![run("round_robin", 1.0)], calibration: None };
         write_json(&path, &report).expect("report written");
         let text = std::fs::read_to_string(&path).expect("report read");
         std::fs::remove_file(&path).expect("report removed");
@@ -329,7 +332,7 @@ mod tests {
     fn write_json_error_names_the_path() {
         let path =
             std::env::temp_dir().join(format!("fleetplane-report-{}-missing", std::process::id())).join("report.json");
-        let err = write_json(&path, &Report { runs: Vec::new() }).expect_err("no such directory");
+        let err = write_json(&path, &Report { runs: Vec::new(), calibration: None }).expect_err("no such directory");
         let message = err.to_string();
         assert!(message.starts_with("writing report "), "{message}");
         assert!(message.contains(&path.display().to_string()), "{message}");

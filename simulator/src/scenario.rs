@@ -37,13 +37,16 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::cost::{gpu_by_name, model_by_name, CostError, CostModel, CostParams, CpMode, Deployment, UnknownName};
+use crate::cost::{
+    calibrate, gpu_by_name, model_by_name, Calibration, CalibrationError, CostError, CostModel, CostParams, CpMode,
+    Deployment, UnknownName,
+};
 use crate::metrics::Slo;
 use crate::pools::PdRun;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction};
+use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction, StepProfile};
 use policies::{AutoscalerConfig, RouterConfig, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -277,6 +280,15 @@ pub struct FleetSection {
     pub block_size: Option<u32>,
     pub max_batch_tokens: Option<u32>,
     pub max_seqs: Option<u32>,
+    /// KV blocks per instance [default: as many as the GPU memory left by the weights holds];
+    /// set it to match engines given a memory budget (several sharing one GPU).
+    #[serde(default)]
+    pub kv_blocks: Option<u32>,
+    /// A step profile measured on the engine (JSON, see [`engine::StepProfile`]): the cost
+    /// model's efficiencies and overhead are fitted to it ([`crate::cost::calibrate`]),
+    /// replacing those of `[cost]`. Relative to the scenario file.
+    #[serde(default)]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -451,6 +463,12 @@ pub enum ScenarioError {
     Cost(#[from] CostError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
+    #[error("reading profile {path}: {source}")]
+    ReadProfile { path: PathBuf, source: std::io::Error },
+    #[error("parsing profile {path}: {source}")]
+    ParseProfile { path: PathBuf, source: serde_json::Error },
+    #[error("calibrating on profile {path}: {source}")]
+    Calibration { path: PathBuf, source: Box<CalibrationError> },
     #[error("invalid setting `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
 }
@@ -515,6 +533,8 @@ pub struct Settings {
     pub max_requests: Option<u64>,
     pub slo: Slo,
     pub tiers: KvTiers,
+    /// The fit of the cost model to `fleet.profile`, when one was given.
+    pub calibration: Option<Calibration>,
 }
 
 impl Scenario {
@@ -528,6 +548,12 @@ impl Scenario {
             if phased.lengths.is_relative() {
                 let base = path.parent().unwrap_or(Path::new("."));
                 phased.lengths = base.join(&phased.lengths);
+            }
+        }
+        if let Some(profile) = &s.fleet.profile {
+            if profile.is_relative() {
+                let base = path.parent().unwrap_or(Path::new("."));
+                s.fleet.profile = Some(base.join(profile));
             }
         }
         if let Some(trace) = &s.workload.trace {
@@ -565,6 +591,8 @@ impl Scenario {
                 block_size: f.block_size.or(self.fleet.block_size),
                 max_batch_tokens: f.max_batch_tokens.or(self.fleet.max_batch_tokens),
                 max_seqs: f.max_seqs.or(self.fleet.max_seqs),
+                kv_blocks: f.kv_blocks.or(self.fleet.kv_blocks),
+                profile: f.profile.or(self.fleet.profile),
             },
             workload: WorkloadSection {
                 trace,
@@ -607,6 +635,17 @@ impl Scenario {
             cp: f.cp.unwrap_or(1),
             cp_mode: f.cp_mode.unwrap_or_default(),
         };
+        let calibration =
+            match &f.profile {
+                Some(path) => {
+                    let profile = load_profile(path)?;
+                    Some(calibrate(model, gpu, deployment, &params, &profile).map_err(|source| {
+                        ScenarioError::Calibration { path: path.clone(), source: Box::new(source) }
+                    })?)
+                }
+                None => None,
+            };
+        let params = calibration.as_ref().map_or(params, |c| c.params.clone());
         let cost = CostModel::new(model, gpu, deployment, params)?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
@@ -688,11 +727,16 @@ impl Scenario {
                 });
             }
         }
+        let total_blocks = match f.kv_blocks {
+            Some(0) => return Err(invalid("fleet.kv_blocks", "must be at least 1")),
+            Some(n) => n,
+            None => cost.kv_blocks(block_size),
+        };
         // The links are the same for every run; only which tiers are on differs.
         let cost = cost.with_links(tiers.links);
         let instance = InstanceConfig {
             block_size,
-            total_blocks: cost.kv_blocks(block_size),
+            total_blocks,
             max_batch_tokens,
             max_seqs,
             admission_watermark: defaults.admission_watermark,
@@ -750,8 +794,16 @@ impl Scenario {
             max_requests: w.max_requests,
             slo,
             tiers,
+            calibration,
         })
     }
+}
+
+/// Reads a step profile (JSON).
+pub fn load_profile(path: &Path) -> Result<StepProfile, ScenarioError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
+    serde_json::from_str(&text).map_err(|source| ScenarioError::ParseProfile { path: path.into(), source })
 }
 
 impl Settings {

@@ -15,7 +15,8 @@ use anyhow::{anyhow, Context};
 use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Executor, Instance, InstanceConfig};
 use runner::{Backend, Runner, Shared};
-use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment};
+use simulator::cost::{calibrate, gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment};
+use simulator::scenario::load_profile;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
@@ -34,7 +35,8 @@ pub struct Args {
     pub executor: ExecutorKind,
 
     /// Model served: a cost-model name for `sim` (llama-3.1-8b, llama-3.1-70b, qwen3-32b,
-    /// deepseek-v3); a Hugging Face model folder (config.json + safetensors) for `cuda`.
+    /// deepseek-v3); a Hugging Face model folder (config.json + safetensors) for `cuda`, or
+    /// `random:NAME` (random weights drawn on the GPU in a make-model preset's shape).
     #[arg(long, default_value = "llama-3.1-8b")]
     pub model: String,
 
@@ -75,6 +77,11 @@ pub struct Args {
     /// Token budget of one iteration (chunked prefill).
     #[arg(long, default_value_t = 8192)]
     pub max_batch_tokens: u32,
+
+    /// `sim`: a step profile measured on the CUDA engine (`fleetplane profile`); the cost
+    /// model's efficiencies are fitted to it.
+    #[arg(long, value_name = "FILE.json")]
+    pub profile: Option<std::path::PathBuf>,
 
     /// Address of the engine's gRPC service (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -136,7 +143,18 @@ pub fn run(args: Args) -> Result<(), Failure> {
 fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
     let model = model_by_name(&args.model)?;
     let gpu = gpu_by_name(&args.gpu)?;
-    let cost = CostModel::new(model, gpu, Deployment::tensor_parallel(args.tp), CostParams::default())?;
+    let deployment = Deployment::tensor_parallel(args.tp);
+    let params = match &args.profile {
+        Some(path) => {
+            let profile = load_profile(path)?;
+            let fit = calibrate(model, gpu, deployment, &CostParams::default(), &profile)
+                .with_context(|| format!("calibrating on profile {}", path.display()))?;
+            tracing::info!(median_error = fit.median_error, "cost model calibrated on {}", path.display());
+            fit.params
+        }
+        None => CostParams::default(),
+    };
+    let cost = CostModel::new(model, gpu, deployment, params)?;
     if args.block_size == 0 || !args.block_size.is_power_of_two() || args.block_size > 512 {
         return Err(anyhow!("--block-size {} is not a power of two between 1 and 512", args.block_size));
     }
@@ -182,14 +200,8 @@ impl Backend for CudaBackend {
 }
 
 fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
-    use engine::cuda::{libraries_present, CudaExecutor, CudaExecutorConfig, ModelSource};
-    let dir = std::path::PathBuf::from(&args.model);
-    if !dir.join("config.json").is_file() {
-        return Err(anyhow!(
-            "--model {} is not a model folder (no config.json); make one with `fleetplane make-model`",
-            dir.display()
-        ));
-    }
+    use engine::cuda::{libraries_present, CudaExecutor, CudaExecutorConfig};
+    let source = crate::profile::model_source(&args.model)?;
     if let Err(missing) = libraries_present() {
         return Err(anyhow!("the CUDA executor needs a GPU driver and CUDA libraries: {missing}"));
     }
@@ -203,7 +215,7 @@ fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig
         gpu_memory_bytes,
         block_size: args.block_size,
         max_batch_tokens: args.max_batch_tokens,
-        ..CudaExecutorConfig::new(ModelSource::Dir(dir))
+        ..CudaExecutorConfig::new(source)
     };
     let exec = CudaExecutor::new(config).map_err(|e| anyhow!("cannot start the CUDA executor: {e}"))?;
     let mut instance = exec.instance_config();

@@ -28,9 +28,10 @@ pub fn with_routers(text: &str, routers: &[String]) -> Result<String, String> {
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 10] = [
+const EXAMPLES: [(&str, &str); 11] = [
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
+    ("cuda-fidelity.toml", include_str!("../../../examples/cuda-fidelity.toml")),
     ("long-context-layouts.toml", include_str!("../../../examples/long-context-layouts.toml")),
     ("long-input-fair.toml", include_str!("../../../examples/long-input-fair.toml")),
     ("live-fidelity.toml", include_str!("../../../examples/live-fidelity.toml")),
@@ -133,7 +134,8 @@ fn run(text: &str) -> Result<(serde_json::Value, String), String> {
         .map_err(|e| e.to_string())
         .and_then(|()| std::fs::read_to_string(&path).map_err(|e| format!("cannot read the chart back: {e}")));
     let _ = std::fs::remove_dir_all(&dir);
-    let result = serde_json::to_value(Report { runs }).map_err(|e| e.to_string())?;
+    let result =
+        serde_json::to_value(Report { runs, calibration: settings.calibration.clone() }).map_err(|e| e.to_string())?;
     Ok((result, chart?))
 }
 

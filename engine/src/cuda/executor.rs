@@ -27,7 +27,7 @@ use super::graph::{DecodeGraphs, GraphCache};
 use super::kernels::{KernelShape, Kernels};
 use super::kv::{KvPool, StepLayout};
 use super::model::{random_weights, Llama, Scratch};
-use super::sampling::{sample, Sampling};
+use super::sampling::Sampling;
 use super::weights::{ModelFiles, Weights};
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
@@ -107,6 +107,7 @@ pub struct CudaExecutor {
     /// Host copies reused across steps.
     argmax_host: Vec<u32>,
     logits_host: Vec<f32>,
+    sample_params: Vec<f32>,
 }
 
 impl CudaExecutor {
@@ -169,7 +170,13 @@ impl CudaExecutor {
             max_seqs: config.max_seqs,
             argmax_host: Vec::new(),
             logits_host: Vec::new(),
+            sample_params: Vec::new(),
         })
+    }
+
+    /// The device's name as the driver reports it (e.g. `NVIDIA H200`).
+    pub fn device_name(&self) -> Result<String, CudaError> {
+        self.gpu.ctx.name().map_err(|e| CudaError::call("reading the device name", e))
     }
 
     /// The model's shape.
@@ -285,8 +292,9 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Copies the step's sampled tokens (and logits where needed) to the host and appends
-    /// each to its request. `rows`: the real sampled rows, in entry order.
+    /// Draws the tokens of the rows that sample (greedy rows keep the argmax the forward
+    /// pass left), copies the step's tokens to the host (and the logits where checks capture
+    /// them) and appends each to its request. `rows`: the real sampled rows, in entry order.
     fn read_tokens(
         &mut self,
         batch: &Batch,
@@ -297,12 +305,26 @@ impl CudaExecutor {
         if rows == 0 {
             return self.gpu.sync();
         }
+        self.sample_params.clear();
+        let mut any_sampled = false;
+        for &e in &layout.emitting {
+            let seq = &self.seqs[&batch.entries[e].request];
+            let s = seq.sampling;
+            let (temperature, u) = if s.is_greedy() {
+                (0.0, 0.0)
+            } else {
+                any_sampled = true;
+                (s.temperature, s.uniform((seq.tokens.len() - seq.prompt_len) as u64))
+            };
+            self.sample_params.extend([temperature, s.top_p, u]);
+        }
+        if any_sampled {
+            self.model.sample_rows(&self.gpu, &self.kernels, &mut self.scratch, &self.sample_params)?;
+        }
         self.argmax_host.resize(rows, 0);
         self.gpu.download(&self.scratch.argmax, &mut self.argmax_host, "sampled tokens")?;
-        let need_logits = self.captured.is_some()
-            || layout.emitting.iter().any(|&e| !self.seqs[&batch.entries[e].request].sampling.is_greedy());
         let vocab = self.model.cfg.vocab_size;
-        if need_logits {
+        if self.captured.is_some() {
             self.model.widen_logits(&self.gpu, &self.kernels, &self.scratch, rows)?;
             self.logits_host.resize(rows * vocab, 0.0);
             self.gpu.download(&self.scratch.logits_f32, &mut self.logits_host, "logits")?;
@@ -310,12 +332,7 @@ impl CudaExecutor {
         for (k, &e) in layout.emitting.iter().enumerate() {
             let id = batch.entries[e].request;
             let seq = self.seqs.get_mut(&id).expect("layout checked every request");
-            let token = if seq.sampling.is_greedy() {
-                self.argmax_host[k]
-            } else {
-                let draw = (seq.tokens.len() - seq.prompt_len) as u64;
-                sample(&self.logits_host[k * vocab..(k + 1) * vocab], &seq.sampling, draw)
-            };
+            let token = self.argmax_host[k];
             if let Some(c) = self.captured.as_mut() {
                 c.entry(id).or_default().push(self.logits_host[k * vocab..(k + 1) * vocab].to_vec());
             }

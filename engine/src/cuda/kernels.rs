@@ -9,6 +9,7 @@
 //! | `rope_kv.cu` | `rope_kv_write` |
 //! | `attention.cu` | `paged_attention_split` and `attention_combine` (serving), `paged_attention` (the simple reference) |
 //! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
+//! | `sample.cu` | `sample_rows`: temperature and top-p sampling |
 
 use super::error::CudaError;
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -18,11 +19,12 @@ use std::sync::Arc;
 const PRELUDE: &str = include_str!("kernels/prelude.cu");
 
 /// Every kernel source, by file name.
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope_kv.cu", include_str!("kernels/rope_kv.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("sample.cu", include_str!("kernels/sample.cu")),
 ];
 
 /// What the sources are specialised for.
@@ -75,6 +77,7 @@ pub struct Kernels {
     pub silu_mul: CudaFunction,
     pub gather_rows: CudaFunction,
     pub argmax_rows: CudaFunction,
+    pub sample_rows: CudaFunction,
     pub widen: CudaFunction,
     pub fill_uniform: CudaFunction,
 }
@@ -102,6 +105,7 @@ impl Kernels {
             silu_mul: get("elementwise.cu", "silu_mul")?,
             gather_rows: get("elementwise.cu", "gather_rows")?,
             argmax_rows: get("elementwise.cu", "argmax_rows")?,
+            sample_rows: get("sample.cu", "sample_rows")?,
             widen: get("elementwise.cu", "widen")?,
             fill_uniform: get("elementwise.cu", "fill_uniform")?,
         })

@@ -16,6 +16,7 @@
 //! | `kv.rs` | the paged KV pool, and a batch flattened into kernel arguments |
 //! | `model.rs` | the forward pass |
 //! | `graph.rs` | CUDA graphs of decode steps, one per batch-size bucket |
+//! | `profile.rs` | the step profile: measured times over a grid of batch shapes ([`sweep`]) |
 //! | `sampling.rs` | greedy, temperature and top-p sampling |
 //! | `executor.rs` | [`CudaExecutor`] and its contract with the engine process |
 //!
@@ -32,6 +33,7 @@ mod graph;
 pub mod kernels;
 mod kv;
 mod model;
+mod profile;
 mod sampling;
 pub mod synth;
 mod weights;
@@ -43,7 +45,8 @@ pub use error::CudaError;
 pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
 pub use graph::DecodeGraphs;
 pub use kv::{KvPool, StepLayout};
-pub use sampling::{sample, Sampling};
+pub use profile::{serving_shapes, sweep, Shape, RUNS};
+pub use sampling::{sample, sample_with, Sampling};
 pub use weights::{safetensors_files, tensor_shapes, ModelFiles};
 
 #[cfg(test)]

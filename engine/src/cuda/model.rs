@@ -32,6 +32,8 @@ pub struct Scratch {
     logits: CudaSlice<u16>,
     pub logits_f32: CudaSlice<f32>,
     pub argmax: CudaSlice<u32>,
+    /// Per sampled row: temperature, top-p and the row's uniform draw (`sample_rows`).
+    sample_params: CudaSlice<f32>,
     ids: CudaSlice<u32>,
     pos: CudaSlice<i32>,
     slots: CudaSlice<i64>,
@@ -52,7 +54,7 @@ impl Scratch {
     /// Device bytes of the buffers for these limits (for the memory budget).
     pub fn bytes(cfg: &LlamaConfig, max_tokens: usize, max_rows: usize, sms: usize) -> u64 {
         let per_token = 2 * (3 * cfg.hidden_size + cfg.qkv_dim() + cfg.q_dim() + 3 * cfg.intermediate_size) + 4 * 8;
-        let per_row = 2 * cfg.hidden_size + 6 * cfg.vocab_size + 8;
+        let per_row = 2 * cfg.hidden_size + 6 * cfg.vocab_size + 20;
         let partial = 4 * partial_elems(cfg, max_tokens, sms);
         (max_tokens * per_token + max_rows * per_row + partial) as u64
     }
@@ -80,6 +82,7 @@ impl Scratch {
             logits: gpu.zeros(r * cfg.vocab_size, "logits")?,
             logits_f32: gpu.zeros(r * cfg.vocab_size, "f32 logits")?,
             argmax: gpu.zeros(r, "argmax")?,
+            sample_params: gpu.zeros(3 * r, "sampling parameters")?,
             ids: gpu.zeros(t, "token ids")?,
             pos: gpu.zeros(t, "positions")?,
             slots: gpu.zeros(t, "KV slots")?,
@@ -285,6 +288,20 @@ impl Llama {
         gpu.linear(last, p(w.lm_head()), logits, r, cfg.vocab_size, h)?;
         let vocab = cfg.vocab_size as i32;
         launch!(gpu, &k.argmax_rows, grid(r, 1, 1024), "argmax_rows"; &logits, &vocab, &argmax)
+    }
+
+    /// Replaces the argmax of the sampled rows whose temperature is positive with a draw
+    /// from their softmax (top-p applied): `params` holds (temperature, top-p, uniform draw)
+    /// per row, for the first `params.len() / 3` rows.
+    pub fn sample_rows(&self, gpu: &Gpu, k: &Kernels, s: &mut Scratch, params: &[f32]) -> Result<(), CudaError> {
+        let rows = params.len() / 3;
+        if rows == 0 {
+            return Ok(());
+        }
+        gpu.upload(params, &mut s.sample_params, "sampling parameters")?;
+        let (logits, p, out) = (gpu.ptr(&s.logits, 0), gpu.ptr(&s.sample_params, 0), gpu.ptr(&s.argmax, 0));
+        let vocab = self.cfg.vocab_size as i32;
+        launch!(gpu, &k.sample_rows, grid(rows, 1, 1024), "sample_rows"; &logits, &vocab, &p, &out)
     }
 
     /// Widens the bf16 logits of the first `rows` sampled rows into `s.logits_f32`.

@@ -1,5 +1,7 @@
-//! Choosing the next token from logits: greedy on the GPU (argmax kernel), temperature and
-//! top-p on the host from the row's logits, with a seed so a request's output replays.
+//! Choosing the next token from logits, on the GPU: greedy by the argmax kernel, temperature
+//! and top-p by `sample_rows` (kernels/sample.cu), each row with a uniform draw made here from
+//! the request's seed and draw number, so a request's output replays whatever batch it ran
+//! in. [`sample`] is the same rule on the host: the reference the kernel is tested against.
 
 use crate::ids::{derive_seed, mix64};
 
@@ -22,6 +24,11 @@ impl Sampling {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || !self.temperature.is_finite()
     }
+
+    /// The uniform number in [0, 1) of draw `draw` (24 bits, an exact f32).
+    pub fn uniform(&self, draw: u64) -> f32 {
+        (mix64(derive_seed(self.seed, "sample", draw)) >> 40) as f32 / (1u32 << 24) as f32
+    }
 }
 
 impl Default for Sampling {
@@ -30,34 +37,40 @@ impl Default for Sampling {
     }
 }
 
-/// Draws a token from `logits` for draw number `draw` of a request.
+/// Draws a token from `logits` for draw number `draw` of a request, by the kernel's rule: with
+/// `w_i = exp((x_i − max) / T)`, the nucleus is every token whose weight is at least that of
+/// the least likely token needed to reach `top_p` of the mass (ties at the edge stay in), and
+/// the token is the first whose cumulative weight passes `u × kept mass`.
 pub fn sample(logits: &[f32], s: &Sampling, draw: u64) -> u32 {
+    sample_with(logits, s, s.uniform(draw))
+}
+
+/// [`sample`] with the uniform draw `u` given.
+pub fn sample_with(logits: &[f32], s: &Sampling, u: f32) -> u32 {
     if s.is_greedy() || logits.is_empty() {
         return argmax(logits);
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let inv_t = 1.0 / s.temperature;
-    let probs: Vec<f64> = logits.iter().map(|&x| f64::from(((x - max) * inv_t).exp())).collect();
-    let u = (mix64(derive_seed(s.seed, "sample", draw)) >> 11) as f64 / (1u64 << 53) as f64;
-    if s.top_p >= 1.0 {
-        let total: f64 = probs.iter().sum();
-        return pick(probs.iter().enumerate().map(|(i, &p)| (i, p)), u * total, probs.len() - 1);
-    }
-    // Most likely first; ties by index so the order is total and reproducible.
-    let mut order: Vec<usize> = (0..probs.len()).collect();
-    order.sort_unstable_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    let total: f64 = probs.iter().sum();
-    let want = f64::from(s.top_p.max(0.0)) * total;
-    let mut kept = 0;
-    let mut mass = 0.0;
-    for &i in &order {
-        mass += probs[i];
-        kept += 1;
-        if mass >= want {
-            break;
+    let weights: Vec<f64> = logits.iter().map(|&x| f64::from(((x - max) * inv_t).exp())).collect();
+    let total: f64 = weights.iter().sum();
+    let mut threshold = 0.0;
+    if s.top_p < 1.0 {
+        let mut sorted = weights.clone();
+        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+        let want = f64::from(s.top_p.max(0.0)) * total;
+        let mut mass = 0.0;
+        for w in sorted {
+            mass += w;
+            threshold = w;
+            if mass >= want {
+                break;
+            }
         }
     }
-    pick(order[..kept].iter().map(|&i| (i, probs[i])), u * mass, order[kept - 1])
+    let target = f64::from(u) * weights.iter().filter(|&&w| w >= threshold).sum::<f64>();
+    let last = weights.iter().rposition(|&w| w >= threshold).unwrap_or(0);
+    pick(weights.iter().enumerate().filter(|(_, &w)| w >= threshold).map(|(i, &w)| (i, w)), target, last)
 }
 
 /// The first index whose cumulative weight passes `target` (the last one, or `fallback` for

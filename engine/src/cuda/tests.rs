@@ -221,3 +221,51 @@ fn split_attention_matches_the_reference_kernel() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `sample_rows` on the GPU draws what the host rule ([`sample_with`]) draws for the same
+/// uniform numbers: rows of one logit vector with stratified draws `(k + ½) / n`, plain
+/// temperature sampling and a top-p nucleus; a greedy row is left as it was.
+#[test]
+#[allow(unsafe_code)] // One kernel launch with buffers sized for its arguments.
+fn the_sampling_kernel_draws_as_the_host_rule() {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    if skip("the_sampling_kernel_draws_as_the_host_rule") {
+        return;
+    }
+    let gpu = Gpu::open(0).unwrap();
+    let kernels =
+        kernels::Kernels::load(&gpu.ctx, &gpu.arch, KernelShape { head_dim: 64, block_size: 16, group: 2 }).unwrap();
+    let vocab = 5003usize;
+    // Logits that bf16 holds exactly, with a few ties.
+    let row: Vec<f32> =
+        (0..vocab).map(|i| half::bf16::from_f32(4.0 * ((i % 4001) as f32 * 0.37).sin()).to_f32()).collect();
+    let bits: Vec<u16> = row.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+    let n = 512usize;
+    for (temperature, top_p) in [(0.8f32, 1.0f32), (1.0, 0.9), (0.5, 0.5)] {
+        let s = Sampling { temperature, top_p, seed: 0 };
+        let mut logits = gpu.zeros::<u16>((n + 1) * vocab, "logits").unwrap();
+        let host: Vec<u16> = (0..=n).flat_map(|_| bits.iter().copied()).collect();
+        gpu.upload(&host, &mut logits, "logits").unwrap();
+        let u: Vec<f32> = (0..n).map(|k| (k as f32 + 0.5) / n as f32).collect();
+        let mut params: Vec<f32> = u.iter().flat_map(|&u| [temperature, top_p, u]).collect();
+        params.extend([0.0, 1.0, 0.5]); // a greedy row: left alone
+        let mut p = gpu.zeros::<f32>(params.len(), "params").unwrap();
+        gpu.upload(&params, &mut p, "params").unwrap();
+        let mut out = gpu.zeros::<u32>(n + 1, "out").unwrap();
+        gpu.upload(&vec![u32::MAX; n + 1], &mut out, "out").unwrap();
+        let v = vocab as i32;
+        let cfg = LaunchConfig { grid_dim: ((n + 1) as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let mut b = gpu.stream.launch_builder(&kernels.sample_rows);
+        b.arg(&logits).arg(&v).arg(&p).arg(&mut out);
+        unsafe { b.launch(cfg) }.unwrap();
+        let mut got = vec![0u32; n + 1];
+        gpu.download(&out, &mut got, "out").unwrap();
+        assert_eq!(got[n], u32::MAX, "the greedy row was written");
+        let want: Vec<u32> = u.iter().map(|&u| sample_with(&row, &s, u)).collect();
+        // f32 sums on the GPU against f64 on the host may part at a cumulative boundary.
+        let differ = (0..n).filter(|&k| got[k] != want[k]).count();
+        assert!(differ <= 2, "T {temperature} top-p {top_p}: {differ} of {n} draws differ");
+        let distinct = got[..n].iter().collect::<std::collections::BTreeSet<_>>().len();
+        assert!(distinct > 20, "draws spread over the distribution: {distinct}");
+    }
+}

@@ -12,6 +12,7 @@
 //! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
 //! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark) and the TPOT speculation buys ([`SpeculativeStep`]), a calculation the engine does not run |
+//! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overhead fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
 //! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`] |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
@@ -73,6 +74,7 @@
 //! [`CostModel::step_time`] cannot fail; it does no allocation and no string work because it
 //! runs once per simulated iteration.
 
+mod calibrate;
 mod error;
 mod executor;
 mod gpu;
@@ -81,6 +83,7 @@ mod params;
 mod roofline;
 mod speculative;
 
+pub use calibrate::{calibrate, Calibration, CalibrationError, SampleFit};
 pub use error::{CostError, UnknownName};
 pub use executor::CostModelExecutor;
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};

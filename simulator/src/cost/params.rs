@@ -18,11 +18,20 @@ use super::model::ModelSpec;
 pub struct CostParams {
     /// Share of peak tensor-core FLOP/s that large GEMMs and attention reach.
     pub compute_efficiency: f64,
+    /// Share of peak tensor-core FLOP/s that attention (the query-key and value products)
+    /// reaches, when it differs from the GEMMs' [default: `compute_efficiency`]. Engines
+    /// whose attention kernels are less tuned than their GEMMs show it in their profile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_efficiency: Option<f64>,
     /// Share of peak HBM bandwidth that weight and KV streaming reach.
     pub memory_efficiency: f64,
     /// Fixed cost of one iteration in microseconds: scheduling, input preparation, kernel
     /// launches and sampling not hidden by CUDA graphs.
     pub step_overhead_us: f64,
+    /// Extra fixed cost in microseconds of an iteration that computes prompt tokens: engines
+    /// replay CUDA graphs for decode-only steps, and a step with a prefill chunk launches its
+    /// kernels one by one instead (0 for engines whose mixed steps are graphed too).
+    pub prefill_step_overhead_us: f64,
     /// Share of GPU memory the engine may allocate (vLLM's `gpu_memory_utilization`).
     pub memory_utilization: f64,
     /// Bytes per GPU kept for activations, CUDA graphs and workspace, not given to the KV cache.
@@ -48,8 +57,10 @@ impl Default for CostParams {
     fn default() -> Self {
         CostParams {
             compute_efficiency: 0.65,
+            attention_efficiency: None,
             memory_efficiency: 0.9,
             step_overhead_us: 150.0,
+            prefill_step_overhead_us: 0.0,
             memory_utilization: 0.9,
             activation_reserve_bytes: 2 << 30,
             allreduce_latency_us: 8.0,
@@ -60,6 +71,11 @@ impl Default for CostParams {
 }
 
 impl CostParams {
+    /// Share of peak FLOP/s attention reaches.
+    pub fn attention_efficiency(&self) -> f64 {
+        self.attention_efficiency.unwrap_or(self.compute_efficiency)
+    }
+
     /// Rejects values that would make times negative, infinite or meaningless.
     pub fn validate(&self) -> Result<(), CostError> {
         let share = "a share in (0, 1]";
@@ -68,8 +84,15 @@ impl CostParams {
         let checks = [
             ("compute_efficiency", self.compute_efficiency, is_share(self.compute_efficiency), share),
             ("memory_efficiency", self.memory_efficiency, is_share(self.memory_efficiency), share),
+            ("attention_efficiency", self.attention_efficiency(), is_share(self.attention_efficiency()), share),
             ("memory_utilization", self.memory_utilization, is_share(self.memory_utilization), share),
             ("step_overhead_us", self.step_overhead_us, is_finite_non_negative(self.step_overhead_us), micros),
+            (
+                "prefill_step_overhead_us",
+                self.prefill_step_overhead_us,
+                is_finite_non_negative(self.prefill_step_overhead_us),
+                micros,
+            ),
             (
                 "allreduce_latency_us",
                 self.allreduce_latency_us,

@@ -12,7 +12,7 @@
 //! - compute: `2 × attention-side params × tokens × f/dp / tp` `+ 2 × other body params ×
 //!   tokens / G` (GEMMs) `+ 2 × hidden × vocab / G` per sampling sequence (LM head) `+`
 //!   attention FLOPs per (query, key) pair `× f/dp / tp`, each over `peak ×
-//!   compute_efficiency`. GEMMs run at the FP8 peak when the weights are FP8.
+//!   compute_efficiency` (attention over `peak × attention_efficiency`, which defaults to it). GEMMs run at the FP8 peak when the weights are FP8.
 //! - memory: the weights of one GPU streamed once per step (without the embedding table, of
 //!   which only a few rows are read; for an MoE only the routed experts the batch touches)
 //!   plus the rank's KV read and written (`× f/dp`), divided by `hbm × memory_efficiency`.
@@ -106,6 +106,8 @@ struct Coefficients {
     alltoall_s_per_rank_token: f64,
     comm_s_per_step: f64,
     overhead_s: f64,
+    /// Added to steps with prompt tokens (run without CUDA graphs).
+    prefill_overhead_s: f64,
     kv_capacity_tokens: u64,
 }
 
@@ -312,7 +314,8 @@ impl CostModel {
         if self.deployment.cp > 1 {
             comm_s += self.context_parallel_comm_s(s, rank_share);
         }
-        StepBreakdown { compute_s, memory_s, comm_s, overhead_s: k.overhead_s, load_s, load_exposed_s }
+        let overhead_s = if s.prefill_tokens > 0 { k.overhead_s + k.prefill_overhead_s } else { k.overhead_s };
+        StepBreakdown { compute_s, memory_s, comm_s, overhead_s, load_s, load_exposed_s }
     }
 
     /// Exposed communication of context parallelism in one step, over all layers, on the
@@ -463,7 +466,7 @@ impl Coefficients {
         // The attention side runs on one rank's `tp` GPUs, the rest on all `G`.
         let rank_gemm_flop_s = tp_f * gemm_peak * p.compute_efficiency;
         let gemm_flop_s = gpus_f * gemm_peak * p.compute_efficiency;
-        let attention_flop_s = tp_f * attention_peak * p.compute_efficiency;
+        let attention_flop_s = tp_f * attention_peak * p.attention_efficiency();
         // FLOPs per (query, key) pair over all layers and heads. GQA: QKᵀ and PV, each a
         // multiply-add over head_dim. MLA in its absorbed form works on the latent directly:
         // QKᵀ over kv_lora_rank + rope and PV over the latent, counted as 2 × (rank + rope).
@@ -545,6 +548,7 @@ impl Coefficients {
             alltoall_s_per_rank_token,
             comm_s_per_step: attention_latency_s + gathered_latency_s + alltoall_latency_s,
             overhead_s: p.step_overhead_us * 1e-6,
+            prefill_overhead_s: p.prefill_step_overhead_us * 1e-6,
             kv_capacity_tokens: 0,
         }
     }

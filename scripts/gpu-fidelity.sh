@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Calibration and fidelity of the simulator against the CUDA engine, in one go, on a machine
+# with NVIDIA GPUs (the lent H200s):
+#   1. `fleetplane profile`: the engine's step times over batch shapes (GPU 0 alone);
+#   2. the live fleet: PostgreSQL (unpacked from $BIN/pg.tar.xz, see scripts/pg-bundle.sh),
+#      `fleetplane serve`, one CUDA engine process per GPU, and `fleetplane replay` of the
+#      scenario's trace slice through the gateway;
+#   3. `fleetplane simulate` of the same scenario with the profile.
+# Binaries come from $BIN (default gpu-out/, built by scripts/gpu-build.sh); results go to
+# $OUT (default ./gpu-results). The scenario is examples/cuda-fidelity.toml unless $SCENARIO.
+# MAX_REQUESTS=N replays only the first N requests. DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
+# executor, no profile, the local PostgreSQL left alone if one answers on port 5432.
+set -uo pipefail
+BIN=$(realpath "${BIN:-gpu-out}")
+OUT=$(realpath -m "${OUT:-gpu-results}")
+SCENARIO=${SCENARIO:-examples/cuda-fidelity.toml}
+KV_BLOCKS=${KV_BLOCKS:-20000}
+GPU_MEMORY_GIB=${GPU_MEMORY_GIB:-70}
+mkdir -p "$OUT"
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+
+step "machine"
+date -u
+if [[ ${DRY_RUN:-0} == 1 ]]; then
+  gpus=2
+  # With PROFILE=FILE the engines' cost model is calibrated on it, as the simulation's is.
+  engine_model=(--executor sim --model llama-3.1-8b --gpu h200 ${PROFILE:+--profile "$PROFILE"})
+  profile=(${PROFILE:+--profile "$PROFILE"})
+else
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  gpus=$(nvidia-smi -L | wc -l)
+  engine_model=(--executor cuda --model random:llama-8b --served-model-name llama-3.1-8b --gpu-memory-gib "$GPU_MEMORY_GIB")
+  profile=(--profile "$OUT/profile.json")
+  step "profile (GPU 0)"
+  "$BIN/fleetplane" profile --model random:llama-8b --gpu-memory-gib "$GPU_MEMORY_GIB" --out "$OUT/profile.json" \
+    | tee "$OUT/profile.txt" || exit 1
+fi
+
+step "PostgreSQL"
+if [[ ${DRY_RUN:-0} == 1 ]] && pg_isready -h 127.0.0.1 -p 5432 -q; then
+  echo "using the local PostgreSQL"
+else
+mkdir -p /tmp/pgroot && tar -C /tmp/pgroot -xJf "$BIN/pg.tar.xz"
+pg=/tmp/pgroot/pg
+pgbin=$pg/usr/lib/postgresql/$(cat "$pg/VERSION")/bin
+id pgrun >/dev/null 2>&1 || useradd -M pgrun
+chmod -R a+rX /tmp/pgroot
+mkdir -p /tmp/pgdata && chown pgrun /tmp/pgdata
+pgenv=(env LD_LIBRARY_PATH="$pg/libs")
+runuser -u pgrun -- "${pgenv[@]}" "$pgbin/initdb" -D /tmp/pgdata -A trust -U postgres >/tmp/initdb.log 2>&1 \
+  || { cat /tmp/initdb.log; exit 1; }
+runuser -u pgrun -- "${pgenv[@]}" "$pgbin/pg_ctl" -D /tmp/pgdata -l /tmp/pg.log -w \
+  -o "-h 127.0.0.1 -p 5432 -k /tmp" start || { cat /tmp/pg.log; exit 1; }
+fi
+
+step "serve and $gpus engines"
+export FLEETPLANE_ADMIN_TOKEN=fidelity-admin FLEETPLANE_ENGINE_TOKEN=fidelity-engine
+export DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleetplane_fidelity_$(date +%s)
+slice=()
+[[ -n ${MAX_REQUESTS:-} ]] && slice=(--max-requests "$MAX_REQUESTS")
+router=$(python3 -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))['routers'][0])" "$SCENARIO")
+"$BIN/fleetplane" serve --router "$router" >"$OUT/serve.log" 2>&1 &
+pids+=($!)
+sleep 2
+for ((d = 0; d < gpus; d++)); do
+  "$BIN/fleetplane" engine "${engine_model[@]}" --device "$d" --kv-blocks "$KV_BLOCKS" --control 127.0.0.1:50051 \
+    >"/tmp/engine-$d.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 120); do
+  n=$(python3 - <<'PY' 2>/dev/null
+import json, os, urllib.request
+req = urllib.request.Request("http://127.0.0.1:8080/api/instances",
+                             headers={"Authorization": "Bearer " + os.environ["FLEETPLANE_ADMIN_TOKEN"]})
+print(sum(1 for i in json.load(urllib.request.urlopen(req))["instances"] if i["state"] == "serving"))
+PY
+)
+  [[ ${n:-0} -ge $gpus ]] && break
+  sleep 1
+done
+echo "engines serving: ${n:-0} of $gpus"
+[[ ${n:-0} -ge $gpus ]] || { tail -20 /tmp/engine-*.log "$OUT/serve.log"; exit 1; }
+
+step "replay through the gateway"
+"$BIN/fleetplane" replay --scenario "$SCENARIO" "${slice[@]}" --gateway http://127.0.0.1:8080 --json "$OUT/live.json" \
+  | tee "$OUT/live.txt" || exit 1
+
+step "simulate with the profile"
+"$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$gpus" --kv-blocks "$KV_BLOCKS" \
+  "${profile[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
+tail -5 /tmp/engine-0.log
