@@ -15,7 +15,7 @@
 //! down once it holds no request, parked ones included. GPU time is integrated over every
 //! instance that holds its GPUs: starting, serving or draining.
 
-use crate::cost::CostModelExecutor;
+use crate::cost::{CostModelExecutor, SpeculationTally};
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
@@ -47,6 +47,8 @@ enum State {
 
 struct SimInstance {
     engine: Instance,
+    /// Its own executor: a speculating one draws acceptance from a generator of its own.
+    executor: CostModelExecutor,
     state: State,
     /// An iteration is running or about to start.
     busy: bool,
@@ -75,6 +77,7 @@ pub struct KvOptions {
 
 pub struct SimFleet {
     instances: Vec<SimInstance>,
+    /// What each instance's executor is made from (see [`CostModelExecutor::for_instance`]).
     executor: CostModelExecutor,
     queue: EventQueue<(InstanceId, Wake)>,
     events: Vec<FleetEvent>,
@@ -166,7 +169,8 @@ impl SimFleet {
         }
         self.advance_gpu_clock(now);
         self.holding += 1;
-        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role });
+        let executor = self.executor.for_instance(id);
+        self.instances.push(SimInstance { engine, executor, state: State::Starting, busy: false, role });
         if ready {
             self.instance_up(id);
         } else {
@@ -326,7 +330,7 @@ impl SimFleet {
     fn start_step(&mut self, now: Time, id: InstanceId) {
         let inst = &mut self.instances[id.0 as usize];
         // The cost model never fails; an error here is a bug in it, not an input problem.
-        match inst.engine.begin_step(now, &mut self.executor).expect("cost model executor failed") {
+        match inst.engine.begin_step(now, &mut inst.executor).expect("cost model executor failed") {
             Some(d) => self.queue.push(now + d, (id, Wake::StepDone)),
             None => {
                 inst.busy = false;
@@ -395,6 +399,16 @@ impl SimFleet {
     /// Time admission was paused up to `now`, summed over instances.
     pub fn admission_paused(&self, now: Time) -> Dur {
         self.instances.iter().fold(Dur::ZERO, |sum, i| sum + i.engine.paused_clock(now))
+    }
+
+    /// What speculative decoding did over every instance (`None` without a drafter).
+    pub fn speculation(&self) -> Option<SpeculationTally> {
+        self.executor.drafter()?;
+        let mut sum = SpeculationTally::default();
+        for i in &self.instances {
+            sum.add(i.executor.tally().unwrap_or_default());
+        }
+        Some(sum)
     }
 }
 

@@ -101,6 +101,10 @@ struct SimBackend {
 }
 
 impl Executor for SimBackend {
+    fn draft_tokens(&self) -> u32 {
+        self.exec.draft_tokens()
+    }
+
     fn execute(
         &mut self,
         batch: &engine::Batch,

@@ -11,8 +11,8 @@
 //! | `gpu.rs` | [`GpuSpec`]: memory, HBM and NVLink bandwidth, BF16 / FP8 peaks, assumed price; the GPU catalog |
 //! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
-//! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark) and the TPOT speculation buys ([`SpeculativeStep`]), a calculation the engine does not run |
-//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`] |
+//! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark): one step's price ([`StepPrice`]) for both the engine and the TPOT calculation ([`SpeculativeStep`]), and acceptance sampling |
+//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]) |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
 //! **The layout.** An instance has `G = tp × dp_attention` GPUs of one node. Attention runs
@@ -82,9 +82,9 @@ mod roofline;
 mod speculative;
 
 pub use error::{CostError, UnknownName};
-pub use executor::CostModelExecutor;
+pub use executor::{CostModelExecutor, SpeculationTally};
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, CpMode, Deployment};
 pub use roofline::{CostModel, CpPrefillLayer, StepBreakdown, TierLinks};
-pub use speculative::{drafter_by_name, Drafter, SpeculativeStep};
+pub use speculative::{drafter_by_name, drafter_names, Drafter, SpeculativeStep, StepPrice};
