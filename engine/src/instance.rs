@@ -432,31 +432,37 @@ impl Instance {
         let block_size = self.config.block_size;
         let mut any_done = false;
         self.emitted.clear();
+        let speculated = !self.output.accepted.is_empty();
         for k in 0..self.batch.entries.len() {
             let e = self.batch.entries[k];
             let slot = self.batch_slots[k];
             let seq = self.slots[slot as usize].as_mut().expect("batched slot is empty");
             seq.in_batch = false;
-            let produced = if e.is_prefill {
+            let emits = if e.is_prefill {
                 seq.kv_len += e.new_tokens;
                 self.prefill_tokens_left -= u64::from(e.new_tokens);
                 self.kv.commit(now, &mut seq.kv, &seq.request.block_hashes, seq.kv_len / block_size);
-                u32::from(seq.kv_len == seq.prefill_len)
-            } else {
+                seq.kv_len == seq.prefill_len
+            } else if speculated {
                 // The last token and the accepted drafts get their KV (the scheduler reserved
                 // blocks for every verified position); the step samples one token after each.
+                // The accepted drafts' tokens are credited here, the step's last one below.
                 let accepted = self.output.accepted.get(k).copied().unwrap_or(0);
                 debug_assert!(accepted < e.new_tokens, "{} accepted of {} verified", accepted, e.new_tokens - 1);
                 let n = (1 + accepted).min(e.new_tokens).min(seq.decode_left());
                 seq.kv_len += n;
-                n
+                seq.generated += n - 1;
+                self.decode_tokens_left -= u64::from(n - 1);
+                self.emitted.extend(std::iter::repeat_n(e.request, n as usize - 1));
+                true
+            } else {
+                seq.kv_len += 1;
+                true
             };
-            if produced > 0 {
-                seq.generated += produced;
-                self.decode_tokens_left -= u64::from(produced);
-                for _ in 0..produced {
-                    self.emitted.push(e.request);
-                }
+            if emits {
+                seq.generated += 1;
+                self.decode_tokens_left -= 1;
+                self.emitted.push(e.request);
                 seq.first_token_at.get_or_insert(now);
                 any_done |= seq.generated >= seq.stop_at();
             }

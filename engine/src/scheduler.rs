@@ -109,7 +109,8 @@ impl Instance {
                 i += 1;
                 continue;
             }
-            let n = (1 + draft_tokens).min(seq.decode_left()).min(budget.tokens).max(1);
+            let n =
+                if draft_tokens == 0 { 1 } else { (1 + draft_tokens).min(seq.decode_left()).min(budget.tokens).max(1) };
             if !self.reserve(now, s, n, budget) {
                 // `s` was the last running sequence and preempted itself.
                 break;

@@ -47,8 +47,6 @@ enum State {
 
 struct SimInstance {
     engine: Instance,
-    /// Its own executor: a speculating one draws acceptance from a generator of its own.
-    executor: CostModelExecutor,
     state: State,
     /// An iteration is running or about to start.
     busy: bool,
@@ -77,8 +75,11 @@ pub struct KvOptions {
 
 pub struct SimFleet {
     instances: Vec<SimInstance>,
-    /// What each instance's executor is made from (see [`CostModelExecutor::for_instance`]).
+    /// The executor every instance shares when it holds no state (no drafter).
     executor: CostModelExecutor,
+    /// With a drafter, one executor per instance, by id, each drawing acceptance from its own
+    /// generator (see [`CostModelExecutor::for_instance`]); empty otherwise.
+    drafting: Vec<CostModelExecutor>,
     queue: EventQueue<(InstanceId, Wake)>,
     events: Vec<FleetEvent>,
     finished: Vec<Finished>,
@@ -112,6 +113,7 @@ impl SimFleet {
         let mut fleet = SimFleet {
             instances: Vec::with_capacity(count as usize),
             executor,
+            drafting: Vec::new(),
             queue: EventQueue::default(),
             events: Vec::new(),
             finished: Vec::new(),
@@ -169,8 +171,10 @@ impl SimFleet {
         }
         self.advance_gpu_clock(now);
         self.holding += 1;
-        let executor = self.executor.for_instance(id);
-        self.instances.push(SimInstance { engine, executor, state: State::Starting, busy: false, role });
+        if self.executor.drafter().is_some() {
+            self.drafting.push(self.executor.for_instance(id));
+        }
+        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role });
         if ready {
             self.instance_up(id);
         } else {
@@ -329,8 +333,9 @@ impl SimFleet {
 
     fn start_step(&mut self, now: Time, id: InstanceId) {
         let inst = &mut self.instances[id.0 as usize];
+        let exec = self.drafting.get_mut(id.0 as usize).unwrap_or(&mut self.executor);
         // The cost model never fails; an error here is a bug in it, not an input problem.
-        match inst.engine.begin_step(now, &mut inst.executor).expect("cost model executor failed") {
+        match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
             Some(d) => self.queue.push(now + d, (id, Wake::StepDone)),
             None => {
                 inst.busy = false;
@@ -405,8 +410,8 @@ impl SimFleet {
     pub fn speculation(&self) -> Option<SpeculationTally> {
         self.executor.drafter()?;
         let mut sum = SpeculationTally::default();
-        for i in &self.instances {
-            sum.add(i.executor.tally().unwrap_or_default());
+        for e in &self.drafting {
+            sum.add(e.tally().unwrap_or_default());
         }
         Some(sum)
     }
