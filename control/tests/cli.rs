@@ -330,6 +330,8 @@ fn engine_and_serve_name_what_is_wrong_with_their_flags() {
     fails_with(&["engine", "--pool", "middle"], &["unknown pool `middle`"]);
     fails_with(&["engine", "--model", "gpt-9"], &["gpt-9", "llama-3.1-8b"]);
     fails_with(&["engine", "--block-size", "12"], &["--block-size 12"]);
+    fails_with(&["engine", "--spec", "medusa"], &["medusa", "none, eagle3, dflash, dspark"]);
+    fails_with(&["engine", "--executor", "cuda", "--spec", "dspark"], &["--spec dspark needs --executor sim"]);
     fails_with(&["engine", "--executor", "cuda", "--model", "/no/such/model"], &["/no/such/model", "make-model"]);
     fails_with(&["serve", "--router", "fastest"], &["fastest", "cache-aware"]);
 }

@@ -39,8 +39,8 @@
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
 use crate::cost::{
-    drafter_by_name, drafter_names, gpu_by_name, model_by_name, CostError, CostModel, CostParams, CpMode, Deployment,
-    Drafter, UnknownName,
+    drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, CostError, CostModel, CostParams,
+    CpMode, Deployment, Drafter, UnknownName, NO_SPECULATION,
 };
 use crate::metrics::Slo;
 use crate::pools::PdRun;
@@ -621,7 +621,7 @@ impl Scenario {
             cp_mode: f.cp_mode.unwrap_or_default(),
         };
         let cost = CostModel::new(model, gpu, deployment, params)?;
-        let drafter = drafter_of(f.spec.as_deref().unwrap_or(NO_SPECULATION))?;
+        let drafter = drafter_or_none(f.spec.as_deref().unwrap_or(NO_SPECULATION))?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
         if block_size == 0 || !block_size.is_power_of_two() || block_size > 512 {
@@ -782,21 +782,8 @@ impl Scenario {
     }
 }
 
-/// The `spec` value that turns speculation off, and the run variant that does (`name@nospec`,
-/// like `@nohw`).
-pub const NO_SPECULATION: &str = "none";
+/// The run variant without speculation (`name@nospec`, like `@nohw`).
 pub const NO_SPEC_VARIANT: &str = "nospec";
-
-/// `none` or a drafter preset's name.
-fn drafter_of(name: &str) -> Result<Option<&'static Drafter>, ScenarioError> {
-    if name == NO_SPECULATION {
-        return Ok(None);
-    }
-    drafter_by_name(name).map(Some).map_err(|mut e| {
-        e.valid.insert(0, NO_SPECULATION);
-        e.into()
-    })
-}
 
 impl Settings {
     /// A run of `router` on the scenario's own tiers.

@@ -15,7 +15,9 @@ use anyhow::{anyhow, Context};
 use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Executor, Instance, InstanceConfig};
 use runner::{Backend, Runner, Shared};
-use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment};
+use simulator::cost::{
+    drafter_or_none, gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment, NO_SPECULATION,
+};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
@@ -71,6 +73,15 @@ pub struct Args {
     /// for benchmarks of what surrounds the engine; 0.1: a replay ten times faster).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+
+    /// `sim`: speculative decoding with a drafter preset, eagle3, dflash or dspark, or none
+    /// (docs/LAYOUTS.md): decode steps verify drafts and stream every accepted token.
+    #[arg(long, default_value = "none")]
+    pub spec: String,
+
+    /// `sim` with --spec: seed of the drafter's acceptance draws (give each engine its own).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
 
     /// Token budget of one iteration (chunked prefill).
     #[arg(long, default_value_t = 8192)]
@@ -129,6 +140,12 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if !matches!(args.pool.as_str(), "colocated" | "prefill" | "decode") {
         return Err(Failure::Input(anyhow!("unknown pool `{}` (valid: colocated, prefill, decode)", args.pool)));
     }
+    if args.executor == ExecutorKind::Cuda && args.spec != NO_SPECULATION {
+        return Err(Failure::Input(anyhow!(
+            "--spec {} needs --executor sim: the CUDA engine has no drafter",
+            args.spec
+        )));
+    }
     let (backend, config) = match args.executor {
         ExecutorKind::Sim => sim_backend(&args).map_err(Failure::Input)?,
         ExecutorKind::Cuda => cuda_backend(&args).map_err(Failure::Input)?,
@@ -161,7 +178,11 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
         max_batch_tokens: args.max_batch_tokens,
         ..InstanceConfig::default()
     };
-    Ok((Box::new(SimBackend { exec: CostModelExecutor::new(cost), scale: args.time_scale }), config))
+    let mut exec = CostModelExecutor::new(cost);
+    if let Some(d) = drafter_or_none(&args.spec)? {
+        exec = exec.with_drafter(d, args.seed);
+    }
+    Ok((Box::new(SimBackend { exec, scale: args.time_scale }), config))
 }
 
 struct CudaBackend(engine::cuda::CudaExecutor);

@@ -87,4 +87,6 @@ pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, CpMode, Deployment};
 pub use roofline::{CostModel, CpPrefillLayer, StepBreakdown, TierLinks};
-pub use speculative::{drafter_by_name, drafter_names, Drafter, SpeculativeStep, StepPrice};
+pub use speculative::{
+    drafter_by_name, drafter_names, drafter_or_none, Drafter, SpeculativeStep, StepPrice, NO_SPECULATION,
+};

@@ -86,6 +86,20 @@ pub fn drafter_by_name(name: &str) -> Result<&'static Drafter, UnknownName> {
     UnknownName::lookup(&DRAFTERS, "drafter", name, |d| d.name)
 }
 
+/// The name that turns speculation off wherever a drafter is named (`--spec none`).
+pub const NO_SPECULATION: &str = "none";
+
+/// `none`, or a drafter preset by name; an unknown name lists `none` and the presets.
+pub fn drafter_or_none(name: &str) -> Result<Option<&'static Drafter>, UnknownName> {
+    if name == NO_SPECULATION {
+        return Ok(None);
+    }
+    drafter_by_name(name).map(Some).map_err(|mut e| {
+        e.valid.insert(0, NO_SPECULATION);
+        e
+    })
+}
+
 /// The presets' names, in catalog order.
 pub fn drafter_names() -> impl Iterator<Item = &'static str> {
     DRAFTERS.iter().map(|d| d.name)
