@@ -15,13 +15,13 @@ impl Executor for Fixed {
 
 /// Verifies `k` drafts per decode and accepts a seeded random number of them (any from none
 /// to all), so that the scheduler is checked whatever the acceptance.
-struct Speculating {
+pub(crate) struct Speculating {
     k: u32,
     rng: rand_chacha::ChaCha8Rng,
 }
 
 impl Speculating {
-    fn new(k: u32, seed: u64) -> Speculating {
+    pub(crate) fn new(k: u32, seed: u64) -> Speculating {
         use rand::SeedableRng;
         Speculating { k, rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed) }
     }
