@@ -22,6 +22,8 @@ const ROWS = [
   ['  from L3 (shared)', (s) => s.hit_rate_by_tier.l3, pct, null],
   ['GPU-hours', (s) => s.gpu_hours, (v) => fmt(v, 4), 'low'],
   ['cost per M tokens ($)', (s) => s.cost_per_mtok, (v) => fmt(v, 3), 'low'],
+  // Absent (—) for a run without speculative decoding.
+  ['drafts accepted per step', (s) => s.speculation?.accepted_per_step ?? null, (v) => fmt(v, 2), null],
 ];
 
 // runs: [{label, summary}]

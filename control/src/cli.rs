@@ -63,12 +63,19 @@ pub struct SimFlags {
     #[arg(long, value_name = "MODE", value_parser = parse_cp_mode)]
     pub cp_mode: Option<CpMode>,
 
+    /// Speculative decoding: none, or a drafter preset, eagle3 (autoregressive), dflash
+    /// (parallel) or dspark (semi-autoregressive); see docs/LAYOUTS.md for their assumed
+    /// acceptance and cost [default: none]. `NAME@eagle3` (or `@dflash`, `@dspark`, `@nospec`)
+    /// in --router overrides it per run.
+    #[arg(long, value_name = "DRAFTER")]
+    pub spec: Option<String>,
+
     /// Routers to compare, comma-separated: round-robin, least-outstanding, power-of-two,
     /// cache-aware, sglang-cache-aware, dynamo-kv, llm-d [default: least-outstanding]. Each
     /// runs on the same arrivals. `NAME@l1` (or `@l1+l2`, ...) runs it on other KV tiers than
     /// --kv-tiers, e.g. an L1-only baseline beside a tiered fleet; `NAME@fair` / `@fcfs` with
     /// another prefill scheduler, `NAME@hw` / `@nohw` with or without KV high-water
-    /// protection (variants join with `+`).
+    /// protection, `NAME@dspark` / `@nospec` with or without a drafter (variants join with `+`).
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub router: Option<Vec<String>>,
 
@@ -197,6 +204,7 @@ impl SimFlags {
                 ep: self.ep,
                 cp: self.cp,
                 cp_mode: self.cp_mode,
+                spec: self.spec.clone(),
                 block_size: self.block_size,
                 max_batch_tokens: self.max_batch_tokens,
                 max_seqs: None,
@@ -286,8 +294,9 @@ pub fn describe(s: &Settings) -> String {
         ),
         None => String::new(),
     };
+    let spec = s.drafter.map(|d| format!(", drafter {}", d.name)).unwrap_or_default();
     format!(
-        "seed={} | {} x {} on {} ({}), KV {} tokens per instance{tiers} | {} at rate x{}{}{calibrated}",
+        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers} | {} at rate x{}{}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,

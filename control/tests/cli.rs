@@ -148,6 +148,35 @@ fn unknown_names_list_the_valid_ones() {
     fails_with(&["simulate", "--trace", &t, "--gpu", "tpu"], &["tpu", "h100", "b200"]);
     fails_with(&["simulate", "--trace", &t, "--router", "fastest"], &["fastest", "round-robin", "power-of-two"]);
     fails_with(&["simulate", "--trace", &t, "--format", "parquet"], &["parquet", "mooncake", "azure"]);
+    fails_with(&["simulate", "--trace", &t, "--spec", "medusa"], &["medusa", "none, eagle3, dflash, dspark"]);
+}
+
+#[test]
+fn spec_sets_the_drafter_of_runs_without_their_own_and_the_json_names_it() {
+    let dir = tests::scratch_dir("spec");
+    let json = dir.join("spec.json");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/spec-decoding.toml");
+    let o = fleetplane(&[
+        "simulate",
+        "--scenario",
+        example.to_str().unwrap(),
+        "--router",
+        "least-outstanding,least-outstanding@nospec,least-outstanding@eagle3",
+        "--spec",
+        "dspark",
+        "--max-requests",
+        "200",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("drafter dspark"), "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    let drafters: Vec<&serde_json::Value> = runs.iter().map(|r| &r["summary"]["speculation"]["drafter"]).collect();
+    assert_eq!(drafters, [&serde_json::json!("dspark"), &serde_json::Value::Null, &serde_json::json!("eagle3")]);
+    let accepted = runs[0]["summary"]["speculation"]["accepted_per_step"].as_f64().unwrap();
+    assert!(accepted > 1.0 && accepted <= 5.0, "dspark verifies 5 drafts and accepts about 2.3: {accepted}");
 }
 
 #[test]
@@ -301,6 +330,8 @@ fn engine_and_serve_name_what_is_wrong_with_their_flags() {
     fails_with(&["engine", "--pool", "middle"], &["unknown pool `middle`"]);
     fails_with(&["engine", "--model", "gpt-9"], &["gpt-9", "llama-3.1-8b"]);
     fails_with(&["engine", "--block-size", "12"], &["--block-size 12"]);
+    fails_with(&["engine", "--spec", "medusa"], &["medusa", "none, eagle3, dflash, dspark"]);
+    fails_with(&["engine", "--executor", "cuda", "--spec", "dspark"], &["--spec dspark needs --executor sim"]);
     fails_with(&["engine", "--executor", "cuda", "--model", "/no/such/model"], &["/no/such/model", "make-model"]);
     fails_with(&["serve", "--router", "fastest"], &["fastest", "cache-aware"]);
 }

@@ -12,13 +12,19 @@ fn completion(http: &str, token: &str, body: Value) -> (u16, Value) {
     post(&format!("{http}/v1/completions"), Some(token), &body)
 }
 
-/// Reads an SSE response into its `data:` payloads.
-fn sse(response: reqwest::blocking::Response) -> Vec<String> {
-    BufReader::new(response)
+/// Posts a streaming request to `path` and reads its SSE response: the JSON chunks before the
+/// final `[DONE]`.
+fn streamed(http: &str, path: &str, body: Value) -> Vec<Value> {
+    let response =
+        common::client().post(format!("{http}{path}")).bearer_auth(ADMIN).json(&body).send().expect("stream");
+    assert_eq!(response.status().as_u16(), 200);
+    let events: Vec<String> = BufReader::new(response)
         .lines()
         .map_while(Result::ok)
         .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-        .collect()
+        .collect();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("json")).collect()
 }
 
 #[test]
@@ -55,18 +61,9 @@ fn the_gateway_routes_through_the_controller_to_engine_processes() {
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], 2048 - 16, "{second}");
 
-    let response = common::client()
-        .post(format!("{}/v1/chat/completions", s.http))
-        .bearer_auth(ADMIN)
-        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true,
-            "stream_options": {"include_usage": true}}))
-        .send()
-        .expect("stream");
-    assert_eq!(response.status().as_u16(), 200);
-    let events = sse(response);
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> =
-        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("json")).collect();
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let chunks = streamed(&s.http, "/v1/chat/completions", body);
     let content: usize =
         chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())).count();
     assert_eq!(content, 5);
@@ -75,6 +72,20 @@ fn the_gateway_routes_through_the_controller_to_engine_processes() {
     let metrics = common::client().get(format!("{}/metrics", s.http)).send().expect("metrics").text().expect("text");
     assert!(metrics.contains("fleetplane_gateway_requests_total{outcome=\"ok\"} 4"), "{metrics}");
     assert!(metrics.contains("fleetplane_instances_serving 2"));
+}
+
+#[test]
+fn a_speculating_engine_streams_every_accepted_token_once() {
+    let db = Db::fresh("spec");
+    let s = serve(&db, &[]);
+    let _e = engine(&s.grpc, "drafting", &["--spec", "dspark", "--seed", "7"]);
+    wait_serving(&s.http, 1);
+    let body = json!({"model": MODEL, "prompt": "draft ahead", "max_tokens": 40, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let chunks = streamed(&s.http, "/v1/completions", body);
+    let tokens = chunks.iter().filter(|c| c["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty())).count();
+    assert_eq!(tokens, 40, "steps of several tokens stream each token once");
+    assert_eq!(chunks.last().expect("usage")["usage"]["completion_tokens"], 40);
 }
 
 #[test]

@@ -13,17 +13,30 @@ pub trait Executor {
         false
     }
 
+    /// Drafted tokens the executor verifies per decoding sequence and step (speculative
+    /// decoding); 0 when it does not speculate. The scheduler then gives each decode entry up to
+    /// this many more tokens (`BatchEntry::new_tokens` = 1 + drafts to verify), reserving their
+    /// KV and budget, and the executor says in `StepOutput::accepted` how many were accepted.
+    fn draft_tokens(&self) -> u32 {
+        0
+    }
+
     /// Executes `batch`. Returns how long it took: predicted by a cost model, or measured.
     /// Sampled tokens, when the executor produces them, go to `out` in batch-entry order
-    /// (one per entry that completes its prompt or decodes).
+    /// (one per entry that completes its prompt, and one per token a decode entry produces).
     fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError>;
 }
 
 /// What an iteration produced besides its duration.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutput {
-    /// Sampled token per producing entry; empty for executors that do not sample.
+    /// Sampled token per produced token, in batch-entry order; empty for executors that do
+    /// not sample.
     pub tokens: Vec<u32>,
+    /// Drafts accepted per batch entry, in entry order: a decode entry produced `1 +
+    /// accepted[k]` tokens (at most its `new_tokens`). Empty when the executor did not
+    /// speculate: every decode entry produced one token.
+    pub accepted: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -304,14 +304,19 @@ mod tests {
     }
 
     proptest! {
-        /// Any mix of requests, prefilled on one instance and decoded on another with the
-        /// transfers ending in any order, finishes every request with its whole output and
-        /// leaves no block held on either side.
+        /// Any mix of requests, prefilled on one instance and decoded on another (speculating
+        /// or not) with the transfers ending in any order, finishes every request with its
+        /// whole output and leaves no block held on either side.
         #[test]
         fn transfers_in_any_order_leak_no_block(
             reqs in prop::collection::vec((1u32..60, 1u32..12), 1..12),
             release_first in prop::collection::vec(any::<bool>(), 12),
+            speculation in proptest::option::of((1u32..8, any::<u64>())),
         ) {
+            let mut decoder: Box<dyn crate::Executor> = match speculation {
+                None => Box::new(Fixed),
+                Some((k, seed)) => Box::new(crate::tests::Speculating::new(k, seed)),
+            };
             let (mut p, mut d) = (instance(96), instance(128));
             for (i, &(prompt, output)) in reqs.iter().enumerate() {
                 p.enqueue_prefill_only(Time::ZERO, req(i as u64, prompt, output)).unwrap();
@@ -337,7 +342,7 @@ mod tests {
                         prop_assert!(p.release_handoff(now, id));
                     }
                 }
-                if let Some(dur) = d.begin_step(now, &mut Fixed).unwrap() {
+                if let Some(dur) = d.begin_step(now, decoder.as_mut()).unwrap() {
                     now += dur;
                     d.end_step(now, &mut done, &mut evicted);
                 } else if !stepped {

@@ -204,7 +204,7 @@ pub struct Instance {
     /// Slot of each batch entry, in entry order.
     pub(crate) batch_slots: Vec<u32>,
     output: StepOutput,
-    /// Requests that produced a token in the last step, in batch order.
+    /// Requests that produced a token in the last step, in batch order, once per token.
     emitted: Vec<RequestId>,
     stepping: bool,
     pub(crate) prefill_tokens_left: u64,
@@ -391,8 +391,9 @@ impl Instance {
     }
 
     /// Requests that produced a token in the step [`Instance::end_step`] last credited, in
-    /// batch order: what a live engine streams (with the executor's sampled tokens, when it
-    /// samples, in the same order).
+    /// batch order, once per token (a speculative step can produce several for one request):
+    /// what a live engine streams (with the executor's sampled tokens, when it samples, in the
+    /// same order).
     pub fn emitted(&self) -> &[RequestId] {
         &self.emitted
     }
@@ -400,11 +401,12 @@ impl Instance {
     /// Forms the next batch and runs it. Returns `Ok(None)` when there is nothing to run.
     pub fn begin_step(&mut self, now: Time, exec: &mut dyn Executor) -> Result<Option<Dur>, ExecutorError> {
         assert!(!self.stepping, "begin_step called during a step");
-        self.form_batch(now, exec.needs_block_tables());
+        self.form_batch(now, exec.needs_block_tables(), exec.draft_tokens());
         if self.batch.is_empty() {
             return Ok(None);
         }
         self.output.tokens.clear();
+        self.output.accepted.clear();
         match exec.execute(&self.batch, &mut self.output) {
             Ok(d) => {
                 self.stepping = true;
@@ -430,6 +432,7 @@ impl Instance {
         let block_size = self.config.block_size;
         let mut any_done = false;
         self.emitted.clear();
+        let speculated = !self.output.accepted.is_empty();
         for k in 0..self.batch.entries.len() {
             let e = self.batch.entries[k];
             let slot = self.batch_slots[k];
@@ -440,6 +443,18 @@ impl Instance {
                 self.prefill_tokens_left -= u64::from(e.new_tokens);
                 self.kv.commit(now, &mut seq.kv, &seq.request.block_hashes, seq.kv_len / block_size);
                 seq.kv_len == seq.prefill_len
+            } else if speculated {
+                // The last token and the accepted drafts get their KV (the scheduler reserved
+                // blocks for every verified position); the step samples one token after each.
+                // The accepted drafts' tokens are credited here, the step's last one below.
+                let accepted = self.output.accepted.get(k).copied().unwrap_or(0);
+                debug_assert!(accepted < e.new_tokens, "{} accepted of {} verified", accepted, e.new_tokens - 1);
+                let n = (1 + accepted).min(e.new_tokens).min(seq.decode_left());
+                seq.kv_len += n;
+                seq.generated += n - 1;
+                self.decode_tokens_left -= u64::from(n - 1);
+                self.emitted.extend(std::iter::repeat_n(e.request, n as usize - 1));
+                true
             } else {
                 seq.kv_len += 1;
                 true

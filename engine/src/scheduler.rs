@@ -3,7 +3,9 @@
 //! Order of service within the token budget (`max_batch_tokens`) and sequence limit:
 //!
 //! 1. **Decode first**: every running sequence past its prompt gets one token, so that a
-//!    long prompt never stalls the streams already generating.
+//!    long prompt never stalls the streams already generating. With a speculating executor
+//!    (`Executor::draft_tokens` = k) it gets `1 + k` tokens to verify instead, fewer when its
+//!    output needs fewer or the budget is short.
 //! 2. **Continuing prefills**: running sequences still computing their prompt get the next
 //!    chunk, as large as the remaining budget allows, in order of admission.
 //! 3. **Admission**: waiting requests in FCFS order. The cached prefix is matched first (it
@@ -70,11 +72,13 @@ fn quota(base: f64, growth: f64, yields: u32) -> u32 {
 }
 
 impl Instance {
-    pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool) {
+    /// Forms the next batch: `with_block_tables` for an executor that reads KV memory,
+    /// `draft_tokens` drafts verified per decode for a speculating one (0: none).
+    pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool, draft_tokens: u32) {
         self.batch.clear();
         self.batch_slots.clear();
         let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
-        self.schedule_decodes(now, &mut budget);
+        self.schedule_decodes(now, &mut budget, draft_tokens);
         match self.config.prefill {
             PrefillPolicy::Fcfs => {
                 self.schedule_running_prefills(now, &mut budget, Class::Any);
@@ -90,20 +94,29 @@ impl Instance {
         }
     }
 
-    fn schedule_decodes(&mut self, now: Time, budget: &mut Budget) {
+    /// One decode entry per running sequence past its prompt. A speculating step verifies
+    /// `draft_tokens` drafts after the sequence's last token and writes KV for all of those
+    /// positions, so KV for `1 + drafts` tokens is reserved before the step, preempting if
+    /// need be, as vLLM reserves its lookahead slots; blocks of rejected positions stay with
+    /// the sequence for its next tokens. Drafts are clamped to the output left (tokens past
+    /// it would be thrown away) and to the budget.
+    fn schedule_decodes(&mut self, now: Time, budget: &mut Budget, draft_tokens: u32) {
         let mut i = 0;
         while i < self.running.len() && budget.open() {
             let s = self.running[i];
-            if !self.seq(s).is_decoding() {
+            let seq = self.seq(s);
+            if !seq.is_decoding() {
                 i += 1;
                 continue;
             }
-            if !self.reserve(now, s, 1, budget) {
+            let n =
+                if draft_tokens == 0 { 1 } else { (1 + draft_tokens).min(seq.decode_left()).min(budget.tokens).max(1) };
+            if !self.reserve(now, s, n, budget) {
                 // `s` was the last running sequence and preempted itself.
                 break;
             }
-            self.push_entry(s, 1, false);
-            budget.take(1);
+            self.push_entry(s, n, false);
+            budget.take(n);
             i += 1;
         }
     }

@@ -13,6 +13,35 @@ impl Executor for Fixed {
     }
 }
 
+/// Verifies `k` drafts per decode and accepts a seeded random number of them (any from none
+/// to all), so that the scheduler is checked whatever the acceptance.
+pub(crate) struct Speculating {
+    k: u32,
+    rng: rand_chacha::ChaCha8Rng,
+}
+
+impl Speculating {
+    pub(crate) fn new(k: u32, seed: u64) -> Speculating {
+        use rand::SeedableRng;
+        Speculating { k, rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed) }
+    }
+}
+
+impl Executor for Speculating {
+    fn draft_tokens(&self) -> u32 {
+        self.k
+    }
+
+    fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
+        use rand::Rng;
+        for e in &batch.entries {
+            let drafts = if e.is_prefill { 0 } else { e.new_tokens - 1 };
+            out.accepted.push(self.rng.random_range(0..=drafts));
+        }
+        Ok(Dur(1_000 + batch.stats.tokens()))
+    }
+}
+
 fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
     InstanceConfig {
         block_size: 4,
@@ -396,7 +425,7 @@ fn a_long_output_on_an_instance_with_room_runs_to_the_end() {
 
 proptest! {
     /// Random arrivals into a small, contended instance, with or without KV high-water
-    /// protection: every request finishes (with all of its tokens, or ended early as a
+    /// protection and speculative decoding: every request finishes (with all of its tokens, or ended early as a
     /// runaway with its reason); evicted requests are queued again and finish too; no block
     /// is leaked (invariants are checked after every step).
     #[test]
@@ -408,7 +437,12 @@ proptest! {
         l3_blocks in proptest::option::of(0u32..30),
         fair_prefill in proptest::option::of((1u32..64, 0.0f64..0.2, 1u32..16)),
         kv_protection in proptest::option::of((0.2f64..=1.0, 0.05f64..0.95, proptest::option::of(0u32..20), any::<bool>())),
+        speculation in proptest::option::of((1u32..8, any::<u64>())),
     ) {
+        let mut exec: Box<dyn Executor> = match speculation {
+            None => Box::new(Fixed),
+            Some((k, seed)) => Box::new(Speculating::new(k, seed)),
+        };
         let prefill = match fair_prefill {
             None => PrefillPolicy::Fcfs,
             Some((chunk, share, long_min)) => fair(chunk, share, long_min),
@@ -437,7 +471,7 @@ proptest! {
                 let (_, r) = queue.next().unwrap();
                 if inst.enqueue(now, r).is_ok() { accepted += 1; }
             }
-            match inst.begin_step(now, &mut Fixed).unwrap() {
+            match inst.begin_step(now, exec.as_mut()).unwrap() {
                 Some(d) => {
                     now += d;
                     inst.end_step(now, &mut done, &mut evicted);
@@ -489,6 +523,36 @@ fn every_generated_token_is_reported_as_emitted_once() {
         }
     }
     assert_eq!(emitted, [(1, 5), (2, 1), (3, 9)].into_iter().collect());
+}
+
+#[test]
+fn a_speculative_step_emits_every_accepted_token_and_stops_at_the_output() {
+    // Every draft accepted: 1 + 3 tokens per decode step, the last step clamped to the 2 left.
+    struct AcceptAll;
+    impl Executor for AcceptAll {
+        fn draft_tokens(&self) -> u32 {
+            3
+        }
+        fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
+            out.accepted.extend(batch.entries.iter().map(|e| if e.is_prefill { 0 } else { e.new_tokens - 1 }));
+            Ok(Dur(1_000))
+        }
+    }
+    let mut inst = Instance::new(config(64, 64));
+    inst.enqueue(Time::ZERO, req(1, 8, 11, &[])).unwrap();
+    let (mut now, mut done, mut evicted) = (Time::ZERO, Vec::new(), Vec::new());
+    let mut per_step = Vec::new();
+    while let Some(d) = inst.begin_step(now, &mut AcceptAll).expect("executor") {
+        now += d;
+        inst.end_step(now, &mut done, &mut evicted);
+        per_step.push(inst.emitted().len());
+        assert!(inst.emitted().iter().all(|&id| id == RequestId(1)));
+    }
+    assert_eq!(per_step, [1, 4, 4, 2], "prefill samples one, then verify steps of 4, 4 and the 2 left");
+    let f = &done[0];
+    assert_eq!(f.output_tokens, 11);
+    assert_eq!((f.first_token_at, f.finished_at), (Time(1_000), Time(4_000)));
+    assert_eq!(inst.kv().used_blocks(), 0);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //! down once it holds no request, parked ones included. GPU time is integrated over every
 //! instance that holds its GPUs: starting, serving or draining.
 
-use crate::cost::CostModelExecutor;
+use crate::cost::{CostModelExecutor, SpeculationTally};
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
@@ -75,7 +75,11 @@ pub struct KvOptions {
 
 pub struct SimFleet {
     instances: Vec<SimInstance>,
+    /// The executor every instance shares when it holds no state (no drafter).
     executor: CostModelExecutor,
+    /// With a drafter, one executor per instance, by id, each drawing acceptance from its own
+    /// generator (see [`CostModelExecutor::for_instance`]); empty otherwise.
+    drafting: Vec<CostModelExecutor>,
     queue: EventQueue<(InstanceId, Wake)>,
     events: Vec<FleetEvent>,
     finished: Vec<Finished>,
@@ -109,6 +113,7 @@ impl SimFleet {
         let mut fleet = SimFleet {
             instances: Vec::with_capacity(count as usize),
             executor,
+            drafting: Vec::new(),
             queue: EventQueue::default(),
             events: Vec::new(),
             finished: Vec::new(),
@@ -166,6 +171,9 @@ impl SimFleet {
         }
         self.advance_gpu_clock(now);
         self.holding += 1;
+        if self.executor.drafter().is_some() {
+            self.drafting.push(self.executor.for_instance(id));
+        }
         self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role });
         if ready {
             self.instance_up(id);
@@ -325,8 +333,9 @@ impl SimFleet {
 
     fn start_step(&mut self, now: Time, id: InstanceId) {
         let inst = &mut self.instances[id.0 as usize];
+        let exec = self.drafting.get_mut(id.0 as usize).unwrap_or(&mut self.executor);
         // The cost model never fails; an error here is a bug in it, not an input problem.
-        match inst.engine.begin_step(now, &mut self.executor).expect("cost model executor failed") {
+        match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
             Some(d) => self.queue.push(now + d, (id, Wake::StepDone)),
             None => {
                 inst.busy = false;
@@ -395,6 +404,16 @@ impl SimFleet {
     /// Time admission was paused up to `now`, summed over instances.
     pub fn admission_paused(&self, now: Time) -> Dur {
         self.instances.iter().fold(Dur::ZERO, |sum, i| sum + i.engine.paused_clock(now))
+    }
+
+    /// What speculative decoding did over every instance (`None` without a drafter).
+    pub fn speculation(&self) -> Option<SpeculationTally> {
+        self.executor.drafter()?;
+        let mut sum = SpeculationTally::default();
+        for e in &self.drafting {
+            sum.add(e.tally().unwrap_or_default());
+        }
+        Some(sum)
     }
 }
 

@@ -179,6 +179,23 @@ pub struct Summary {
     /// for a fixed colocated fleet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pools: Option<crate::pools::PoolsReport>,
+    /// Speculative decoding: the drafter and what it accepted (absent: no speculation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationReport>,
+}
+
+/// What speculative decoding did in a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationReport {
+    /// The drafter preset (`simulator::cost::Drafter`).
+    pub drafter: String,
+    /// Decode steps of one sequence that verified drafts.
+    pub verify_steps: u64,
+    /// Drafts accepted per such step, as drawn; below `expected_accepted` when steps near the
+    /// end of an output verify fewer drafts than the drafter's `verified`.
+    pub accepted_per_step: f64,
+    /// The acceptance profile's expectation with every draft verified.
+    pub expected_accepted: f64,
 }
 
 /// Token-weighted shares of prompt tokens served from each tier.
@@ -427,6 +444,7 @@ impl Metrics {
             admission_paused_s: self.admission_paused.as_secs_f64(),
             paused_wait_ms: self.paused_wait.percentiles(),
             pools: None,
+            speculation: None,
         }
     }
 

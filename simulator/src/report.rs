@@ -83,6 +83,7 @@ const ROWS: &[Row] = &[
     Row { label: "TTFT short-output p99 (ms)", value: |s| s.ttft_ms_short_output.p99, decimals: 1 },
     Row { label: "TPOT mean (ms)", value: |s| s.tpot_ms.mean, decimals: 2 },
     Row { label: "TPOT p50 (ms)", value: |s| s.tpot_ms.p50, decimals: 2 },
+    Row { label: "TPOT p90 (ms)", value: |s| s.tpot_ms.p90, decimals: 2 },
     Row { label: "TPOT p99 (ms)", value: |s| s.tpot_ms.p99, decimals: 2 },
     Row { label: "E2E p50 (ms)", value: |s| s.e2e_ms.p50, decimals: 1 },
     Row { label: "E2E p99 (ms)", value: |s| s.e2e_ms.p99, decimals: 1 },
@@ -107,6 +108,11 @@ const ROWS: &[Row] = &[
     Row { label: "ended (runaway)", value: |s| s.ended_runaway as f64, decimals: 0 },
     Row { label: "admission paused (s)", value: |s| s.admission_paused_s, decimals: 1 },
     Row { label: "paused wait p99 (ms)", value: |s| s.paused_wait_ms.p99, decimals: 1 },
+    Row {
+        label: "drafts accepted per step",
+        value: |s| s.speculation.as_ref().map_or(0.0, |p| p.accepted_per_step),
+        decimals: 2,
+    },
 ];
 
 /// One column per router and one row per metric. With exactly two routers, a last column

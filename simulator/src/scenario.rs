@@ -14,6 +14,7 @@
 //! ep = 1                # expert parallelism (MoE): 1 or tp × dp_attention
 //! cp = 1                # context-parallel replicas; the instance has tp × dp_attention × cp GPUs
 //! cp_mode = "ring"      # how CP replicas exchange K/V: "ring" or "allgather"
+//! spec = "dspark"       # speculative decoding: "none", "eagle3", "dflash" or "dspark"
 //!
 //! [workload]
 //! trace = "../../shared/traces/mooncake-conversation.jsonl"   # relative to this file
@@ -38,8 +39,8 @@
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
 use crate::cost::{
-    calibrate, gpu_by_name, model_by_name, Calibration, CalibrationError, CostError, CostModel, CostParams, CpMode,
-    Deployment, UnknownName,
+    calibrate, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, Calibration,
+    CalibrationError, CostError, CostModel, CostParams, CpMode, Deployment, Drafter, UnknownName, NO_SPECULATION,
 };
 use crate::metrics::Slo;
 use crate::pools::PdRun;
@@ -277,6 +278,9 @@ pub struct FleetSection {
     /// How context-parallel replicas exchange K/V: ring or all-gather.
     #[serde(default)]
     pub cp_mode: Option<CpMode>,
+    /// Speculative decoding's drafter preset, or `none` (see [`crate::cost::Drafter`]).
+    #[serde(default)]
+    pub spec: Option<String>,
     pub block_size: Option<u32>,
     pub max_batch_tokens: Option<u32>,
     pub max_seqs: Option<u32>,
@@ -491,9 +495,10 @@ pub enum WorkloadSource {
 
 /// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
 /// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`), the prefill scheduler
-/// (`fcfs`, `fair`) and the KV high-water protection (`hw` on, `nohw` off). So an L1-only
-/// baseline and a tiered fleet, FCFS and fair prefill, or runs with and without protection,
-/// run on the same arrivals in one command.
+/// (`fcfs`, `fair`), the KV high-water protection (`hw` on, `nohw` off) and speculative
+/// decoding (a drafter preset, `eagle3`, `dflash`, `dspark`, or `nospec`). So an L1-only
+/// baseline and a tiered fleet, FCFS and fair prefill, runs with and without protection, or
+/// each drafter against none, run on the same arrivals in one command.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
     pub router: RouterConfig,
@@ -504,6 +509,8 @@ pub struct RunSpec {
     pub kv_protection: Option<KvProtection>,
     /// Disaggregated pools, autoscaling, time series (`None`: a fixed colocated fleet).
     pub pools: Option<PoolsRun>,
+    /// Speculative decoding's drafter (`None`: none).
+    pub drafter: Option<&'static Drafter>,
 }
 
 impl RunSpec {
@@ -535,6 +542,8 @@ pub struct Settings {
     pub tiers: KvTiers,
     /// The fit of the cost model to `fleet.profile`, when one was given.
     pub calibration: Option<Calibration>,
+    /// The scenario's drafter (`[fleet] spec`); runs may override it (`name@dspark`).
+    pub drafter: Option<&'static Drafter>,
 }
 
 impl Scenario {
@@ -588,6 +597,7 @@ impl Scenario {
                 ep: f.ep.or(self.fleet.ep),
                 cp: f.cp.or(self.fleet.cp),
                 cp_mode: f.cp_mode.or(self.fleet.cp_mode),
+                spec: f.spec.or(self.fleet.spec),
                 block_size: f.block_size.or(self.fleet.block_size),
                 max_batch_tokens: f.max_batch_tokens.or(self.fleet.max_batch_tokens),
                 max_seqs: f.max_seqs.or(self.fleet.max_seqs),
@@ -647,6 +657,7 @@ impl Scenario {
             };
         let params = calibration.as_ref().map_or(params, |c| c.params.clone());
         let cost = CostModel::new(model, gpu, deployment, params)?;
+        let drafter = drafter_or_none(f.spec.as_deref().unwrap_or(NO_SPECULATION))?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
         if block_size == 0 || !block_size.is_power_of_two() || block_size > 512 {
@@ -687,12 +698,24 @@ impl Scenario {
             };
             let router: RouterConfig = name.parse()?;
             let (mut run_tiers, mut run_prefill, mut run_protection) = (tiers, prefill, kv_protection);
+            let mut run_drafter = drafter;
             if let Some(v) = &variant {
                 let parts: Vec<&str> = v.split('+').map(str::trim).collect();
-                const VARIANTS: [&str; 7] = ["l1", "l2", "l3", "fcfs", "fair", "hw", "nohw"];
-                if let Some(unknown) = parts.iter().find(|p| !VARIANTS.contains(p)) {
-                    let reason = format!("unknown variant `{unknown}` in `{spec}` (valid: {})", VARIANTS.join(", "));
+                let variants: Vec<&str> = ["l1", "l2", "l3", "fcfs", "fair", "hw", "nohw", NO_SPEC_VARIANT]
+                    .into_iter()
+                    .chain(drafter_names())
+                    .collect();
+                if let Some(unknown) = parts.iter().find(|p| !variants.contains(p)) {
+                    let reason = format!("unknown variant `{unknown}` in `{spec}` (valid: {})", variants.join(", "));
                     return Err(invalid("routers", reason));
+                }
+                let (drafters, parts): (Vec<&str>, Vec<&str>) =
+                    parts.into_iter().partition(|p| *p == NO_SPEC_VARIANT || drafter_by_name(p).is_ok());
+                match drafters[..] {
+                    [] => {}
+                    [NO_SPEC_VARIANT] => run_drafter = None,
+                    [d] => run_drafter = Some(drafter_by_name(d)?),
+                    _ => return Err(invalid("routers", format!("`{spec}` names two drafters"))),
                 }
                 let (switches, parts): (Vec<&str>, Vec<&str>) =
                     parts.into_iter().partition(|p| matches!(*p, "hw" | "nohw"));
@@ -724,6 +747,7 @@ impl Scenario {
                     prefill: run_prefill,
                     kv_protection: run_protection,
                     pools: pools.clone(),
+                    drafter: run_drafter,
                 });
             }
         }
@@ -795,6 +819,7 @@ impl Scenario {
             slo,
             tiers,
             calibration,
+            drafter,
         })
     }
 }
@@ -805,6 +830,8 @@ pub fn load_profile(path: &Path) -> Result<StepProfile, ScenarioError> {
         std::fs::read_to_string(path).map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
     serde_json::from_str(&text).map_err(|source| ScenarioError::ParseProfile { path: path.into(), source })
 }
+/// The run variant without speculation (`name@nospec`, like `@nohw`).
+pub const NO_SPEC_VARIANT: &str = "nospec";
 
 impl Settings {
     /// A run of `router` on the scenario's own tiers.
@@ -816,6 +843,7 @@ impl Settings {
             prefill: self.instance.prefill,
             kv_protection: self.instance.kv_protection,
             pools: None,
+            drafter: self.drafter,
         }
     }
 
@@ -842,6 +870,7 @@ impl Settings {
                 WorkloadSource::Phased(cfg) => cfg.shifts_s().iter().map(|s| s / self.rate_scale).collect(),
                 _ => Vec::new(),
             },
+            drafter: run.drafter,
         }
     }
 
@@ -901,6 +930,37 @@ mod tests {
         assert_eq!((pd.prefill, pd.decode, pd.gpu_budget, pd.startup), (2, 4, 12, Dur::from_millis(30_000)));
         assert_eq!(pd.autoscaler.name(), "slo-load");
         assert_eq!(s.routers[0].pools.as_ref().map(|p| p.pd), Some(None), "colo has a label and no pools");
+    }
+
+    #[test]
+    fn drafters_come_from_the_fleet_section_and_run_variants() {
+        let s = resolve(
+            r#"
+            routers = ["round-robin", "round-robin@nospec", "round-robin@eagle3", "round-robin@dspark+l1"]
+            [fleet]
+            spec = "dflash"
+            "#,
+        )
+        .expect("valid");
+        let drafters: Vec<Option<&str>> = s.routers.iter().map(|r| s.sim_config(r).drafter.map(|d| d.name)).collect();
+        assert_eq!(drafters, [Some("dflash"), None, Some("eagle3"), Some("dspark")]);
+        assert_eq!(resolve("[fleet]\nspec = \"none\"").expect("valid").drafter, None);
+        assert_eq!(resolve("").expect("valid").drafter, None, "no speculation by default");
+    }
+
+    #[test]
+    fn bad_drafters_name_the_valid_ones() {
+        let err = |t: &str| resolve(t).expect_err("invalid").to_string();
+        assert_eq!(err("[fleet]\nspec = \"medusa\""), "unknown drafter `medusa` (valid: none, eagle3, dflash, dspark)");
+        assert_eq!(
+            err("routers = [\"round-robin@eagle3+dspark\"]"),
+            "invalid setting `routers`: `round-robin@eagle3+dspark` names two drafters"
+        );
+        assert_eq!(
+            err("routers = [\"round-robin@medusa\"]"),
+            "invalid setting `routers`: unknown variant `medusa` in `round-robin@medusa` \
+             (valid: l1, l2, l3, fcfs, fair, hw, nohw, nospec, eagle3, dflash, dspark)"
+        );
     }
 
     #[test]

@@ -12,9 +12,9 @@
 //! instance recomputes its prompt and output so far and generates the rest, and it is
 //! recorded once, when it finishes (or counted as refused if no instance can take it).
 
-use crate::cost::{CostModel, CostModelExecutor};
+use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
-use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, Summary};
+use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, SpeculationReport, Summary};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::timeline::{restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
@@ -46,6 +46,8 @@ pub struct SimConfig {
     pub timeline: Option<Dur>,
     /// When the workload shifts (seconds), for the time to restore the SLO after each.
     pub shifts_s: Vec<f64>,
+    /// Speculative decoding's drafter (`None`: one token per decode step).
+    pub drafter: Option<&'static Drafter>,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -126,7 +128,10 @@ pub fn run(
         let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
         controller = controller.with_pools(pools);
     }
-    let executor = CostModelExecutor::new(config.cost.clone());
+    let mut executor = CostModelExecutor::new(config.cost.clone());
+    if let Some(d) = config.drafter {
+        executor = executor.with_drafter(d, config.seed);
+    }
     let kv = KvOptions {
         l3_blocks: config.l3_blocks,
         publish_events: controller.wants_kv_events(),
@@ -269,6 +274,14 @@ pub fn run(
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
     let mut summary = metrics.summary(&cost);
     summary.max_hit_rate = bound.map(|b| b.hit_rate());
+    if let (Some(d), Some(tally)) = (config.drafter, fleet.speculation()) {
+        summary.speculation = Some(SpeculationReport {
+            drafter: d.name.to_string(),
+            verify_steps: tally.verifications,
+            accepted_per_step: tally.mean_accepted(),
+            expected_accepted: d.expected_accepted(),
+        });
+    }
     let points = timeline.map(|tl| {
         tl.finish(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller)
     });

@@ -3,7 +3,7 @@
 
 use policies::RouterConfig;
 use simulator::report::{Report, RunReport};
-use simulator::scenario::{FleetSection, Scenario, SchedulerSection, Settings, WorkloadSection};
+use simulator::scenario::{FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, WorkloadSection};
 use simulator::sim;
 use simulator::tiers::KvSection;
 use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, SyntheticConfig};
@@ -63,6 +63,45 @@ fn a_synthetic_workload_replays_from_its_seed_and_changes_with_it() {
     };
     assert_eq!(json_of(&settings(1)), json_of(&settings(1)));
     assert_ne!(json_of(&settings(1)), json_of(&settings(2)));
+}
+
+/// The Mooncake trace on two instances (or one prefill and one decode instance), each run
+/// speculating as its variant says.
+fn speculating(seed: u64, mode: &str, routers: &[&str]) -> Settings {
+    Scenario {
+        seed: Some(seed),
+        routers: Some(routers.iter().map(|r| r.to_string()).collect()),
+        fleet: FleetSection { instances: Some(2), ..FleetSection::default() },
+        workload: WorkloadSection {
+            trace: Some(tests::trace("mooncake-conversation.jsonl")),
+            max_requests: Some(1500),
+            ..WorkloadSection::default()
+        },
+        pools: PoolsSection { mode: Some(mode.into()), ..PoolsSection::default() },
+        ..Scenario::default()
+    }
+    .resolve()
+    .expect("valid scenario")
+}
+
+#[test]
+fn speculating_runs_replay_from_their_seed_and_finish_every_request() {
+    let routers = ["least-outstanding@nospec", "least-outstanding@dspark", "power-of-two@eagle3+hw"];
+    for mode in ["colocated", "pd"] {
+        let s = speculating(1, mode, &routers);
+        let json = json_of(&s);
+        assert_eq!(json, json_of(&s), "{mode}");
+        assert_ne!(json, json_of(&speculating(2, mode, &routers)), "{mode}: acceptance draws come from the seed");
+        let report: Report = serde_json::from_str(&json).expect("a report");
+        let drafters: Vec<Option<&str>> =
+            report.runs.iter().map(|r| r.summary.speculation.as_ref().map(|p| p.drafter.as_str())).collect();
+        assert_eq!(drafters, [None, Some("dspark"), Some("eagle3")], "{mode}");
+        for r in &report.runs {
+            assert_eq!(r.summary.requests + r.summary.rejected, 1500, "{mode} {}", r.router);
+        }
+        let tpot = |i: usize| report.runs[i].summary.tpot_ms.mean;
+        assert!(tpot(1) < tpot(0), "{mode}: dspark {} ms against {} ms without", tpot(1), tpot(0));
+    }
 }
 
 #[test]

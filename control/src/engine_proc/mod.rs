@@ -15,7 +15,10 @@ use anyhow::{anyhow, Context};
 use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Executor, Instance, InstanceConfig};
 use runner::{Backend, Runner, Shared};
-use simulator::cost::{calibrate, gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment};
+use simulator::cost::{
+    calibrate, drafter_or_none, gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment,
+    NO_SPECULATION,
+};
 use simulator::scenario::load_profile;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -74,6 +77,15 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
 
+    /// `sim`: speculative decoding with a drafter preset, eagle3, dflash or dspark, or none
+    /// (docs/LAYOUTS.md): decode steps verify drafts and stream every accepted token.
+    #[arg(long, default_value = "none")]
+    pub spec: String,
+
+    /// `sim` with --spec: seed of the drafter's acceptance draws (give each engine its own).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
     /// Token budget of one iteration (chunked prefill).
     #[arg(long, default_value_t = 8192)]
     pub max_batch_tokens: u32,
@@ -108,6 +120,10 @@ struct SimBackend {
 }
 
 impl Executor for SimBackend {
+    fn draft_tokens(&self) -> u32 {
+        self.exec.draft_tokens()
+    }
+
     fn execute(
         &mut self,
         batch: &engine::Batch,
@@ -131,6 +147,12 @@ impl Backend for SimBackend {
 pub fn run(args: Args) -> Result<(), Failure> {
     if !matches!(args.pool.as_str(), "colocated" | "prefill" | "decode") {
         return Err(Failure::Input(anyhow!("unknown pool `{}` (valid: colocated, prefill, decode)", args.pool)));
+    }
+    if args.executor == ExecutorKind::Cuda && args.spec != NO_SPECULATION {
+        return Err(Failure::Input(anyhow!(
+            "--spec {} needs --executor sim: the CUDA engine has no drafter",
+            args.spec
+        )));
     }
     let (backend, config) = match args.executor {
         ExecutorKind::Sim => sim_backend(&args).map_err(Failure::Input)?,
@@ -175,7 +197,11 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
         max_batch_tokens: args.max_batch_tokens,
         ..InstanceConfig::default()
     };
-    Ok((Box::new(SimBackend { exec: CostModelExecutor::new(cost), scale: args.time_scale }), config))
+    let mut exec = CostModelExecutor::new(cost);
+    if let Some(d) = drafter_or_none(&args.spec)? {
+        exec = exec.with_drafter(d, args.seed);
+    }
+    Ok((Box::new(SimBackend { exec, scale: args.time_scale }), config))
 }
 
 struct CudaBackend(engine::cuda::CudaExecutor);

@@ -39,6 +39,7 @@ const EXAMPLES: [(&str, &str); 11] = [
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
     ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
+    ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
 ];
 

@@ -1,24 +1,95 @@
 //! The cost model behind the engine's [`Executor`] seam: the simulator (and
 //! `fleetplane engine --executor sim`) runs the real scheduler and asks this executor how long
 //! each batch takes instead of running a forward pass.
+//!
+//! With a [`Drafter`] it speculates: the scheduler gives each decode `1 + verified` tokens, the
+//! step is priced by [`Drafter::price`], and each speculating sequence's accepted drafts are
+//! drawn from the drafter's acceptance profile with the executor's own seeded generator (one
+//! per instance, see [`CostModelExecutor::for_instance`]), so runs replay from their seed.
 
-use engine::{Batch, Dur, Executor, ExecutorError, StepOutput};
+use engine::ids::derive_seed;
+use engine::{Batch, BatchStats, Dur, Executor, ExecutorError, InstanceId, StepOutput};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 use super::roofline::CostModel;
+use super::speculative::Drafter;
 
 /// An executor that predicts step times from a [`CostModel`] and produces no tokens.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct CostModelExecutor {
     model: CostModel,
+    spec: Option<Speculation>,
+}
+
+/// A speculating executor's drafter, generator and tally.
+#[derive(Clone, Debug)]
+struct Speculation {
+    drafter: &'static Drafter,
+    /// The run's seed, from which each instance's generator derives.
+    seed: u64,
+    rng: ChaCha8Rng,
+    tally: SpeculationTally,
+}
+
+/// Decode steps of one sequence that verified drafts, and the drafts accepted in them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpeculationTally {
+    pub verifications: u64,
+    pub accepted: u64,
+}
+
+impl SpeculationTally {
+    pub fn add(&mut self, other: SpeculationTally) {
+        self.verifications += other.verifications;
+        self.accepted += other.accepted;
+    }
+
+    /// Drafts accepted per verifying sequence-step (0 when none verified).
+    pub fn mean_accepted(&self) -> f64 {
+        if self.verifications == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.verifications as f64
+        }
+    }
 }
 
 impl CostModelExecutor {
     pub fn new(model: CostModel) -> CostModelExecutor {
-        CostModelExecutor { model }
+        CostModelExecutor { model, spec: None }
+    }
+
+    /// Speculates with `drafter`; acceptance draws derive from `seed` (the run's).
+    pub fn with_drafter(self, drafter: &'static Drafter, seed: u64) -> CostModelExecutor {
+        let rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, "drafter", 0));
+        let spec = Speculation { drafter, seed, rng, tally: SpeculationTally::default() };
+        CostModelExecutor { spec: Some(spec), ..self }
+    }
+
+    /// The executor of instance `id`: the same model and drafter, its own generator (seeded
+    /// from the run's seed and `id`, so that an instance's draws do not depend on when the
+    /// others step) and an empty tally.
+    pub fn for_instance(&self, id: InstanceId) -> CostModelExecutor {
+        let spec = self.spec.as_ref().map(|s| Speculation {
+            rng: ChaCha8Rng::seed_from_u64(derive_seed(s.seed, "drafter", u64::from(id.0))),
+            tally: SpeculationTally::default(),
+            ..s.clone()
+        });
+        CostModelExecutor { model: self.model.clone(), spec }
     }
 
     pub fn cost_model(&self) -> &CostModel {
         &self.model
+    }
+
+    pub fn drafter(&self) -> Option<&'static Drafter> {
+        self.spec.as_ref().map(|s| s.drafter)
+    }
+
+    /// What speculation did so far (`None` without a drafter).
+    pub fn tally(&self) -> Option<SpeculationTally> {
+        self.spec.as_ref().map(|s| s.tally)
     }
 }
 
@@ -28,33 +99,111 @@ impl Executor for CostModelExecutor {
         false
     }
 
-    fn execute(&mut self, batch: &Batch, _out: &mut StepOutput) -> Result<Dur, ExecutorError> {
-        Ok(self.model.step_time(&batch.stats))
+    fn draft_tokens(&self) -> u32 {
+        self.spec.as_ref().map_or(0, |s| s.drafter.verified)
+    }
+
+    fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
+        let Some(spec) = &mut self.spec else {
+            return Ok(self.model.step_time(&batch.stats));
+        };
+        let (mut drafting, mut verifying) = (BatchStats::default(), BatchStats::default());
+        for e in &batch.entries {
+            let drafts = if e.is_prefill { 0 } else { e.new_tokens - 1 };
+            if drafts == 0 {
+                verifying.add(e);
+                out.accepted.push(0);
+                continue;
+            }
+            Drafter::add_speculating(e, &mut drafting, &mut verifying);
+            let accepted = spec.drafter.sample_accepted(drafts, &mut spec.rng);
+            spec.tally.verifications += 1;
+            spec.tally.accepted += u64::from(accepted);
+            out.accepted.push(accepted);
+        }
+        let p = spec.drafter.price(&self.model, &drafting, &verifying);
+        Ok(Dur::from_secs_f64(p.draft_s + p.verify_s))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{gpu_by_name, model_by_name, CostParams, Deployment};
+    use crate::cost::{drafter_by_name, gpu_by_name, model_by_name, CostParams, Deployment};
     use engine::{BatchEntry, RequestId};
+
+    fn model() -> CostModel {
+        let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h200"));
+        CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
+            .expect("fits")
+    }
+
+    fn push(batch: &mut Batch, entry: BatchEntry) {
+        batch.entries.push(entry);
+        batch.stats.add(&entry);
+    }
 
     #[test]
     fn the_executor_returns_the_cost_model_step_time_and_no_tokens() {
-        let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h200"));
-        let model =
-            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
-                .expect("fits");
+        let model = model();
         let mut batch = Batch::default();
-        let entry = BatchEntry::new(RequestId(7), 100, 1, false);
-        batch.entries.push(entry);
-        batch.stats.add(&entry);
+        push(&mut batch, BatchEntry::new(RequestId(7), 100, 1, false));
         let mut exec = CostModelExecutor::new(model.clone());
         let mut out = StepOutput::default();
         assert!(!exec.needs_block_tables());
+        assert_eq!(exec.draft_tokens(), 0);
         assert_eq!(exec.execute(&batch, &mut out).ok(), Some(model.step_time(&batch.stats)));
-        assert!(out.tokens.is_empty());
+        assert!(out.tokens.is_empty() && out.accepted.is_empty());
         batch.clear();
         assert_eq!(exec.execute(&batch, &mut out).ok(), Some(Dur::ZERO));
+    }
+
+    #[test]
+    fn a_speculating_step_is_priced_by_the_drafter_and_accepts_at_most_its_drafts() {
+        let model = model();
+        let d = drafter_by_name("dspark").expect("preset");
+        let mut exec = CostModelExecutor::new(model.clone()).with_drafter(d, 42).for_instance(InstanceId(3));
+        assert_eq!(exec.draft_tokens(), 5);
+        let mut batch = Batch::default();
+        let prefill = BatchEntry::new(RequestId(1), 0, 512, true);
+        let last = BatchEntry::new(RequestId(2), 900, 1, false);
+        let spec = BatchEntry::new(RequestId(3), 1000, 6, false);
+        for e in [prefill, last, spec] {
+            push(&mut batch, e);
+        }
+        let mut out = StepOutput::default();
+        let d_step = exec.execute(&batch, &mut out).expect("priced");
+        // By hand: the plain decode of sequence 3 prices the draft; the prefill chunk, the
+        // one-token decode and sequence 3's 6-token chunk run as one verify step.
+        let (mut drafting, mut verifying) = (BatchStats::default(), BatchStats::default());
+        drafting.add(&BatchEntry::new(RequestId(3), 1000, 1, false));
+        for e in [prefill, last, BatchEntry::new(RequestId(3), 1000, 6, true)] {
+            verifying.add(&e);
+        }
+        let p = d.price(&model, &drafting, &verifying);
+        assert_eq!(d_step, Dur::from_secs_f64(p.draft_s + p.verify_s));
+        assert!(p.draft_s > 0.0 && p.verify_s > model.step_time(&batch.stats).as_secs_f64());
+        assert_eq!(out.accepted.len(), 3);
+        assert_eq!(out.accepted[..2], [0, 0], "only speculating decodes accept drafts");
+        assert!(out.accepted[2] <= 5);
+        assert_eq!(exec.tally(), Some(SpeculationTally { verifications: 1, accepted: u64::from(out.accepted[2]) }));
+    }
+
+    #[test]
+    fn instances_draw_from_their_own_seeded_generators() {
+        let d = drafter_by_name("eagle3").expect("preset");
+        let base = CostModelExecutor::new(model()).with_drafter(d, 42);
+        let mut batch = Batch::default();
+        for i in 0..64 {
+            push(&mut batch, BatchEntry::new(RequestId(i), 100, 5, false));
+        }
+        let draws = |id: u32| {
+            let mut exec = base.for_instance(InstanceId(id));
+            let mut out = StepOutput::default();
+            exec.execute(&batch, &mut out).expect("priced");
+            out.accepted
+        };
+        assert_eq!(draws(0), draws(0), "same seed and instance, same draws");
+        assert_ne!(draws(0), draws(1), "another instance draws otherwise");
     }
 }

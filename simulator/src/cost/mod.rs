@@ -11,9 +11,9 @@
 //! | `gpu.rs` | [`GpuSpec`]: memory, HBM and NVLink bandwidth, BF16 / FP8 peaks, assumed price; the GPU catalog |
 //! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
-//! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark) and the TPOT speculation buys ([`SpeculativeStep`]), a calculation the engine does not run |
-//! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overhead fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
-//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`] |
+//! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark): one step's price ([`StepPrice`]) for both the engine and the TPOT calculation ([`SpeculativeStep`]), and acceptance sampling |
+//! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overheads fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
+//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]) |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
 //! **The layout.** An instance has `G = tp × dp_attention` GPUs of one node. Attention runs
@@ -85,9 +85,11 @@ mod speculative;
 
 pub use calibrate::{calibrate, Calibration, CalibrationError, SampleFit};
 pub use error::{CostError, UnknownName};
-pub use executor::CostModelExecutor;
+pub use executor::{CostModelExecutor, SpeculationTally};
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, CpMode, Deployment};
 pub use roofline::{CostModel, CpPrefillLayer, StepBreakdown, TierLinks};
-pub use speculative::{drafter_by_name, Drafter, SpeculativeStep};
+pub use speculative::{
+    drafter_by_name, drafter_names, drafter_or_none, Drafter, SpeculativeStep, StepPrice, NO_SPECULATION,
+};

@@ -1,11 +1,11 @@
-//! Speculative decoding as a cost-model calculation: what a drafter buys per decode step.
+//! Speculative decoding: drafter presets, what one step with a drafter costs, and how many
+//! of its drafts the target accepts.
 //!
-//! Nothing here runs in the engine; `fleetplane capacity --spec NAME` prints it. A drafter
-//! proposes `k` tokens per sequence; the target model verifies them (and the bonus token
-//! after them) in one step of `k + 1` tokens per sequence. Position `i` is accepted with
-//! probability `p_i` given that every earlier one was (its acceptance profile), so a step
-//! emits `1 + Σ_i Π_{j ≤ i} p_j` tokens in expectation. TPOT falls by that many tokens over
-//! what the step now costs:
+//! A drafter proposes `k` tokens per sequence; the target model verifies `v ≤ k` of them (and
+//! the bonus token after them) in one step of `v + 1` tokens per sequence. Position `i` is
+//! accepted with probability `p_i` given that every earlier one was (its acceptance profile),
+//! so a step emits `1 + Σ_i Π_{j ≤ i} p_j` tokens in expectation. TPOT falls by that many
+//! tokens over what the step now costs:
 //!
 //! `TPOT = (draft + verify) / (1 + E[accepted])`, against one plain decode step per token.
 //!
@@ -17,10 +17,16 @@
 //!   priced by the roofline as a chunk of that many tokens (it reads the KV once and the
 //!   weights once; the LM head of the extra positions is left out, small next to them).
 //!
+//! [`Drafter::price`] is the one place a step is priced: `fleetplane capacity --spec`'s
+//! calculation ([`Drafter::step`], a uniform batch) and the engine's speculating steps
+//! ([`crate::cost::CostModelExecutor`], the batch as scheduled, prefill chunks included) both
+//! call it. [`Drafter::sample_accepted`] draws one sequence's accepted length in a step.
+//!
 //! The presets' numbers are assumptions, typical of published acceptance lengths, not
 //! measurements; docs/LAYOUTS.md lists them.
 
 use engine::{BatchEntry, BatchStats, RequestId};
+use rand::Rng;
 
 use super::error::UnknownName;
 use super::roofline::CostModel;
@@ -80,6 +86,35 @@ pub fn drafter_by_name(name: &str) -> Result<&'static Drafter, UnknownName> {
     UnknownName::lookup(&DRAFTERS, "drafter", name, |d| d.name)
 }
 
+/// The name that turns speculation off wherever a drafter is named (`--spec none`).
+pub const NO_SPECULATION: &str = "none";
+
+/// `none`, or a drafter preset by name; an unknown name lists `none` and the presets.
+pub fn drafter_or_none(name: &str) -> Result<Option<&'static Drafter>, UnknownName> {
+    if name == NO_SPECULATION {
+        return Ok(None);
+    }
+    drafter_by_name(name).map(Some).map_err(|mut e| {
+        e.valid.insert(0, NO_SPECULATION);
+        e
+    })
+}
+
+/// The presets' names, in catalog order.
+pub fn drafter_names() -> impl Iterator<Item = &'static str> {
+    DRAFTERS.iter().map(|d| d.name)
+}
+
+/// What one step with a drafter costs, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepPrice {
+    /// The speculating sequences' plain decode step (one token each, no drafter).
+    pub plain_s: f64,
+    pub draft_s: f64,
+    /// The target's step: the batch with each speculating decode verifying its drafts.
+    pub verify_s: f64,
+}
+
 /// What speculation does to one decode step of `batch` sequences at `context` tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpeculativeStep {
@@ -105,26 +140,58 @@ impl Drafter {
         sum
     }
 
-    /// The step with this drafter on `cost`'s layout. `batch` must be at least 1.
+    /// Drafts the target accepts out of `verified` (at most [`Drafter::verified`]): position
+    /// `i` with probability `p_i` once every earlier one was accepted, stopping at the first
+    /// rejection.
+    pub fn sample_accepted(&self, verified: u32, rng: &mut impl Rng) -> u32 {
+        let mut accepted = 0;
+        for &p in self.acceptance.iter().take(verified.min(self.verified) as usize) {
+            if rng.random::<f64>() >= p {
+                break;
+            }
+            accepted += 1;
+        }
+        accepted
+    }
+
+    /// Adds a speculating decode entry (`new_tokens` = 1 + drafts to verify) to the two views
+    /// of its step that [`Drafter::price`] reads: `drafting`, where it is a plain one-token
+    /// decode, and `verifying`, where it is a chunk of `new_tokens` after its context.
+    pub fn add_speculating(e: &BatchEntry, drafting: &mut BatchStats, verifying: &mut BatchStats) {
+        drafting.add(&BatchEntry { new_tokens: 1, is_prefill: false, ..*e });
+        verifying.add(&BatchEntry { is_prefill: true, load_tokens: [0; 2], ..*e });
+    }
+
+    /// Prices one step from the views [`Drafter::add_speculating`] builds (`verifying` also
+    /// holds the batch's other entries as they are): the drafter's passes as shares of the
+    /// speculating sequences' plain decode step, and the target's step on `verifying`.
+    pub fn price(&self, cost: &CostModel, drafting: &BatchStats, verifying: &BatchStats) -> StepPrice {
+        let plain_s = cost.step_time(drafting).as_secs_f64();
+        let drafted = self.acceptance.len() as f64;
+        let draft_s =
+            plain_s * (f64::from(self.sequential_passes) * self.pass_fraction + drafted * self.per_position_fraction);
+        StepPrice { plain_s, draft_s, verify_s: cost.step_time(verifying).as_secs_f64() }
+    }
+
+    /// The step with this drafter on `cost`'s layout, every one of `batch` sequences at
+    /// `context` tokens verifying all its drafts. `batch` must be at least 1.
     pub fn step(&self, cost: &CostModel, batch: u32, context: u32) -> SpeculativeStep {
         assert!(batch > 0, "a decode step needs a sequence");
-        let (mut plain, mut verify) = (BatchStats::default(), BatchStats::default());
+        let (mut drafting, mut verifying) = (BatchStats::default(), BatchStats::default());
         for i in 0..batch {
-            plain.add(&entry(i, context, 1, false));
-            verify.add(&entry(i, context, self.verified + 1, true));
+            let e = BatchEntry::new(RequestId(u64::from(i)), context, self.verified + 1, false);
+            Drafter::add_speculating(&e, &mut drafting, &mut verifying);
         }
-        let plain_tpot_s = cost.step_time(&plain).as_secs_f64();
-        let drafted = self.acceptance.len() as f64;
-        let draft_s = plain_tpot_s
-            * (f64::from(self.sequential_passes) * self.pass_fraction + drafted * self.per_position_fraction);
-        let verify_s = cost.step_time(&verify).as_secs_f64();
+        let p = self.price(cost, &drafting, &verifying);
         let accepted = self.expected_accepted();
-        SpeculativeStep { accepted, draft_s, verify_s, tpot_s: (draft_s + verify_s) / (1.0 + accepted), plain_tpot_s }
+        SpeculativeStep {
+            accepted,
+            draft_s: p.draft_s,
+            verify_s: p.verify_s,
+            tpot_s: (p.draft_s + p.verify_s) / (1.0 + accepted),
+            plain_tpot_s: p.plain_s,
+        }
     }
-}
-
-fn entry(i: u32, context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
-    BatchEntry::new(RequestId(u64::from(i)), context_tokens, new_tokens, is_prefill)
 }
 
 #[cfg(test)]
@@ -144,6 +211,21 @@ mod tests {
             drafter_by_name("medusa").expect_err("not a preset").to_string(),
             "unknown drafter `medusa` (valid: eagle3, dflash, dspark)"
         );
+    }
+
+    #[test]
+    fn sampled_acceptance_averages_to_the_expected_length() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for d in &DRAFTERS {
+            let n = 200_000;
+            let sum: u64 = (0..n).map(|_| u64::from(d.sample_accepted(d.verified, &mut rng))).sum();
+            let mean = sum as f64 / f64::from(n);
+            // The accepted length's standard deviation is about 2, so 0.03 is over six standard
+            // errors of a 200,000-draw mean (and the seed is fixed).
+            assert!((mean - d.expected_accepted()).abs() < 0.03, "{}: {mean} vs {}", d.name, d.expected_accepted());
+            assert!((0..1000).all(|_| d.sample_accepted(2, &mut rng) <= 2), "at most the drafts verified");
+        }
     }
 
     #[test]
