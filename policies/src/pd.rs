@@ -154,11 +154,16 @@ impl Pd {
         output_tokens: u32,
         ttft: Dur,
     ) {
-        self.slo.on_prefill_done(now, kv_tokens, ttft);
+        self.slo.on_prefill_done(now, kv_tokens, output_tokens, ttft);
         // The peak: the prompt plus every output token but the last.
         let need = KvNeed { now_tokens: kv_tokens, peak_tokens: kv_tokens + u64::from(output_tokens.max(1)) - 1 };
         self.waiting.push_back(Handoff { request, from, need, output_tokens });
         self.retry_at.get_or_insert(now);
+    }
+
+    /// A request entered the prefill pool.
+    pub(crate) fn on_routed(&mut self, now: Time, prompt_tokens: u32) {
+        self.slo.on_routed(now, prompt_tokens);
     }
 
     /// A transfer ended; returns the prefill instance it left.
@@ -353,6 +358,7 @@ mod tests {
                 quantile: 0.99,
                 decode: DecodeModel::default(),
                 nominal_prefill_tokens_per_s: 10_000.0,
+                inflow_window: Dur::from_millis(5_000),
             },
             autoscaler,
             gpu_budget,
