@@ -182,7 +182,7 @@ pub fn pools_table(runs: &[RunReport]) -> String {
         "scaling events",
         "transfers",
         "restore after each shift, by arrival (s)",
-        "by finish in 10 s windows (s)",
+        "by finish, in the time series' windows (s)",
         "most reversals per pool and phase",
     ]
     .map(String::from)

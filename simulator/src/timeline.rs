@@ -77,6 +77,12 @@ impl ArrivalSeconds {
         self.seconds[i][1] += u32::from(met);
     }
 
+    /// Arrivals in seconds `[from, to)` that missed the SLO.
+    fn misses(&self, from: usize, to: usize) -> u64 {
+        let to = to.min(self.seconds.len());
+        self.seconds.get(from..to).unwrap_or(&[]).iter().map(|s| u64::from(s[0] - s[1])).sum()
+    }
+
     /// Whether the arrivals of the window starting at second `u` met the SLO at `threshold`
     /// (a window without arrivals does).
     fn window_meets(&self, u: usize, threshold: f64) -> bool {
@@ -189,8 +195,9 @@ pub const RESTORED_FOR_S: f64 = 60.0;
 /// by arrival: from the shift to the first second `R` such that the arrivals of every 10 s
 /// window starting from `R` to `R` + [`RESTORED_FOR_S`] meet it at `threshold`; that is, to
 /// the end of the last second starting a window that misses. 0 when no window starting in the
-/// shift's phase misses; a fleet still failing when the next phase begins keeps counting (the
-/// backlog of one shift is not the next shift's doing), up to the end of the run.
+/// shift's phase misses through the phase's own arrivals; a fleet still failing when the next
+/// phase begins keeps counting (the backlog of one shift is not the next shift's doing), up to
+/// the end of the run.
 pub fn restore_times_s(arrivals: &ArrivalSeconds, shifts_s: &[f64], threshold: f64) -> Vec<f64> {
     let restored_for = RESTORED_FOR_S as usize;
     let last = arrivals.seconds.len();
@@ -203,7 +210,9 @@ pub fn restore_times_s(arrivals: &ArrivalSeconds, shifts_s: &[f64], threshold: f
             if last_miss.is_none() && u >= phase_end {
                 break;
             }
-            if !arrivals.window_meets(u, threshold) {
+            // A window that misses only through arrivals after the next shift is that shift's.
+            let own = last_miss.is_some() || arrivals.misses(u, (u + ARRIVAL_WINDOW_S).min(phase_end)) > 0;
+            if own && !arrivals.window_meets(u, threshold) {
                 last_miss = Some(u);
             } else if last_miss.is_some_and(|m| u - m > restored_for) {
                 break;
@@ -290,6 +299,9 @@ mod tests {
         // Nothing missed in the phase: 0; a failure outlasting its phase keeps counting.
         assert_eq!(restore_times_s(&arrivals(&s), &[0.0, 50.0, 200.0], 0.99), vec![0.0, 62.0, 0.0]);
         assert_eq!(restore_times_s(&arrivals(&s), &[0.0, 108.0, 200.0], 0.99), vec![112.0, 4.0, 0.0]);
+        // The windows starting just before a shift that miss only through arrivals after it
+        // are the next shift's.
+        assert_eq!(restore_times_s(&arrivals(&s), &[30.0, 105.0], 0.99), vec![0.0, 7.0]);
     }
 
     #[test]
