@@ -88,6 +88,15 @@ impl PhasedConfig {
         out.into_iter().skip(1).collect()
     }
 
+    /// What the workload is, in a few words, for the line a run starts with.
+    pub fn describe(&self) -> String {
+        let shape = match &self.servegen {
+            Some(g) => format!(" from {} `{}` [{}, {}) s", g.path.display(), g.model, g.from_s, g.to_s),
+            None => String::new(),
+        };
+        format!("phased ({} phases{shape} over {})", self.phases.len(), self.lengths.display())
+    }
+
     /// Takes relative paths as relative to `base` (the scenario file's folder).
     pub fn relative_to(&mut self, base: &Path) {
         let paths = [Some(&mut self.lengths), self.servegen.as_mut().map(|s| &mut s.path)];
