@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! Load_P = max(TTFT_pred, TTFT_actual) / TTFT_target
-//! Load_D = max(TPOT_pred, TPOT_actual) / TPOT_target
+//! Load_D = max(TPOT_pred, TPOT_inflow, TPOT_actual) / TPOT_target
 //! ```
 //!
 //! A load of 1 means the pool is at its target; above 1 it misses it.
@@ -22,7 +22,7 @@
 //!     the requests handed off and still waiting for a decode instance, stretched by the KV
 //!     demand over the pool's KV capacity when demand exceeds it (requests beyond capacity
 //!     wait, or are preempted and recomputed, which costs their tokens as much as a slower
-//!     step); and at least `TPOT_inflow`:
+//!     step).
 //!   - `TPOT_inflow` = the step time the decode pool will settle at under the requests
 //!     entering the fleet now. The decode pool's batch lags its inflow by a prefill and a
 //!     transfer, and a prefill pool that grows to clear a queue lets that queue through at
