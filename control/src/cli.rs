@@ -263,9 +263,7 @@ pub fn describe(s: &Settings) -> String {
     let source = match &s.workload {
         simulator::scenario::WorkloadSource::Trace { path, .. } => path.display().to_string(),
         simulator::scenario::WorkloadSource::Synthetic(c) => format!("synthetic ({} requests)", c.requests),
-        simulator::scenario::WorkloadSource::Phased(c) => {
-            format!("phased ({} phases over {})", c.phases.len(), c.lengths.display())
-        }
+        simulator::scenario::WorkloadSource::Phased(c) => c.describe(),
     };
     let block_tokens = u64::from(s.instance.block_size);
     let mut tiers = String::new();

@@ -374,3 +374,55 @@ fn a_measured_profile_calibrates_the_simulation_and_a_wrong_one_is_refused() {
     bad[6] = broken.to_str().unwrap();
     fails_with(&bad, &["parsing profile", "broken.json"]);
 }
+
+#[test]
+fn simulate_mode_pd_runs_from_flags_with_each_autoscaler() {
+    let dir = tests::scratch_dir("pd-flags");
+    let azure = tests::trace("azure-llm-2023-conv.csv").display().to_string();
+    // 3,000 Azure requests at 8x their rate overload one prefill and one decode instance:
+    // `none` keeps the pools and misses the SLO, the others grow within 6 GPUs.
+    for (autoscaler, grows) in [("none", false), ("fixed-xpyd", true), ("slo-load", true)] {
+        let json = dir.join(format!("{autoscaler}.json"));
+        let o = fleetplane(&[
+            "simulate",
+            "--trace",
+            &azure,
+            "--max-requests",
+            "3000",
+            "--rate-scale",
+            "8",
+            "--instances",
+            "6",
+            "--mode",
+            "pd",
+            "--prefill-instances",
+            "1",
+            "--decode-instances",
+            "1",
+            "--autoscaler",
+            autoscaler,
+            "--startup-s",
+            "5",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{autoscaler}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let s = &v["runs"][0]["summary"];
+        let p = &s["pools"];
+        assert_eq!((p["mode"].as_str(), p["autoscaler"].as_str()), (Some("pd"), Some(autoscaler)));
+        assert_eq!((s["requests"].as_u64(), p["transfers"].as_u64()), (Some(3000), Some(3000)), "{autoscaler}");
+        assert!(s["gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{autoscaler}: {s}");
+        let events = p["scaling_events"].as_u64().unwrap();
+        assert_eq!(events > 0, grows, "{autoscaler}: {events} scaling events");
+        assert_eq!(p["scaling"].as_array().map(Vec::len), Some(events as usize));
+        let timeline = p["timeline"].as_array().unwrap();
+        assert!(timeline.len() >= 5, "{autoscaler}: {} points", timeline.len());
+        let last = &timeline[timeline.len() - 1];
+        for key in ["t_s", "prefill", "decode", "gpus", "load_p", "load_d", "slo_attainment"] {
+            assert!(last[key].is_number(), "{autoscaler}: timeline point lacks {key}: {last}");
+        }
+        let most_gpus = timeline.iter().filter_map(|t| t["gpus"].as_u64()).max();
+        assert_eq!(most_gpus.is_some_and(|g| g > 2), grows, "{autoscaler}: at most {most_gpus:?} GPUs");
+    }
+}

@@ -164,7 +164,7 @@ impl Controller {
     }
 
     /// Chooses the instances for `request` and accounts for it as routed.
-    pub fn route(&mut self, _now: Time, request: &Request) -> Result<Route, Reject> {
+    pub fn route(&mut self, now: Time, request: &Request) -> Result<Route, Reject> {
         let Some(pick) = self.router.pick(request, &self.fleet) else {
             let largest_tokens = self.fleet.serving().map(|i| i.capacity_tokens).max();
             return Err(match largest_tokens {
@@ -176,6 +176,9 @@ impl Controller {
         debug_assert!(v.is_serving() && request.peak_kv_tokens() <= v.capacity_tokens);
         // A prefill instance generates only the first token; the rest is the decode pool's.
         let output = if v.role == Role::Prefill { 1 } else { request.max_output_tokens };
+        if let (Role::Prefill, Some(pd)) = (v.role, &mut self.pd) {
+            pd.on_routed(now, request.prompt_tokens);
+        }
         v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(output);
         v.in_flight += 1;
         Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })

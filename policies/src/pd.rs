@@ -154,11 +154,16 @@ impl Pd {
         output_tokens: u32,
         ttft: Dur,
     ) {
-        self.slo.on_prefill_done(now, kv_tokens, ttft);
+        self.slo.on_prefill_done(now, kv_tokens, output_tokens, ttft);
         // The peak: the prompt plus every output token but the last.
         let need = KvNeed { now_tokens: kv_tokens, peak_tokens: kv_tokens + u64::from(output_tokens.max(1)) - 1 };
         self.waiting.push_back(Handoff { request, from, need, output_tokens });
         self.retry_at.get_or_insert(now);
+    }
+
+    /// A request entered the prefill pool.
+    pub(crate) fn on_routed(&mut self, now: Time, prompt_tokens: u32) {
+        self.slo.on_routed(now, prompt_tokens);
     }
 
     /// A transfer ended; returns the prefill instance it left.
@@ -353,6 +358,7 @@ mod tests {
                 quantile: 0.99,
                 decode: DecodeModel::default(),
                 nominal_prefill_tokens_per_s: 10_000.0,
+                inflow_window: Dur::from_millis(5_000),
             },
             autoscaler,
             gpu_budget,
@@ -426,5 +432,37 @@ mod tests {
         assert_eq!((e.pool, e.from, e.to), (Role::Prefill, 1, 3));
         assert_eq!(e.loads.ttft_pred_ms, 10_000.0);
         assert_eq!(c.pools().expect("pd").prefill.starting, 2);
+    }
+
+    #[test]
+    fn an_inflow_of_long_prompts_grows_the_decode_pool_before_its_batch_holds_them() {
+        let mut c = controller(AutoscalerConfig::SloLoad { knobs: Knobs::for_startup(Dur::ZERO) }, 10);
+        let mut out = Vec::new();
+        // 100 requests/s of 4,000-token prompts and 500-token outputs: one decode instance of
+        // the default model would need 100 × 500 × (20 µs + 0.04 µs × 4,250) per second of
+        // steps, more than a second: overload. The first ten prefills end and move; the
+        // decode instance reports nothing, so its batch looks empty.
+        for ms in (0..3000).step_by(10) {
+            let now = Time::from_millis(ms);
+            let id = ms / 10;
+            let request = Request { prompt_tokens: 4000, max_output_tokens: 500, ..request(id) };
+            c.route(now, &request).expect("the prefill instance takes it");
+            if id < 10 {
+                let done = FleetEvent::PrefillDone {
+                    instance: InstanceId(0),
+                    request: RequestId(id),
+                    kv_tokens: 4000,
+                    output_tokens: 500,
+                    ttft: Dur::from_millis(100),
+                };
+                c.on_event(now, &done);
+            }
+            c.tick(now, &mut out);
+        }
+        assert!(out.contains(&Command::Start { role: Role::Decode }), "{out:?}");
+        let e = c.scaling_events().iter().find(|e| e.pool == Role::Decode).expect("the decode pool grew");
+        assert!(e.to > e.from, "{e:?}");
+        assert!(e.loads.tpot_pred_ms < 25.0 && e.loads.tpot_actual_ms == 0.0, "the batch said nothing: {e:?}");
+        assert_eq!(e.loads.tpot_inflow_ms, 10.0 * 50.0, "the inflow is an overload: {e:?}");
     }
 }

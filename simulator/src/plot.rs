@@ -161,12 +161,16 @@ where
     Ok(())
 }
 
+/// Most shifts marked on a time-series plot.
+pub const MAX_MARKED_SHIFTS: usize = 24;
+
 /// One run's time series (see [`crate::timeline`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TimelineSeries {
     pub label: String,
     pub points: Vec<crate::timeline::TimelinePoint>,
-    /// Where the workload shifts, in seconds (drawn as vertical lines).
+    /// Where the workload shifts, in seconds (drawn as vertical lines, up to
+    /// [`MAX_MARKED_SHIFTS`] of them).
     pub shifts_s: Vec<f64>,
 }
 
@@ -201,7 +205,10 @@ fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[Ti
     root.fill(&WHITE)?;
     let panels = root.split_evenly((4, 1));
     let t_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.t_s)).fold(1.0, f64::max);
-    let shifts: Vec<f64> = series.first().map(|s| s.shifts_s.clone()).unwrap_or_default();
+    // A workload that shifts at every window (ServeGen's shape) would hide the curves behind
+    // its marks: only a few shifts are drawn.
+    let shifts: Vec<f64> =
+        series.first().map(|s| s.shifts_s.clone()).filter(|s| s.len() <= MAX_MARKED_SHIFTS).unwrap_or_default();
     let pick = |f: &dyn Fn(&crate::timeline::TimelinePoint) -> Option<f64>, dashed: bool, suffix: &str| {
         series
             .iter()

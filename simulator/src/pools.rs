@@ -10,6 +10,10 @@ use engine::{BatchEntry, BatchStats, Dur, RequestId};
 use policies::{AutoscalerConfig, DecodeModel, PdConfig, Role, ScalingEvent, SloLoadConfig, TransferHints};
 use serde::{Deserialize, Serialize};
 
+/// Window over which the controller measures the requests entering the fleet (see
+/// [`policies::SloLoadConfig::inflow_window`]).
+pub const INFLOW_WINDOW: Dur = Dur(5_000_000);
+
 /// A disaggregated run's pools, as resolved from a scenario.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PdRun {
@@ -53,6 +57,7 @@ impl PdRun {
                 quantile: 0.99,
                 decode: decode_model(cost),
                 nominal_prefill_tokens_per_s: prefill_tokens_per_s,
+                inflow_window: INFLOW_WINDOW,
             },
             autoscaler: self.autoscaler,
             gpu_budget: self.gpu_budget,
@@ -98,9 +103,11 @@ pub struct PoolsReport {
     /// than one output token).
     pub transfers: u64,
     /// Per shift of the workload (its start, in seconds), the time until the SLO was met
-    /// again (see [`crate::timeline::restore_times_s`]).
+    /// again, by arrival (see [`crate::timeline::restore_times_s`]), and as earlier measured,
+    /// by finish in the time series' windows ([`crate::timeline::restore_times_by_finish_s`]).
     pub shifts_s: Vec<f64>,
     pub restore_s: Vec<f64>,
+    pub restore_by_finish_s: Vec<f64>,
     /// Per phase of the workload (before the first shift, then after each), how often each
     /// pool's scaling turned around: `[prefill, decode]` (see [`direction_changes`]).
     pub direction_changes: Vec<[u32; 2]>,

@@ -190,7 +190,8 @@ pub fn pools_table(runs: &[RunReport]) -> String {
         "GPU-hours (h)",
         "scaling events",
         "transfers",
-        "restore after each shift (s)",
+        "restore after each shift, by arrival (s)",
+        "by finish, in the time series' windows (s)",
         "most reversals per pool and phase",
     ]
     .map(String::from)
@@ -198,7 +199,6 @@ pub fn pools_table(runs: &[RunReport]) -> String {
     let rows = with_pools
         .iter()
         .map(|(r, p)| {
-            let restore: Vec<String> = p.restore_s.iter().map(|s| format!("{s:.0}")).collect();
             vec![
                 r.router.clone(),
                 p.mode.clone(),
@@ -208,12 +208,27 @@ pub fn pools_table(runs: &[RunReport]) -> String {
                 format!("{:.2}", r.summary.gpu_hours),
                 p.scaling_events.to_string(),
                 p.transfers.to_string(),
-                if restore.is_empty() { "-".to_string() } else { restore.join(" / ") },
+                shifts_cell(&p.restore_s),
+                shifts_cell(&p.restore_by_finish_s),
                 p.direction_changes.iter().flatten().max().copied().unwrap_or(0).to_string(),
             ]
         })
         .collect();
     render(header, rows)
+}
+
+/// Times per shift: each, or for many shifts the longest and how many were not 0.
+fn shifts_cell(times_s: &[f64]) -> String {
+    const LISTED: usize = 6;
+    match times_s {
+        [] => "-".to_string(),
+        few if few.len() <= LISTED => few.iter().map(|s| format!("{s:.0}")).collect::<Vec<_>>().join(" / "),
+        many => {
+            let longest = many.iter().copied().fold(0.0, f64::max);
+            let missed = many.iter().filter(|&&s| s > 0.0).count();
+            format!("max {longest:.0} ({missed} of {} shifts > 0)", many.len())
+        }
+    }
 }
 
 fn ratio_cell(base: f64, other: f64) -> String {

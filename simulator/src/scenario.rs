@@ -554,10 +554,7 @@ impl Scenario {
         let mut s: Scenario = toml::from_str(&text)
             .map_err(|source| ScenarioError::Parse { path: path.to_path_buf(), source: Box::new(source) })?;
         if let Some(phased) = &mut s.workload.phased {
-            if phased.lengths.is_relative() {
-                let base = path.parent().unwrap_or(Path::new("."));
-                phased.lengths = base.join(&phased.lengths);
-            }
+            phased.relative_to(path.parent().unwrap_or(Path::new(".")));
         }
         if let Some(profile) = &s.fleet.profile {
             if profile.is_relative() {
@@ -770,10 +767,7 @@ impl Scenario {
         };
         let w = &self.workload;
         let workload = match (&w.trace, &w.synthetic, &w.phased) {
-            (None, None, Some(cfg)) => {
-                cfg.validate()?;
-                WorkloadSource::Phased(Box::new(cfg.clone()))
-            }
+            (None, None, Some(cfg)) => WorkloadSource::Phased(Box::new(cfg.resolve()?)),
             (_, _, Some(_)) => {
                 return Err(invalid("workload", "give one of `trace`, `synthetic` and `phased`, not several"))
             }

@@ -16,7 +16,7 @@ use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
 use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, SpeculationReport, Summary};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
-use crate::timeline::{restore_times_s, Sizes, Timeline};
+use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig};
@@ -282,40 +282,35 @@ pub fn run(
             expected_accepted: d.expected_accepted(),
         });
     }
-    let points = timeline.map(|tl| {
+    let series = timeline.map(|tl| {
         tl.finish(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller)
     });
-    if let Some(pd) = &config.pd {
-        // The fleet's size changed over the run: GPU time is integrated, from time zero.
-        summary.gpu_hours = fleet.instance_hours(now) * f64::from(gpus_per_instance);
-        let mtok = (summary.input_tokens + summary.output_tokens) as f64 / 1e6;
-        summary.cost_per_mtok = if mtok > 0.0 { summary.gpu_hours * cost.price_per_gpu_hour / mtok } else { 0.0 };
-        let points = points.clone().unwrap_or_default();
+    if config.pd.is_some() || series.is_some() {
+        let (points, arrivals) = series.unwrap_or_default();
+        let (mode, autoscaler, startup_s, gpu_budget) = match &config.pd {
+            Some(pd) => {
+                // The fleet's size changed over the run: GPU time is integrated, from time zero.
+                summary.gpu_hours = fleet.instance_hours(now) * f64::from(gpus_per_instance);
+                let mtok = (summary.input_tokens + summary.output_tokens) as f64 / 1e6;
+                summary.cost_per_mtok =
+                    if mtok > 0.0 { summary.gpu_hours * cost.price_per_gpu_hour / mtok } else { 0.0 };
+                ("pd", pd.autoscaler.name(), pd.startup.as_secs_f64(), pd.gpu_budget)
+            }
+            None => ("colocated", "none", 0.0, gpus),
+        };
+        let events = controller.scaling_events();
         summary.pools = Some(PoolsReport {
-            mode: "pd".to_string(),
-            autoscaler: pd.autoscaler.name().to_string(),
-            startup_s: pd.startup.as_secs_f64(),
-            gpu_budget: pd.gpu_budget,
-            scaling_events: controller.scaling_events().len() as u64,
-            scaling: controller.scaling_events().to_vec(),
+            mode: mode.to_string(),
+            autoscaler: autoscaler.to_string(),
+            startup_s,
+            gpu_budget,
+            scaling_events: events.len() as u64,
+            scaling: events.to_vec(),
             transfers,
             shifts_s: config.shifts_s.clone(),
-            restore_s: restore_times_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
-            direction_changes: direction_changes(controller.scaling_events(), &config.shifts_s),
-            timeline: points,
-        });
-    } else if let Some(points) = points {
-        summary.pools = Some(PoolsReport {
-            mode: "colocated".to_string(),
-            autoscaler: "none".to_string(),
-            startup_s: 0.0,
-            gpu_budget: gpus,
-            scaling_events: 0,
-            scaling: Vec::new(),
-            transfers: 0,
-            shifts_s: config.shifts_s.clone(),
-            restore_s: restore_times_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
-            direction_changes: vec![[0; 2]; config.shifts_s.len() + 1],
+            restore_s: restore_times_s(&arrivals, &config.shifts_s, RESTORE_ATTAINMENT),
+            restore_by_finish_s: restore_times_by_finish_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
+            direction_changes: direction_changes(events, &config.shifts_s),
             timeline: points,
         });
     }

@@ -28,7 +28,7 @@ pub fn with_routers(text: &str, routers: &[String]) -> Result<String, String> {
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 11] = [
+const EXAMPLES: [(&str, &str); 13] = [
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
     ("cuda-fidelity.toml", include_str!("../../../examples/cuda-fidelity.toml")),
@@ -38,6 +38,7 @@ const EXAMPLES: [(&str, &str); 11] = [
     ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
     ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
+    ("pd-servegen.toml", include_str!("../../../examples/pd-servegen.toml")),
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
     ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),

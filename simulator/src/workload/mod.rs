@@ -12,6 +12,7 @@
 //! | `azure.rs` | Azure LLM inference CSV: wall-clock timestamps, no prefix information |
 //! | `synthetic.rs` | [`SyntheticConfig`]: Poisson / gamma arrivals, rate schedules, length distributions, shared system prompts |
 //! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
+//! | `servegen.rs` | [`ServeGenShape`]: phases from the ServeGen aggregate's per-window rates and mean lengths |
 //! | `limit.rs` | [`limit`]: stop any workload after a number of requests |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
@@ -34,6 +35,7 @@ mod limit;
 mod lines;
 mod mooncake;
 mod phased;
+mod servegen;
 mod synthetic;
 
 #[cfg(test)]
@@ -47,6 +49,7 @@ use std::str::FromStr;
 pub use limit::limit;
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
 pub use phased::{phased, Phase, PhasedConfig};
+pub use servegen::{ServeGenShape, SERVEGEN_WINDOW_S};
 pub use synthetic::{
     synthetic, ArrivalProcess, LengthDist, LongInputs, LongOutputs, PrefixGroups, RateStep, SyntheticConfig,
 };

@@ -12,6 +12,16 @@
 //! ]
 //! ```
 //!
+//! Or the phases come from the ServeGen aggregate's windows (see [`super::servegen`]): the
+//! rate and the length scales follow a slice of one model's 10-minute windows, while the
+//! (prompt, output) pairs still come from the table:
+//!
+//! ```toml
+//! [workload.phased]
+//! lengths = "../../shared/traces/azure-llm-2023-conv.csv"
+//! servegen = { path = "../../shared/traces/servegen-aggregate.csv", model = "m-large", from_s = 0, to_s = 14400, rate_rps = 60, window_s = 120 }
+//! ```
+//!
 //! Each request draws one row of the table uniformly (keeping the trace's joint distribution
 //! of prompt and output) and multiplies each length by its phase's scale, rounded, clamped
 //! to `[1, max_tokens]`. Prompts share no prefix (every block hash is unique). The table is
@@ -19,6 +29,7 @@
 //! drawn one at a time. All draws come from ChaCha streams derived from the seed.
 
 use super::lines::Lines;
+use super::servegen::ServeGenShape;
 use super::{Arrival, Workload, WorkloadError, WorkloadOptions};
 use engine::ids::{derive_seed, mix64};
 use engine::{BlockHash, Time};
@@ -37,7 +48,11 @@ pub struct PhasedConfig {
     /// CSV of (prompt tokens, output tokens) rows, with a header line; a timestamp first
     /// column (Azure's layout) is skipped.
     pub lengths: PathBuf,
+    /// Written phases; or, from `servegen`, one per window of its slice ([`PhasedConfig::resolve`]).
+    #[serde(default)]
     pub phases: Vec<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub servegen: Option<ServeGenShape>,
     /// Longest prompt or output after scaling [default: 32768].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
@@ -49,6 +64,7 @@ pub struct Phase {
     #[serde(default)]
     pub name: String,
     pub duration_s: f64,
+    /// 0 is a quiet phase, without arrivals.
     pub rate_rps: f64,
     #[serde(default = "one")]
     pub input_scale: f64,
@@ -72,20 +88,52 @@ impl PhasedConfig {
         out.into_iter().skip(1).collect()
     }
 
+    /// What the workload is, in a few words, for the line a run starts with.
+    pub fn describe(&self) -> String {
+        let shape = match &self.servegen {
+            Some(g) => format!(" from {} `{}` [{}, {}) s", g.path.display(), g.model, g.from_s, g.to_s),
+            None => String::new(),
+        };
+        format!("phased ({} phases{shape} over {})", self.phases.len(), self.lengths.display())
+    }
+
+    /// Takes relative paths as relative to `base` (the scenario file's folder).
+    pub fn relative_to(&mut self, base: &Path) {
+        let paths = [Some(&mut self.lengths), self.servegen.as_mut().map(|s| &mut s.path)];
+        for path in paths.into_iter().flatten().filter(|p| p.is_relative()) {
+            *path = base.join(&*path);
+        }
+    }
+
+    /// The config with its phases written out: a ServeGen slice becomes one phase per window
+    /// (reading the aggregate and the length table for its means); then validated.
+    pub fn resolve(&self) -> Result<PhasedConfig, WorkloadError> {
+        let mut out = self.clone();
+        if let Some(shape) = &self.servegen {
+            if !self.phases.is_empty() {
+                return Err(invalid("servegen", "replaces `phases`: give one of them"));
+            }
+            out.phases = shape.phases(mean_lengths(&read_lengths(&self.lengths)?))?;
+        }
+        out.validate()?;
+        Ok(out)
+    }
+
     pub fn validate(&self) -> Result<(), WorkloadError> {
         if self.phases.is_empty() {
             return Err(invalid("phases", "name at least one phase"));
         }
         for (i, p) in self.phases.iter().enumerate() {
             let checks = [
-                ("duration_s", p.duration_s),
-                ("rate_rps", p.rate_rps),
-                ("input_scale", p.input_scale),
-                ("output_scale", p.output_scale),
+                ("duration_s", p.duration_s, false),
+                ("rate_rps", p.rate_rps, true),
+                ("input_scale", p.input_scale, false),
+                ("output_scale", p.output_scale, false),
             ];
-            for (key, v) in checks {
-                if !(v.is_finite() && v > 0.0) {
-                    return Err(invalid(format!("phases[{i}].{key}"), format!("must be finite and > 0 (got {v})")));
+            for (key, v, zero_ok) in checks {
+                if !(v.is_finite() && (v > 0.0 || zero_ok && v == 0.0)) {
+                    let bound = if zero_ok { ">= 0" } else { "> 0" };
+                    return Err(invalid(format!("phases[{i}].{key}"), format!("must be finite and {bound} (got {v})")));
                 }
             }
         }
@@ -134,6 +182,13 @@ fn read_lengths(path: &Path) -> Result<Vec<(u32, u32)>, WorkloadError> {
     Ok(rows)
 }
 
+/// Mean prompt and output tokens of a length table.
+fn mean_lengths(rows: &[(u32, u32)]) -> (f64, f64) {
+    let n = rows.len().max(1) as f64;
+    let sum = |f: fn(&(u32, u32)) -> u32| rows.iter().map(|r| f64::from(f(r))).sum::<f64>() / n;
+    (sum(|r| r.0), sum(|r| r.1))
+}
+
 struct Phased {
     rows: Vec<(u32, u32)>,
     phases: Vec<Phase>,
@@ -177,7 +232,10 @@ impl Workload for Phased {
         // redrawn from the boundary at the new rate (memoryless, so this is exact for Poisson).
         loop {
             let Some(p) = self.phases.get(self.phase) else { return Ok(None) };
-            let gap = Exp::new(p.rate_rps).map_err(|e| invalid("rate_rps", e.to_string()))?.sample(&mut self.gaps);
+            let gap = match p.rate_rps {
+                0.0 => f64::INFINITY,
+                rate => Exp::new(rate).map_err(|e| invalid("rate_rps", e.to_string()))?.sample(&mut self.gaps),
+            };
             if self.t_s + gap < self.phase_end_s {
                 self.t_s += gap;
                 break;
@@ -214,9 +272,10 @@ impl Workload for Phased {
 mod tests {
     use super::*;
     use crate::workload::test_util;
+    use engine::Dur;
 
     fn config(phases: Vec<Phase>) -> PhasedConfig {
-        PhasedConfig { lengths: test_util::AZURE_CONVERSATION.into(), phases, max_tokens: None }
+        PhasedConfig { lengths: test_util::AZURE_CONVERSATION.into(), phases, servegen: None, max_tokens: None }
     }
 
     fn phase(duration_s: f64, rate_rps: f64, input_scale: f64, output_scale: f64) -> Phase {
@@ -253,12 +312,46 @@ mod tests {
 
     #[test]
     fn bad_phases_and_tables_are_errors_naming_the_key_or_line() {
-        let err = config(vec![phase(10.0, 0.0, 1.0, 1.0)]).validate().unwrap_err();
-        assert_eq!(err.to_string(), "synthetic workload: `phased.phases[0].rate_rps` must be finite and > 0 (got 0)");
+        let err = config(vec![phase(10.0, -1.0, 1.0, 1.0)]).validate().unwrap_err();
+        assert_eq!(err.to_string(), "synthetic workload: `phased.phases[0].rate_rps` must be finite and >= 0 (got -1)");
         let f = test_util::TempTrace::new("phased-bad.csv", "a,b\n10,x\n");
-        let cfg =
-            PhasedConfig { lengths: f.path().to_path_buf(), phases: vec![phase(1.0, 1.0, 1.0, 1.0)], max_tokens: None };
+        let cfg = PhasedConfig { lengths: f.path().to_path_buf(), ..config(vec![phase(1.0, 1.0, 1.0, 1.0)]) };
         let err = test_util::first_error(phased(&cfg, &WorkloadOptions::default()));
         assert!(err.contains("line 2: output tokens `x` is not a token count"), "{err}");
+    }
+
+    #[test]
+    fn a_quiet_phase_has_no_arrivals_and_the_next_starts_on_time() {
+        let a =
+            drain(&config(vec![phase(10.0, 5.0, 1.0, 1.0), phase(20.0, 0.0, 1.0, 1.0), phase(10.0, 5.0, 1.0, 1.0)]));
+        assert!(!a.iter().any(|a| (Time::from_millis(10_000)..Time::from_millis(30_000)).contains(&a.at)));
+        assert!(a.iter().any(|a| a.at >= Time::from_millis(30_000)), "the last phase has arrivals");
+    }
+
+    #[test]
+    fn servegen_phases_carry_its_mean_lengths_over_the_tables_pairs() {
+        // Three windows of m-large where its mean prompt grows from 1,112 to 1,305 tokens.
+        let servegen = ServeGenShape {
+            path: test_util::SERVEGEN_AGGREGATE.into(),
+            model: "m-large".into(),
+            from_s: 72 * 3600,
+            to_s: 72 * 3600 + 2400,
+            rate_rps: 100.0,
+            window_s: Some(100.0),
+        };
+        let cfg = PhasedConfig { servegen: Some(servegen), ..config(Vec::new()) }.resolve().expect("resolves");
+        assert_eq!(cfg.phases.len(), 4);
+        assert_eq!(cfg.shifts_s(), vec![100.0, 200.0, 300.0]);
+        let a = drain(&cfg);
+        for (k, expected) in [(0, 1112.3), (3, 1305.2)] {
+            let start = Time::from_millis(100_000 * k);
+            let phase: Vec<_> =
+                a.iter().filter(|a| a.at >= start && a.at < start + Dur::from_millis(100_000)).collect();
+            let mean = phase.iter().map(|a| f64::from(a.prompt_tokens)).sum::<f64>() / phase.len() as f64;
+            assert!((mean / expected - 1.0).abs() < 0.1, "window {k}: mean prompt {mean}, ServeGen {expected}");
+        }
+        let written = PhasedConfig { phases: vec![phase(1.0, 1.0, 1.0, 1.0)], ..cfg };
+        let err = written.resolve().unwrap_err().to_string();
+        assert_eq!(err, "synthetic workload: `phased.servegen` replaces `phases`: give one of them");
     }
 }

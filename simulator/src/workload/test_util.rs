@@ -9,6 +9,8 @@ pub(super) const MOONCAKE_CONVERSATION: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/mooncake-conversation.jsonl");
 pub(super) const AZURE_CONVERSATION: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/azure-llm-2023-conv.csv");
+pub(super) const SERVEGEN_AGGREGATE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/servegen-aggregate.csv");
 
 /// A file in the temporary directory with a name unique to this process and test, removed on
 /// drop.
