@@ -138,6 +138,12 @@ impl Runner {
                 let _ = self.shared.events.send(proto::EngineEvent { kind: Some(kind) });
             }
             if self.last_report.elapsed() >= BUSY_REPORT || !self.instance.has_work() {
+                // Requests that arrived during the step go into the report: the control plane
+                // stops counting what it routed here once a report comes, so a report that
+                // left them in the channel would hide them for a whole (long) step.
+                while let Ok(c) = commands.try_recv() {
+                    self.handle(c);
+                }
                 self.report_load();
             }
         }

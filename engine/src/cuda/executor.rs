@@ -274,7 +274,7 @@ impl CudaExecutor {
                 self.model.upload(&self.gpu, &mut self.scratch, &layout)?;
                 let gen = self.scratch.tables_gen;
                 if !self.graphs.replay(b, gen)? {
-                    self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, b, b)?;
+                    self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, b, b, b)?;
                     if self.graphs.replays() {
                         capture = Some((b, gen));
                     }
@@ -287,7 +287,7 @@ impl CudaExecutor {
             // After the eager run has finished (read_tokens waited for it): capture needs an
             // idle stream, and the eager run loaded every module and warmed cuBLAS.
             let (gpu, kernels, kv, scratch, model) = (&self.gpu, &self.kernels, &self.kv, &self.scratch, &self.model);
-            self.graphs.capture(gpu, b, gen, || model.launch(gpu, kernels, kv, scratch, b, b));
+            self.graphs.capture(gpu, b, gen, || model.launch(gpu, kernels, kv, scratch, b, b, b));
         }
         Ok(())
     }

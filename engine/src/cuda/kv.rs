@@ -71,6 +71,10 @@ pub struct StepLayout {
     pub logit_rows: Vec<u32>,
     /// The batch entry of each logit row.
     pub emitting: Vec<usize>,
+    /// Tokens at the start of the step that are decode steps (the scheduler puts decodes
+    /// first): attention splits their long contexts over the GPU even when a prefill chunk
+    /// shares the step.
+    pub leading_decodes: usize,
 }
 
 impl StepLayout {
@@ -124,6 +128,9 @@ impl StepLayout {
                 l.logit_rows.push((l.token_ids.len() - 1) as u32);
                 l.emitting.push(s);
             }
+            if !e.is_prefill && l.leading_decodes + 1 == l.token_ids.len() {
+                l.leading_decodes += 1;
+            }
         }
         Ok(l)
     }
@@ -155,6 +162,7 @@ impl StepLayout {
             self.table_start.push(table);
             self.logit_rows.push(k as u32);
         }
+        self.leading_decodes = rows;
         Ok(())
     }
 }
@@ -217,6 +225,7 @@ mod tests {
         assert_eq!(l.block_tables, [5, 6, 16]);
         assert_eq!(l.logit_rows, [0, 1, 2, 3]);
         assert_eq!(l.emitting, [0, 1]);
+        assert_eq!(l.leading_decodes, 4);
         // A prefill chunk of several tokens is not a decode step.
         let p = batch(&[(1, 0, 3, true, &[5])]);
         let mut l = StepLayout::build(&p, 4, 16, |_| Some(&seqs[0][..])).unwrap();

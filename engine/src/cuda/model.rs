@@ -169,7 +169,7 @@ impl Llama {
         layout: &StepLayout,
     ) -> Result<(), CudaError> {
         self.upload(gpu, s, layout)?;
-        self.launch(gpu, k, kv, s, layout.tokens(), layout.logit_rows.len())
+        self.launch(gpu, k, kv, s, layout.tokens(), layout.leading_decodes, layout.logit_rows.len())
     }
 
     /// Checks `layout` against the buffers' limits and copies it into them: the host-to-device
@@ -208,6 +208,7 @@ impl Llama {
     /// inputs [`Llama::upload`] put in `s`. Touches only device memory whose addresses stay
     /// fixed and reads every step-dependent value (ids, positions, tables) from it, so the
     /// same calls can be captured into a CUDA graph and replayed for any step of that shape.
+    #[allow(clippy::too_many_arguments)] // The step's buffers and its three sizes.
     pub fn launch(
         &self,
         gpu: &Gpu,
@@ -215,6 +216,7 @@ impl Llama {
         kv: &KvPool,
         s: &Scratch,
         t: usize,
+        decodes: usize,
         r: usize,
     ) -> Result<(), CudaError> {
         let cfg = &self.cfg;
@@ -239,8 +241,6 @@ impl Llama {
         let inv_freq = gpu.ptr(&self.inv_freq, 0);
         let w = &self.weights;
         let group = cfg.num_attention_heads / cfg.num_key_value_heads;
-        let splits = attention_splits(t, cfg.num_key_value_heads, gpu.sms);
-        let splits_i = splits as i32;
         let partial = gpu.ptr(&s.partial, 0);
 
         let embed = p(&w.embed);
@@ -257,17 +257,29 @@ impl Llama {
                 launch!(gpu, &k.paged_attention, grid(t, cfg.num_attention_heads, 128), "paged_attention";
                     &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &nh, &nkv, &scale)?;
             } else {
-                let split_grid = LaunchConfig {
-                    grid_dim: (t as u32, cfg.num_key_value_heads as u32, splits as u32),
-                    block_dim: (32 * group as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                launch!(gpu, &k.paged_attention_split, split_grid, "paged_attention_split";
-                    &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &partial, &nh, &nkv, &scale,
-                    &splits_i)?;
-                if splits > 1 {
-                    launch!(gpu, &k.attention_combine, grid(t, cfg.num_attention_heads, cfg.head_dim as u32),
-                        "attention_combine"; &partial, &attn, &nh, &splits_i)?;
+                // Decode tokens split their contexts over the GPU; in a step that also has a
+                // prefill chunk they get a launch of their own (the chunk's tokens are many
+                // enough to fill the GPU unsplit).
+                let ranges = if decodes > 0 && decodes < t { [(0, decodes), (decodes, t)] } else { [(0, t), (t, t)] };
+                for (first, end) in ranges {
+                    let n = end - first;
+                    if n == 0 {
+                        continue;
+                    }
+                    let splits = if first == 0 { attention_splits(n, cfg.num_key_value_heads, gpu.sms) } else { 1 };
+                    let (splits_i, first_i) = (splits as i32, first as i32);
+                    let split_grid = LaunchConfig {
+                        grid_dim: (n as u32, cfg.num_key_value_heads as u32, splits as u32),
+                        block_dim: (32 * group as u32, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    launch!(gpu, &k.paged_attention_split, split_grid, "paged_attention_split";
+                        &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &partial, &nh, &nkv, &scale,
+                        &splits_i, &first_i)?;
+                    if splits > 1 {
+                        launch!(gpu, &k.attention_combine, grid(n, cfg.num_attention_heads, cfg.head_dim as u32),
+                            "attention_combine"; &partial, &attn, &nh, &splits_i)?;
+                    }
                 }
             }
             gpu.linear(attn, p(&lw.o), proj, t, h, cfg.q_dim())?;

@@ -207,9 +207,12 @@ fn split_attention_matches_the_reference_kernel() {
     cfg.max_seqs = 8;
     let mut exec = CudaExecutor::new(cfg).unwrap();
     exec.capture_logits(true);
-    // Contexts from a few keys to several hundred: one split, many splits, partial tiles.
-    let prompts: Vec<Vec<u32>> =
-        [5usize, 33, 130, 400].iter().map(|&n| (0..n as u32).map(|i| (i * 41 + n as u32) % 512).collect()).collect();
+    // Contexts from a few keys to several hundred: one split, many splits, partial tiles; the
+    // longest prompt takes three steps, beside the others' decodes (mixed steps).
+    let prompts: Vec<Vec<u32>> = [5usize, 33, 130, 400, 1100]
+        .iter()
+        .map(|&n| (0..n as u32).map(|i| (i * 41 + n as u32) % 512).collect())
+        .collect();
     let split = serve_capturing(&mut exec, &prompts, 6);
     exec.set_reference_attention(true);
     let reference = serve_capturing(&mut exec, &prompts, 6);

@@ -96,11 +96,11 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention(
 extern "C" __global__ void __launch_bounds__(32 * GROUP) paged_attention_split(
         const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const int* pos, const int* tok_seq,
         const int* table_start, const int* block_tables, bf16* out, float* partial, int n_heads, int n_kv,
-        float scale, int splits) {
+        float scale, int splits, int first) {
     __shared__ __align__(16) float sq[GROUP][HEAD_DIM];
     __shared__ __align__(16) bf16 sk[TILE][KPAD];
     __shared__ __align__(16) bf16 sv[TILE][HEAD_DIM];
-    int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    int t = first + blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     int head = kvh * GROUP + g;
     int qkv_dim = (n_heads + 2 * n_kv) * HEAD_DIM;
