@@ -12,15 +12,6 @@ fn completion(http: &str, token: &str, body: Value) -> (u16, Value) {
     post(&format!("{http}/v1/completions"), Some(token), &body)
 }
 
-/// Reads an SSE response into its `data:` payloads.
-fn sse(response: reqwest::blocking::Response) -> Vec<String> {
-    BufReader::new(response)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-        .collect()
-}
-
 #[test]
 fn the_gateway_routes_through_the_controller_to_engine_processes() {
     let db = Db::fresh("gateway");

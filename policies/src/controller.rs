@@ -74,6 +74,14 @@ impl Controller {
         self.pd.is_some()
     }
 
+    /// Whether [`Controller::tick`] sizes the pools (default: yes). Off, it still pairs
+    /// hand-offs and computes the loads: a live replica that does not lead runs this way.
+    pub fn set_autoscaling(&mut self, on: bool) {
+        if let Some(pd) = &mut self.pd {
+            pd.set_autoscaling(on);
+        }
+    }
+
     /// The pools and their SLO loads as of the last tick (disaggregated fleets only).
     pub fn pools(&self) -> Option<PdStatus> {
         self.pd.as_ref().map(Pd::status)

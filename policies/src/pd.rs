@@ -15,7 +15,7 @@
 //!   instances with the fewest requests in flight (the newest on ties). Every change is
 //!   recorded as a [`ScalingEvent`] with the loads that caused it.
 
-use crate::autoscaler::{Autoscaler, AutoscalerConfig, PoolSize, ScaleInput};
+use crate::autoscaler::{Autoscaler, AutoscalerConfig, PoolSize, Scale, ScaleInput};
 use crate::fleet::Command;
 use crate::pairing::{pick_decode, KvNeed, Reserved, TransferHints};
 use crate::slo_load::{Loads, PoolState, SloLoad, SloLoadConfig};
@@ -90,6 +90,9 @@ pub(crate) struct Pd {
     reserved: Vec<Reserved>,
     status: PdStatus,
     log: Vec<ScalingEvent>,
+    /// Whether this controller sizes the pools (of several live replicas only the leader
+    /// does); the loads are computed either way.
+    autoscaling: bool,
 }
 
 fn pool_index(role: Role) -> Option<usize> {
@@ -114,7 +117,12 @@ impl Pd {
             reserved: Vec::new(),
             status: PdStatus::default(),
             log: Vec::new(),
+            autoscaling: true,
         }
+    }
+
+    pub(crate) fn set_autoscaling(&mut self, on: bool) {
+        self.autoscaling = on;
     }
 
     pub(crate) fn status(&self) -> PdStatus {
@@ -266,7 +274,15 @@ impl Pd {
             min_per_pool: self.config.min_per_pool,
             waiting_handoffs: self.waiting.len() as u32,
         };
-        let mut scale = self.scaler.decide(&input);
+        let mut scale = if self.autoscaling { self.scaler.decide(&input) } else { Scale::default() };
+        // A pool below its minimum (an empty fleet at start, an instance lost) is refilled
+        // first, whatever the policy says: no load can be measured on a pool with no instance.
+        let short = |size: PoolSize| self.config.min_per_pool.saturating_sub(size.planned()) as i32;
+        if self.autoscaling && (short(sizes[0]) > 0 || short(sizes[1]) > 0) {
+            scale.prefill = scale.prefill.max(short(sizes[0]));
+            scale.decode = scale.decode.max(short(sizes[1]));
+            scale.reason = "pool below its minimum";
+        }
         // The budget is spent and one pool must grow: the other gives what it can spare (its
         // instances drain; the growth follows once they are down and their GPUs free).
         let pairs = [(scale.decode, scale.prefill, Role::Prefill), (scale.prefill, scale.decode, Role::Decode)];
@@ -426,5 +442,21 @@ mod tests {
         assert_eq!((e.pool, e.from, e.to), (Role::Prefill, 1, 3));
         assert_eq!(e.loads.ttft_pred_ms, 10_000.0);
         assert_eq!(c.pools().expect("pd").prefill.starting, 2);
+    }
+
+    #[test]
+    fn a_pool_below_its_minimum_is_refilled_only_by_a_controller_that_scales() {
+        let mut c = controller(AutoscalerConfig::None, 4);
+        c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(1) });
+        c.set_autoscaling(false);
+        let mut out = Vec::new();
+        c.tick(Time::ZERO, &mut out);
+        assert_eq!(out, vec![], "a replica that does not lead starts nothing");
+        assert_eq!(c.pools().expect("pd").decode.serving, 0, "but it knows the pools");
+        c.set_autoscaling(true);
+        c.tick(Time::from_millis(1000), &mut out);
+        assert_eq!(out, vec![Command::Start { role: Role::Decode }]);
+        let [e] = c.scaling_events() else { panic!("one decision: {:?}", c.scaling_events()) };
+        assert_eq!((e.pool, e.from, e.to, e.reason.as_str()), (Role::Decode, 0, 1, "pool below its minimum"));
     }
 }

@@ -2,11 +2,13 @@
 //! simulator's. Dispatching a request starts its token stream on a task; what the streams and
 //! the engines' event streams learn comes back to the driver as [`News`].
 
+use super::actuator::Actuator;
 use crate::engine_proc::Sampling;
 use crate::proto::{self, engine_client::EngineClient};
-use engine::{InstanceId, Request, RequestId, Time};
-use policies::{Command, DispatchError, Fleet, FleetEvent, Route};
+use engine::{Dur, InstanceId, Request, RequestId, Time};
+use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -37,6 +39,26 @@ pub struct Payload {
     pub generated: Vec<u32>,
     /// Placements tried so far.
     pub attempts: u32,
+    /// When its first token reached the control plane, in µs of the hub's clock (never 0:
+    /// the clock has run since the request arrived): its TTFT, and the start of its TPOT.
+    pub first_token_us: Option<NonZeroU64>,
+}
+
+impl Payload {
+    pub fn first_token_at(&self) -> Option<Time> {
+        self.first_token_us.map(|t| Time(t.get()))
+    }
+}
+
+/// A request whose prefill ended, its KV held by prefill engine `from` until the controller
+/// pairs it with a decode engine.
+#[derive(Debug)]
+pub struct Parked {
+    pub from: InstanceId,
+    pub request: Request,
+    pub payload: Payload,
+    pub kv_tokens: u64,
+    pub ttft: Dur,
 }
 
 /// What the fleet's tasks report to the driver.
@@ -56,6 +78,12 @@ pub enum News {
         payload: Payload,
         why: String,
     },
+    /// A request's prefill ended (or its transfer was refused): it waits for a decode engine.
+    Parked(Parked),
+    /// A draining engine holds no request any more (or cannot be asked): its process may stop.
+    Drained {
+        instance: InstanceId,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -71,18 +99,30 @@ pub struct Member {
     pub id: InstanceId,
     pub address: String,
     pub pool: String,
+    pub role: Role,
     pub info: proto::EngineInfo,
     pub state: MemberState,
     pub load: engine::Load,
     pub last_seen: Instant,
     client: EngineClient<Channel>,
     events_task: Option<tokio::task::AbortHandle>,
+    /// A task is waiting for this draining engine to empty (see [`super::actuator`]).
+    pub drain_watched: bool,
 }
 
 impl Member {
     pub fn capacity_tokens(&self) -> u64 {
         self.info.capacity_tokens
     }
+
+    pub fn client(&self) -> EngineClient<Channel> {
+        self.client.clone()
+    }
+}
+
+/// A pool's name as engines register it.
+pub fn role_by_name(pool: &str) -> Option<Role> {
+    [Role::Colocated, Role::Prefill, Role::Decode].into_iter().find(|r| r.name() == pool)
 }
 
 /// Placements a request gets before it fails (the first and two after lost engines).
@@ -92,13 +132,74 @@ pub struct LiveFleet {
     members: BTreeMap<InstanceId, Member>,
     /// Payloads of requests routed but not yet dispatched.
     staged: HashMap<RequestId, Payload>,
+    /// Prefilled requests waiting for a decode engine.
+    parked: BTreeMap<RequestId, Parked>,
     events: Vec<FleetEvent>,
-    news: mpsc::UnboundedSender<News>,
+    report: Reporter,
+    /// The link between prefill and decode engines, for the modelled transfer time.
+    transfer: Option<TransferHints>,
+    /// Starts and stops engine processes (`None`: the fleet is what registers).
+    actuator: Option<Box<dyn Actuator>>,
 }
 
 impl LiveFleet {
     pub fn new(news: mpsc::UnboundedSender<News>) -> LiveFleet {
-        LiveFleet { members: BTreeMap::new(), staged: HashMap::new(), events: Vec::new(), news }
+        LiveFleet {
+            members: BTreeMap::new(),
+            staged: HashMap::new(),
+            parked: BTreeMap::new(),
+            events: Vec::new(),
+            report: Reporter { news, latencies: false, clock: Instant::now() },
+            transfer: None,
+            actuator: None,
+        }
+    }
+
+    /// What the controller needs of the fleet: latencies of finished requests (for the SLO
+    /// load), and the link a hand-off's KV crosses.
+    pub fn configure(&mut self, latencies: bool, transfer: Option<TransferHints>) {
+        self.report.latencies = latencies;
+        self.transfer = transfer;
+    }
+
+    pub fn set_actuator(&mut self, actuator: Box<dyn Actuator>) {
+        self.actuator = Some(actuator);
+    }
+
+    pub fn actuator(&self) -> Option<&dyn Actuator> {
+        self.actuator.as_deref()
+    }
+
+    /// The clock the hub reads `now` from (the start of the fleet).
+    pub fn clock(&self) -> Instant {
+        self.report.clock
+    }
+
+    pub fn news(&self) -> mpsc::UnboundedSender<News> {
+        self.report.news.clone()
+    }
+
+    /// Keeps a prefilled request until the controller sends it on.
+    pub fn park(&mut self, parked: Parked) {
+        self.parked.insert(parked.request.id, parked);
+    }
+
+    /// Requests waiting for a decode engine, in id order.
+    pub fn parked(&self) -> impl Iterator<Item = &Parked> {
+        self.parked.values()
+    }
+
+    /// Stops the process of a drained engine (when the actuator started it) and marks it gone.
+    pub fn retire(&mut self, id: InstanceId) {
+        let Some(m) = self.members.get_mut(&id) else { return };
+        m.drain_watched = false;
+        if m.state != MemberState::Draining {
+            return;
+        }
+        if let Some(a) = &mut self.actuator {
+            a.stop(&m.address);
+        }
+        self.lose(id);
     }
 
     pub fn members(&self) -> impl Iterator<Item = &Member> {
@@ -138,25 +239,32 @@ impl LiveFleet {
             tracing::warn!("engine address {address} is not a valid URI");
             return false;
         };
+        let Some(role) = role_by_name(&pool) else {
+            tracing::warn!("engine pool `{pool}` is not a role");
+            return false;
+        };
         let client = EngineClient::new(endpoint.connect_lazy());
-        let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news.clone())).abort_handle());
+        let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news())).abort_handle());
         let capacity_tokens = info.capacity_tokens;
         let member = Member {
             id,
             address,
             pool,
+            role,
             info,
             state: MemberState::Serving,
             load: engine::Load::default(),
             last_seen: now,
             client,
             events_task,
+            drain_watched: false,
         };
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
             }
         }
+        self.events.push(FleetEvent::InstanceRole { instance: id, role });
         self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
         true
     }
@@ -175,6 +283,25 @@ impl LiveFleet {
     }
 }
 
+impl LiveFleet {
+    /// Moves a parked request's KV from `from` to `to` on a task of its own.
+    fn transfer(&mut self, request: RequestId, from: InstanceId, to: InstanceId) {
+        let clients = self.members.get(&from).zip(self.members.get(&to)).map(|(f, t)| (f.client(), t.client()));
+        let parked = self.parked.remove(&request);
+        let (Some(parked), Some((from_client, to_client))) = (parked, clients) else {
+            // The request is no longer here (its client left, or a policy change re-sent a
+            // request already on its way): close the transfer the controller opened.
+            self.events.push(FleetEvent::TransferDone { request, from, to });
+            self.events.push(FleetEvent::RequestFinished { instance: to, request });
+            return;
+        };
+        let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
+        let carry =
+            super::transfer::Carry { parked, to, from_client, to_client, transfer_us, report: self.report.clone() };
+        tokio::spawn(carry.run());
+    }
+}
+
 impl Fleet for LiveFleet {
     fn dispatch(&mut self, _now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)> {
         let instance = route.prefill;
@@ -186,7 +313,7 @@ impl Fleet for LiveFleet {
             tracing::error!("{} dispatched without its tokens", request.id);
             return Err((DispatchError::NotServing { instance }, request));
         };
-        tokio::spawn(stream_request(instance, m.client.clone(), request, payload, self.news.clone()));
+        tokio::spawn(stream_request(instance, m.client.clone(), request, payload, self.report.clone()));
         Ok(())
     }
 
@@ -206,13 +333,15 @@ impl Fleet for LiveFleet {
                     }
                 }
             }
-            // The live fleet is colocated: its engines never hand off a prefill, so the
-            // controller has nothing to transfer, and no scaling policy runs in it yet (a
-            // process actuator is the next step, docs/LIVE.md).
-            Command::Start { role } => tracing::warn!(?role, "no actuator: cannot start an engine"),
-            Command::Transfer { request, .. } => {
-                tracing::error!(%request, "KV transfer asked of a colocated live fleet; ignored")
-            }
+            Command::Start { role } => match &mut self.actuator {
+                Some(a) => {
+                    if let Err(e) = a.start(role) {
+                        tracing::error!(?role, "cannot start an engine: {e:#}");
+                    }
+                }
+                None => tracing::warn!(?role, "no actuator (serve --actuator): cannot start an engine"),
+            },
+            Command::Transfer { request, from, to } => self.transfer(request, from, to),
         }
     }
 
@@ -254,13 +383,119 @@ async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, ne
     let _ = news.send(News::EngineLost { instance, why });
 }
 
+/// How a request's token stream from an engine ended.
+pub(super) enum Ended {
+    /// The request finished; its client has the last message.
+    Finished,
+    /// A prefill engine computed its prompt and first token and holds its KV.
+    Prefilled { kv_tokens: u64 },
+    /// Its client went away (dropping the stream cancels the call; the engine drops it).
+    ClientGone,
+    /// The stream broke or the engine evicted the request: it must be placed again.
+    Broke(String),
+}
+
+/// Relays an engine's token stream to the request's client until it ends.
+pub(super) async fn relay(
+    instance: InstanceId,
+    stream: &mut tonic::Streaming<proto::GenerateChunk>,
+    payload: &mut Payload,
+    report: &Reporter,
+) -> Ended {
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            () = payload.out.closed() => return Ended::ClientGone,
+        };
+        let chunk = match next {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(status)) => return Ended::Broke(format!("{instance} failed mid-stream: {}", status.message())),
+            None => return Ended::Broke(format!("{instance} closed the stream before the request finished")),
+        };
+        if !chunk.tokens.is_empty() {
+            if payload.first_token_us.is_none() {
+                payload.first_token_us = NonZeroU64::new(report.now().0.max(1));
+            }
+            payload.generated.extend_from_slice(&chunk.tokens);
+            let _ = payload.out.send(Delta::Tokens(chunk.tokens));
+        }
+        match chunk.finish_reason.as_str() {
+            "" => {}
+            "evicted" => return Ended::Broke(format!("{instance} evicted it under KV pressure")),
+            "prefilled" => return Ended::Prefilled { kv_tokens: chunk.kv_tokens },
+            _ => {
+                let mut cached_tokens = [0; 3];
+                for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
+                    *c = *v;
+                }
+                let _ = payload.out.send(Delta::Done { finish_reason: chunk.finish_reason, cached_tokens, instance });
+                return Ended::Finished;
+            }
+        }
+    }
+}
+
+/// Where a request's fleet task reports what happened to it.
+#[derive(Clone)]
+pub(super) struct Reporter {
+    pub(super) news: mpsc::UnboundedSender<News>,
+    /// Whether the controller wants each finished request's latencies.
+    pub(super) latencies: bool,
+    /// The hub's clock (requests' arrival times are on it).
+    pub(super) clock: Instant,
+}
+
+impl Reporter {
+    pub(super) fn now(&self) -> Time {
+        Time(self.clock.elapsed().as_micros() as u64)
+    }
+
+    pub(super) fn event(&self, e: FleetEvent) {
+        let _ = self.news.send(News::Event(e));
+    }
+
+    /// The request left `instance`: finished, or its client went away.
+    pub(super) fn finished(&self, instance: InstanceId, request: &Request, payload: &Payload, ok: bool) {
+        self.event(FleetEvent::RequestFinished { instance, request: request.id });
+        if let (true, true, Some(first)) = (ok, self.latencies, payload.first_token_at()) {
+            let tokens = payload.generated.len() as u64;
+            let tpot = (tokens >= 2).then(|| Dur(self.now().since(first).0 / (tokens - 1)));
+            let ttft = first.since(request.arrival);
+            self.event(FleetEvent::RequestLatency { instance, request: request.id, ttft, tpot });
+        }
+    }
+
+    /// How a relayed stream ended, reported; a broken one comes back to be placed again.
+    pub(super) fn ended(&self, instance: InstanceId, request: Request, payload: Payload, ended: Ended) {
+        match ended {
+            Ended::Finished => self.finished(instance, &request, &payload, true),
+            Ended::ClientGone => self.finished(instance, &request, &payload, false),
+            Ended::Prefilled { kv_tokens } => {
+                let ttft = payload.first_token_at().unwrap_or_else(|| self.now()).since(request.arrival);
+                let done = FleetEvent::PrefillDone {
+                    instance,
+                    request: request.id,
+                    kv_tokens,
+                    output_tokens: request.max_output_tokens,
+                    ttft,
+                };
+                let _ = self.news.send(News::Parked(Parked { from: instance, request, payload, kv_tokens, ttft }));
+                self.event(done);
+            }
+            Ended::Broke(why) => {
+                let _ = self.news.send(News::Replace { from: instance, request, payload, why });
+            }
+        }
+    }
+}
+
 /// Streams one request from its engine to its client.
 async fn stream_request(
     instance: InstanceId,
     mut client: EngineClient<Channel>,
     request: Request,
     mut payload: Payload,
-    news: mpsc::UnboundedSender<News>,
+    report: Reporter,
 ) {
     payload.attempts += 1;
     let wire = proto::GenerateRequest {
@@ -272,54 +507,13 @@ async fn stream_request(
         seed: payload.sampling.seed,
         generated: payload.generated.clone(),
     };
-    let failure = match client.generate(wire).await {
+    let ended = match client.generate(wire).await {
         Err(status) if status.code() == tonic::Code::InvalidArgument => {
             let _ = payload.out.send(Delta::Failed(format!("{instance} refused the request: {}", status.message())));
-            let _ = news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-            return;
+            Ended::ClientGone
         }
-        Err(status) => format!("{instance} did not take the request: {}", status.message()),
-        Ok(stream) => {
-            let mut stream = stream.into_inner();
-            loop {
-                let next = tokio::select! {
-                    next = stream.next() => next,
-                    // The client went away: dropping the stream cancels the call, and the
-                    // engine drops the request.
-                    () = payload.out.closed() => {
-                        let _ = news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-                        return;
-                    }
-                };
-                match next {
-                    Some(Ok(chunk)) => {
-                        if !chunk.tokens.is_empty() {
-                            payload.generated.extend_from_slice(&chunk.tokens);
-                            let _ = payload.out.send(Delta::Tokens(chunk.tokens));
-                        }
-                        if chunk.finish_reason == "evicted" {
-                            break format!("{instance} evicted it under KV pressure");
-                        }
-                        if !chunk.finish_reason.is_empty() {
-                            let mut cached_tokens = [0; 3];
-                            for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
-                                *c = *v;
-                            }
-                            let _ = payload.out.send(Delta::Done {
-                                finish_reason: chunk.finish_reason,
-                                cached_tokens,
-                                instance,
-                            });
-                            let _ =
-                                news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-                            return;
-                        }
-                    }
-                    Some(Err(status)) => break format!("{instance} failed mid-stream: {}", status.message()),
-                    None => break format!("{instance} closed the stream before the request finished"),
-                }
-            }
-        }
+        Err(status) => Ended::Broke(format!("{instance} did not take the request: {}", status.message())),
+        Ok(stream) => relay(instance, &mut stream.into_inner(), &mut payload, &report).await,
     };
-    let _ = news.send(News::Replace { from: instance, request, payload, why: failure });
+    report.ended(instance, request, payload, ended);
 }

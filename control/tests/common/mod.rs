@@ -202,3 +202,19 @@ pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Opens a streaming request (`stream: true` in `body`) on gateway path `path`.
+pub fn open_stream(http: &str, path: &str, body: &Value) -> reqwest::blocking::Response {
+    let response = client().post(format!("{http}{path}")).bearer_auth(ADMIN).json(body).send().expect("stream");
+    assert_eq!(response.status().as_u16(), 200);
+    response
+}
+
+/// Reads an SSE response into its `data:` payloads.
+pub fn sse(response: reqwest::blocking::Response) -> Vec<String> {
+    BufReader::new(response)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
