@@ -74,3 +74,107 @@ fn prefill_and_decode_engines_hand_off_each_request_and_release_its_kv_on_both_s
     let metrics = common::client().get(format!("{}/metrics", s.http)).send().expect("metrics").text().expect("text");
     assert!(metrics.contains("fleetplane_gateway_requests_total{outcome=\"ok\"} 13"), "{metrics}");
 }
+
+fn pool_members(http: &str, pool: &str, state: &str) -> Vec<Value> {
+    instances(http).into_iter().filter(|i| i["pool"] == pool && i["state"] == state).collect()
+}
+
+#[test]
+fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_when_quiet() {
+    let db = Db::fresh("actuator");
+    // The engines' steps last twice the cost model's time, so that a burst of long prompts
+    // queues for seconds; short holds, cooldowns and window so that the test takes seconds.
+    let flags = [
+        "--mode",
+        "pd",
+        "--actuator",
+        "local",
+        "--autoscaler",
+        "slo-load",
+        "--min-per-pool",
+        "1",
+        "--gpu-budget",
+        "4",
+        "--engine-time-scale",
+        "2",
+        "--scale-tick-ms",
+        "200",
+        "--slo-window-s",
+        "2",
+        "--up-hold-ms",
+        "200",
+        "--down-hold-ms",
+        "1000",
+        "--up-cooldown-ms",
+        "3000",
+        "--down-cooldown-ms",
+        "1000",
+    ];
+    let s = serve(&db, &flags);
+    // An empty fleet: the leader fills each pool to its minimum with engine processes.
+    wait_serving(&s.http, 2);
+    assert_eq!(
+        (pool_members(&s.http, "prefill", "serving").len(), pool_members(&s.http, "decode", "serving").len()),
+        (1, 1)
+    );
+
+    // 40 distinct prompts of 2,000 tokens at once: about 4 s of prefill for one engine, far
+    // over the 2 s TTFT target.
+    let workers: Vec<_> = (0..40u32)
+        .map(|k| {
+            let http = s.http.clone();
+            thread::spawn(move || {
+                let prompt: Vec<u32> = (0..2000).map(|i| 1 + (i * 7919 + k * 104_729) % 30_000).collect();
+                let (status, v) = completion(&http, json!({"model": MODEL, "prompt": prompt, "max_tokens": 20}));
+                (status, v["usage"]["completion_tokens"].as_u64(), v)
+            })
+        })
+        .collect();
+    eventually(20, "more prefill engine processes start and register", || {
+        pool_members(&s.http, "prefill", "serving").len() >= 2
+    });
+    for w in workers {
+        let (status, tokens, v) = w.join().expect("worker");
+        assert_eq!((status, tokens), (200, Some(20)), "no request is lost: {v}");
+    }
+    let (_, events) = get(&format!("{}/api/scaling-events", s.http), Some(ADMIN));
+    let events = events["events"].as_array().cloned().unwrap_or_default();
+    let up = events
+        .iter()
+        .find(|e| e["pool"] == "prefill" && e["action"] == "scale_up" && e["reason"]["from"] == 1)
+        .unwrap_or_else(|| panic!("a prefill scale-up stored: {events:?}"));
+    assert_eq!(up["reason"]["by"], "autoscaler slo-load");
+    assert!(up["reason"]["loads"]["load_p"].as_f64().is_some_and(|l| l > 0.8), "the load that caused it: {up}");
+
+    // Quiet: Load_P falls below the band and the pool has room to spare; prefill engines
+    // drain one at a time (newest first), hold nothing, and their processes stop, down to the
+    // pool's minimum.
+    eventually(40, "the prefill pool drains back to its minimum", || {
+        pool_members(&s.http, "prefill", "serving").len() == 1
+    });
+    let gone = pool_members(&s.http, "prefill", "down");
+    assert!(!gone.is_empty());
+    for g in &gone {
+        let address = g["address"].as_str().expect("address").to_string();
+        eventually(5, "a stopped engine's process no longer listens", || {
+            std::net::TcpStream::connect(&address).is_err()
+        });
+    }
+    let (_, events) = get(&format!("{}/api/scaling-events", s.http), Some(ADMIN));
+    assert!(
+        events["events"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|e| e["pool"] == "prefill" && e["action"] == "scale_down")),
+        "{events}"
+    );
+    let (_, pools) = get(&format!("{}/api/pools", s.http), Some(ADMIN));
+    assert_eq!(
+        (pools["pd"]["autoscaler"].as_str(), pools["pd"]["actuator"].as_str()),
+        (Some("slo-load"), Some("local"))
+    );
+    let metrics = common::client().get(format!("{}/metrics", s.http)).send().expect("metrics").text().expect("text");
+    assert!(metrics.contains("fleetplane_pool_slo_load{pool=\"prefill\"}"), "{metrics}");
+    assert!(metrics.contains("fleetplane_pool_instances{pool=\"prefill\",state=\"serving\"} 1"), "{metrics}");
+    // A request still goes through the smaller fleet.
+    assert_eq!(completion(&s.http, json!({"model": MODEL, "prompt": "after", "max_tokens": 4})).0, 200);
+}

@@ -156,6 +156,11 @@ impl Controller {
                     v.in_flight = v.in_flight.saturating_sub(1);
                 }
             }
+            FleetEvent::StartFailed { role } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_start_failed(role);
+                }
+            }
             FleetEvent::RequestLatency { tpot, .. } => {
                 if let Some(pd) = &mut self.pd {
                     pd.on_latency(now, tpot);

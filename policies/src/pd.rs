@@ -144,6 +144,13 @@ impl Pd {
         }
     }
 
+    /// An instance asked for will not come: the pool may ask again.
+    pub(crate) fn on_start_failed(&mut self, role: Role) {
+        if let Some(i) = pool_index(role) {
+            self.starting[i] = self.starting[i].saturating_sub(1);
+        }
+    }
+
     pub(crate) fn on_load(&mut self, now: Time, instance: InstanceId, role: Role) {
         if let Some(r) = self.reserved.get_mut(instance.0 as usize) {
             *r = Reserved::default();
@@ -458,5 +465,11 @@ mod tests {
         assert_eq!(out, vec![Command::Start { role: Role::Decode }]);
         let [e] = c.scaling_events() else { panic!("one decision: {:?}", c.scaling_events()) };
         assert_eq!((e.pool, e.from, e.to, e.reason.as_str()), (Role::Decode, 0, 1, "pool below its minimum"));
+        out.clear();
+        c.tick(Time::from_millis(2000), &mut out);
+        assert_eq!(out, vec![], "the instance asked for is counted as starting");
+        c.on_event(Time::from_millis(2500), &FleetEvent::StartFailed { role: Role::Decode });
+        c.tick(Time::from_millis(3000), &mut out);
+        assert_eq!(out, vec![Command::Start { role: Role::Decode }], "one that failed is asked for again");
     }
 }

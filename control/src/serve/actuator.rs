@@ -36,6 +36,9 @@ pub trait Actuator: Send {
     fn owns(&self, address: &str) -> bool;
     /// Stops the engine at `address`, which holds no request.
     fn stop(&mut self, address: &str);
+    /// Engines that stopped by themselves since the last call (crashed, or failed to start),
+    /// by address and role.
+    fn exited(&mut self) -> Vec<(String, Role)>;
 }
 
 /// What a started engine runs as (the flags of `fleetplane engine`).
@@ -64,18 +67,6 @@ impl LocalProcesses {
     pub fn new(spec: EngineSpec) -> LocalProcesses {
         LocalProcesses { spec, children: BTreeMap::new() }
     }
-
-    /// Forgets children that exited on their own (a crash: the fleet sees them go silent).
-    fn reap(&mut self) {
-        self.children.retain(|address, (_, child)| match child.try_wait() {
-            Ok(None) => true,
-            Ok(Some(status)) => {
-                tracing::warn!(%address, "engine process exited by itself: {status}");
-                false
-            }
-            Err(_) => false,
-        });
-    }
 }
 
 /// A port free now on the loopback interface (the engine binds it a moment later).
@@ -90,7 +81,6 @@ impl Actuator for LocalProcesses {
     }
 
     fn start(&mut self, role: Role) -> anyhow::Result<()> {
-        self.reap();
         let s = &self.spec;
         let address = format!("127.0.0.1:{}", free_port()?);
         let name = format!("{}-{}", role.name(), address.rsplit(':').next().unwrap_or_default());
@@ -124,6 +114,19 @@ impl Actuator for LocalProcesses {
         let pid = child.id();
         std::thread::spawn(move || child.wait());
         tracing::info!(role = role.name(), %address, pid, "engine process stopped");
+    }
+
+    fn exited(&mut self) -> Vec<(String, Role)> {
+        let mut out = Vec::new();
+        self.children.retain(|address, (role, child)| match child.try_wait() {
+            Ok(None) => true,
+            status => {
+                tracing::warn!(%address, "engine process exited by itself: {status:?}");
+                out.push((address.clone(), *role));
+                false
+            }
+        });
+        out
     }
 }
 

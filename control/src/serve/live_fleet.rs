@@ -189,6 +189,23 @@ impl LiveFleet {
         self.parked.values()
     }
 
+    /// Takes note of engine processes that exited by themselves: one that never registered
+    /// will not come (the controller may ask again), one that did is gone. Returns those gone.
+    pub fn check_actuated(&mut self) -> Vec<InstanceId> {
+        let Some(a) = &mut self.actuator else { return Vec::new() };
+        let mut gone = Vec::new();
+        for (address, role) in a.exited() {
+            match self.members.values().find(|m| m.address == address).map(|m| m.id) {
+                Some(id) => gone.push(id),
+                None => self.events.push(FleetEvent::StartFailed { role }),
+            }
+        }
+        for &id in &gone {
+            self.lose(id);
+        }
+        gone
+    }
+
     /// Stops the process of a drained engine (when the actuator started it) and marks it gone.
     pub fn retire(&mut self, id: InstanceId) {
         let Some(m) = self.members.get_mut(&id) else { return };

@@ -315,7 +315,7 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
             }
             _ = ticker.tick() => {
                 let mut hub = app.lock_hub();
-                let stale: Vec<_> = hub
+                let mut stale: Vec<_> = hub
                     .fleet
                     .members()
                     .filter(|m| m.state != MemberState::Down && m.last_seen.elapsed() > ENGINE_TIMEOUT)
@@ -330,6 +330,7 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 hub.set_leading(leading);
                 hub.tick();
                 if leading {
+                    stale.extend(hub.fleet.check_actuated());
                     watch_drains(&mut hub);
                 }
                 let scaling = hub.new_scaling_events();
