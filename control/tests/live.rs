@@ -301,14 +301,7 @@ fn simulations_submitted_through_the_api_run_in_the_background() {
 #[test]
 fn the_demo_starts_the_live_system_and_replays_through_the_gateway() {
     let db = Db::fresh("demo");
-    let out = std::process::Command::new(bin())
-        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--engines", "2", "--requests", "40"])
-        .args(["--exit-after-replay", "--database-url", &db.url])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("demo runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = run_demo(&db, &["--engines", "2", "--requests", "40"]);
     assert!(stdout.contains("gateway (OpenAI API)  http://127.0.0.1:"), "{stdout}");
     assert!(stdout.contains("requests sent 40  ok 40  failed 0"), "{stdout}");
 }

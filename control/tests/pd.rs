@@ -178,3 +178,13 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
     // A request still goes through the smaller fleet.
     assert_eq!(completion(&s.http, json!({"model": MODEL, "prompt": "after", "max_tokens": 4})).0, 200);
 }
+
+#[test]
+fn the_demo_runs_a_pd_fleet_that_starts_its_own_engines() {
+    let db = Db::fresh("pddemo");
+    let stdout = run_demo(&db, &["--mode", "pd", "--requests", "30"]);
+    assert!(stdout.contains("requests sent 30  ok 30  failed 0"), "{stdout}");
+    assert_eq!(db.query("SELECT count(*) FROM instances WHERE pool IN ('prefill', 'decode')"), "2");
+    let why = db.query("SELECT reason->>'why' FROM scaling_events ORDER BY id LIMIT 1");
+    assert_eq!(why, "pool below its minimum");
+}

@@ -218,3 +218,18 @@ pub fn sse(response: reqwest::blocking::Response) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
         .collect()
 }
+
+/// Runs `fleetplane demo` on free ports and database `db` until its replay ends; returns its
+/// standard output, after checking it succeeded.
+pub fn run_demo(db: &Db, extra: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--exit-after-replay"])
+        .args(["--database-url", &db.url])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
