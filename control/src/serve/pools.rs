@@ -210,3 +210,72 @@ impl PoolArgs {
         Ok(self.hints(&cost, &self.instance_config(&cost)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        pools: PoolArgs,
+    }
+
+    fn args(flags: &[&str]) -> PoolArgs {
+        Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).expect("flags parse").pools
+    }
+
+    const SLO: Slo = Slo { ttft_ms: 2000.0, tpot_ms: 100.0 };
+
+    #[test]
+    fn a_colocated_fleet_has_no_pools_and_refuses_pool_flags() {
+        assert_eq!(args(&[]).pd_config(SLO).ok(), Some(None));
+        let e = args(&["--actuator", "local"]).pd_config(SLO).unwrap_err().to_string();
+        assert!(e.contains("--mode pd"), "{e}");
+    }
+
+    #[test]
+    fn the_engines_time_scale_stretches_the_controllers_rates() {
+        let at = |scale: &str| {
+            args(&["--mode", "pd", "--autoscaler", "slo-load", "--engine-time-scale", scale])
+                .pd_config(SLO)
+                .expect("valid")
+                .expect("pools")
+        };
+        let (one, two) = (at("1"), at("2"));
+        assert_eq!(two.slo.decode.base_us, 2.0 * one.slo.decode.base_us);
+        assert_eq!(two.slo.decode.per_kv_token_us, 2.0 * one.slo.decode.per_kv_token_us);
+        assert_eq!(two.slo.nominal_prefill_tokens_per_s, one.slo.nominal_prefill_tokens_per_s / 2.0);
+        let (t1, t2) = (one.transfer.time(10_000).0, two.transfer.time(10_000).0);
+        assert!(t2.abs_diff(2 * t1) <= 1, "twice as long, to the µs: {t1} µs then {t2} µs");
+        assert_eq!((one.slo.ttft_target_ms, one.min_per_pool, one.gpu_budget), (2000.0, 1, 8));
+    }
+
+    #[test]
+    fn hysteresis_flags_override_the_autoscalers_defaults() {
+        let pd =
+            args(&["--mode", "pd", "--autoscaler", "slo-load", "--up-hold-ms", "200", "--down-cooldown-ms", "1500"])
+                .pd_config(SLO)
+                .expect("valid")
+                .expect("pools");
+        let AutoscalerConfig::SloLoad { knobs } = pd.autoscaler else { panic!("slo-load: {:?}", pd.autoscaler) };
+        let defaults = Knobs::for_startup(Dur::from_secs_f64(2.0));
+        assert_eq!((knobs.up_hold, knobs.down_cooldown), (Dur::from_millis(200), Dur::from_millis(1500)));
+        assert_eq!((knobs.down_hold, knobs.up_cooldown), (defaults.down_hold, defaults.up_cooldown));
+    }
+
+    #[test]
+    fn bad_pool_flags_are_named() {
+        for (flags, named) in [
+            (&["--mode", "pd", "--engine-time-scale", "0"][..], "--engine-time-scale"),
+            (&["--mode", "pd", "--gpu-budget", "1"], "--gpu-budget"),
+            (&["--mode", "pd", "--transfer-gb-s", "0"], "--transfer-gb-s"),
+            (&["--mode", "pd", "--autoscaler", "magic"], "magic"),
+            (&["--mode", "pd", "--engine-model", "gpt-9"], "gpt-9"),
+        ] {
+            let e = format!("{:#}", args(flags).pd_config(SLO).unwrap_err());
+            assert!(e.contains(named), "{flags:?}: {e}");
+        }
+    }
+}
