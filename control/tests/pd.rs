@@ -188,3 +188,36 @@ fn the_demo_runs_a_pd_fleet_that_starts_its_own_engines() {
     let why = db.query("SELECT reason->>'why' FROM scaling_events ORDER BY id LIMIT 1");
     assert_eq!(why, "pool below its minimum");
 }
+
+#[test]
+fn of_two_replicas_only_the_leader_starts_engines_and_a_new_leader_refills_the_pools() {
+    let db = Db::fresh("pdreplicas");
+    let (ga, gb) = (free_addr(), free_addr());
+    let both = format!("{ga},{gb}");
+    let flags = ["--mode", "pd", "--actuator", "local", "--autoscaler", "slo-load", "--engine-control", &both];
+    let a = serve_on(&db, "127.0.0.1:0", &ga, &flags);
+    let b = serve_on(&db, "127.0.0.1:0", &gb, &flags);
+    let leader = |s: &Serve| get(&format!("{}/api/fleet", s.http), Some(ADMIN)).1["leader"].as_bool() == Some(true);
+    eventually(5, "one leader", || leader(&a) != leader(&b));
+    wait_serving(&a.http, 2);
+    wait_serving(&b.http, 2);
+    // The follower sizes nothing: one prefill and one decode engine in all, known to both.
+    thread::sleep(std::time::Duration::from_millis(1500));
+    for s in [&a, &b] {
+        assert_eq!(instances(&s.http).len(), 2, "{:?}", instances(&s.http));
+        let (status, v) = completion(&s.http, json!({"model": MODEL, "prompt": "both replicas", "max_tokens": 6}));
+        assert_eq!((status, v["usage"]["completion_tokens"].as_u64()), (200, Some(6)), "{v}");
+    }
+    assert_eq!(db.query("SELECT count(*) FROM scaling_events"), "2", "only the leader decided");
+    let (mut old, new) = if leader(&a) { (a, b) } else { (b, a) };
+    // Its engines go with it; the new leader fills the empty pools again.
+    old.proc.kill();
+    eventually(15, "the new leader runs a prefill and a decode engine of its own", || {
+        leader(&new)
+            && pool_members(&new.http, "prefill", "serving").len() == 1
+            && pool_members(&new.http, "decode", "serving").len() == 1
+            && instances(&new.http).iter().filter(|i| i["state"] == "down").count() == 2
+    });
+    let (status, v) = completion(&new.http, json!({"model": MODEL, "prompt": "after the hand-over", "max_tokens": 6}));
+    assert_eq!((status, v["usage"]["completion_tokens"].as_u64()), (200, Some(6)), "{v}");
+}

@@ -283,20 +283,19 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     // Tests and the demo read this line to find the port.
     println!("engine {name} listening on {addr}");
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
-    let shutdown = async move {
-        if args.exit_with_parent {
-            tokio::select! {
-                () = crate::shutdown_signal() => {}
-                () = parent_gone() => tracing::info!("the process that started this engine is gone: stopping"),
-            }
-        } else {
-            crate::shutdown_signal().await;
-        }
-    };
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(proto::engine_server::EngineServer::new(service))
-        .serve_with_incoming_shutdown(crate::incoming(listener), shutdown)
-        .await?;
+        .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal());
+    if args.exit_with_parent {
+        // Not a graceful stop: it would wait for every open stream, and other control planes
+        // keep their event streams open. Their requests here are placed again elsewhere.
+        tokio::select! {
+            served = server => served?,
+            () = parent_gone() => tracing::info!("the process that started this engine is gone: stopping"),
+        }
+    } else {
+        server.await?;
+    }
     drop(loop_thread);
     Ok(())
 }

@@ -193,7 +193,7 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         let p = &args.pools;
         let spec = actuator::EngineSpec {
             exe: std::env::current_exe().context("cannot find this binary to start engines")?,
-            control: grpc_addr.to_string(),
+            control: if p.engine_control.is_empty() { grpc_addr.to_string() } else { p.engine_control.join(",") },
             engine_token: engine_token.clone(),
             model: p.engine_model.clone(),
             gpu: p.engine_gpu.clone(),

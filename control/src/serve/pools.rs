@@ -94,6 +94,11 @@ pub struct PoolArgs {
     /// The engines' `--kv-blocks` [default: as many as the GPU holds].
     #[arg(long)]
     pub engine_kv_blocks: Option<u32>,
+
+    /// gRPC addresses of every replica, comma-separated: the engines the actuator starts
+    /// register with all of them [default: this replica's].
+    #[arg(long, value_delimiter = ',')]
+    pub engine_control: Vec<String>,
 }
 
 fn millis(ms: u64) -> Dur {

@@ -233,3 +233,10 @@ pub fn run_demo(db: &Db, extra: &[&str]) -> String {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     stdout
 }
+
+/// A loopback address with a port free now (for processes that must know each other's
+/// addresses before they start).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("address").to_string()
+}
