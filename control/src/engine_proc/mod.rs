@@ -275,10 +275,11 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     let (tx, rx) = std::sync::mpsc::channel();
     let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
-    let service = service::EngineService { commands: Mutex::new(tx), shared, info: info.clone() };
+    let service = service::EngineService { commands: Mutex::new(tx), shared: shared.clone(), info: info.clone() };
     let pool = policies::Role::from(args.role).name();
     for control in &args.control {
-        tokio::spawn(register::keep_registered(control.clone(), addr, pool.to_string(), info.clone()));
+        let beat = register::keep_registered(control.clone(), addr, pool.to_string(), info.clone(), shared.clone());
+        tokio::spawn(beat);
     }
     // Tests and the demo read this line to find the port.
     println!("engine {name} listening on {addr}");

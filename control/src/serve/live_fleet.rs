@@ -286,6 +286,17 @@ impl LiveFleet {
         true
     }
 
+    /// Stops routing to a serving engine; returns whether it was serving. An engine that says
+    /// in its heartbeat that another control plane drained it comes here too.
+    pub fn mark_draining(&mut self, instance: InstanceId) -> bool {
+        let Some(m) = self.members.get_mut(&instance).filter(|m| m.state == MemberState::Serving) else {
+            return false;
+        };
+        m.state = MemberState::Draining;
+        self.events.push(FleetEvent::InstanceDraining { instance });
+        true
+    }
+
     /// Marks an engine gone.
     pub fn lose(&mut self, id: InstanceId) {
         if let Some(m) = self.members.get_mut(&id) {
@@ -337,17 +348,13 @@ impl Fleet for LiveFleet {
     fn apply(&mut self, _now: Time, command: &Command) {
         match *command {
             Command::Drain { instance } => {
-                if let Some(m) = self.members.get_mut(&instance) {
-                    if m.state == MemberState::Serving {
-                        m.state = MemberState::Draining;
-                        self.events.push(FleetEvent::InstanceDraining { instance });
-                        let mut client = m.client.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = client.drain(proto::DrainRequest {}).await {
-                                tracing::warn!(%instance, "drain failed: {e}");
-                            }
-                        });
-                    }
+                if self.mark_draining(instance) {
+                    let mut client = self.members[&instance].client.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = client.drain(proto::DrainRequest {}).await {
+                            tracing::warn!(%instance, "drain failed: {e}");
+                        }
+                    });
                 }
             }
             Command::Start { role } => match &mut self.actuator {
