@@ -73,6 +73,19 @@ fn prefill_and_decode_engines_hand_off_each_request_and_release_its_kv_on_both_s
     assert_eq!(pools["pd"]["waiting_handoffs"], 0, "{pools}");
     let metrics = common::client().get(format!("{}/metrics", s.http)).send().expect("metrics").text().expect("text");
     assert!(metrics.contains("fleetplane_gateway_requests_total{outcome=\"ok\"} 13"), "{metrics}");
+
+    // Targets set through the API rescale the loads: the same TPOTs against 0.5 ms are far
+    // over the target.
+    let load_d = || get(&format!("{}/api/pools", s.http), Some(ADMIN)).1["pd"]["load_d"].as_f64();
+    assert!(load_d().is_some_and(|l| l < 1.0), "{:?}", load_d());
+    let (status, _) = send(
+        reqwest::Method::PUT,
+        &format!("{}/api/slo", s.http),
+        Some(ADMIN),
+        &json!({"ttft_ms": 2000, "tpot_ms": 0.5}),
+    );
+    assert_eq!(status, 200);
+    eventually(3, "Load_D against the new TPOT target", || load_d().is_some_and(|l| l > 1.0));
 }
 
 fn pool_members(http: &str, pool: &str, state: &str) -> Vec<Value> {

@@ -82,6 +82,13 @@ impl Controller {
         }
     }
 
+    /// New SLO targets for the loads of a disaggregated fleet (an operator changed them).
+    pub fn set_slo_targets(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        if let Some(pd) = &mut self.pd {
+            pd.set_slo_targets(ttft_ms, tpot_ms);
+        }
+    }
+
     /// The pools and their SLO loads as of the last tick (disaggregated fleets only).
     pub fn pools(&self) -> Option<PdStatus> {
         self.pd.as_ref().map(Pd::status)

@@ -121,6 +121,12 @@ impl Pd {
         }
     }
 
+    pub(crate) fn set_slo_targets(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        self.config.slo.ttft_target_ms = ttft_ms;
+        self.config.slo.tpot_target_ms = tpot_ms;
+        self.slo.set_targets(ttft_ms, tpot_ms);
+    }
+
     pub(crate) fn set_autoscaling(&mut self, on: bool) {
         self.autoscaling = on;
     }
@@ -471,5 +477,19 @@ mod tests {
         c.on_event(Time::from_millis(2500), &FleetEvent::StartFailed { role: Role::Decode });
         c.tick(Time::from_millis(3000), &mut out);
         assert_eq!(out, vec![Command::Start { role: Role::Decode }], "one that failed is asked for again");
+    }
+
+    #[test]
+    fn new_slo_targets_rescale_the_loads_from_the_next_tick() {
+        let mut c = controller(AutoscalerConfig::None, 2);
+        let load = Load { prefill_tokens_left: 10_000, ..Load::default() };
+        c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(0), load });
+        let mut out = Vec::new();
+        c.tick(Time::ZERO, &mut out);
+        // 10,000 tokens at 10,000 tokens/s: TTFT_pred 1 s against 1 s.
+        assert_eq!(c.pools().expect("pd").loads.load_p, 1.0);
+        c.set_slo_targets(250.0, 50.0);
+        c.tick(Time::from_millis(1000), &mut out);
+        assert_eq!(c.pools().expect("pd").loads.load_p, 4.0);
     }
 }

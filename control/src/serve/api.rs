@@ -229,6 +229,7 @@ pub async fn put_slo(
         }
     }
     app.store.put_slo(slo.ttft_ms, slo.tpot_ms, &who.name).await.map_err(db_error)?;
+    app.lock_hub().set_slo(slo.ttft_ms, slo.tpot_ms);
     Ok(Json(json!({"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms})).into_response())
 }
 

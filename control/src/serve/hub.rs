@@ -114,6 +114,16 @@ impl Hub {
         self.leading && self.fleet.actuator().is_some()
     }
 
+    /// Puts stored SLO targets in force for the pools' loads (a colocated fleet has none).
+    pub fn set_slo(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        let Some(p) = &mut self.pools else { return };
+        if (p.slo.ttft_target_ms, p.slo.tpot_target_ms) != (ttft_ms, tpot_ms) {
+            (p.slo.ttft_target_ms, p.slo.tpot_target_ms) = (ttft_ms, tpot_ms);
+            self.controller.set_slo_targets(ttft_ms, tpot_ms);
+            tracing::info!(ttft_ms, tpot_ms, "SLO targets in force for the pools' loads");
+        }
+    }
+
     /// Scaling decisions taken since the last call, to be stored.
     pub fn new_scaling_events(&mut self) -> Vec<ScalingEvent> {
         let all = self.controller.scaling_events();

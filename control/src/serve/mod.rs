@@ -379,7 +379,7 @@ fn store_scaling(app: &App, events: Vec<policies::ScalingEvent>) {
     }
 }
 
-/// Keeps what other replicas change (tokens, policy) in force here too.
+/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too.
 async fn sync_from_database(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -388,6 +388,9 @@ async fn sync_from_database(app: Arc<App>) {
             for h in revoked {
                 app.auth.forget(&h);
             }
+        }
+        if let Ok(Some((ttft_ms, tpot_ms))) = app.store.slo().await {
+            app.lock_hub().set_slo(ttft_ms, tpot_ms);
         }
         if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
             if version > app.policy_version.load(Ordering::SeqCst) {
