@@ -18,6 +18,7 @@ pub mod pools;
 mod registry;
 mod simulations;
 mod store;
+mod stream;
 pub mod tokenizer;
 mod transfer;
 

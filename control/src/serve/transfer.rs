@@ -12,7 +12,8 @@
 //! again), and the request's end from the decode engine. If the prefill engine lost the
 //! request, it is placed again like one whose engine vanished.
 
-use super::live_fleet::{relay, Delta, Ended, News, Parked, Reporter};
+use super::live_fleet::{Delta, News, Parked};
+use super::stream::{relay, Ended, Reporter};
 use crate::proto::{self, engine_client::EngineClient};
 use engine::InstanceId;
 use policies::FleetEvent;
