@@ -133,6 +133,7 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
 
     // 40 distinct prompts of 2,000 tokens at once: about 4 s of prefill for one engine, far
     // over the 2 s TTFT target.
+    let burst = std::time::Instant::now();
     let workers: Vec<_> = (0..40u32)
         .map(|k| {
             let http = s.http.clone();
@@ -146,6 +147,7 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
     eventually(20, "more prefill engine processes start and register", || {
         pool_members(&s.http, "prefill", "serving").len() >= 2
     });
+    eprintln!("a new prefill engine served {:?} after the burst began", burst.elapsed());
     for w in workers {
         let (status, tokens, v) = w.join().expect("worker");
         assert_eq!((status, tokens), (200, Some(20)), "no request is lost: {v}");
@@ -162,9 +164,11 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
     // Quiet: Load_P falls below the band and the pool has room to spare; prefill engines
     // drain one at a time (newest first), hold nothing, and their processes stop, down to the
     // pool's minimum.
+    let quiet = std::time::Instant::now();
     eventually(40, "the prefill pool drains back to its minimum", || {
         pool_members(&s.http, "prefill", "serving").len() == 1
     });
+    eprintln!("back to one prefill engine {:?} after the last request ended", quiet.elapsed());
     let gone = pool_members(&s.http, "prefill", "down");
     assert!(!gone.is_empty());
     for g in &gone {
