@@ -238,3 +238,24 @@ fn of_two_replicas_only_the_leader_starts_engines_and_a_new_leader_refills_the_p
     let (status, v) = completion(&new.http, json!({"model": MODEL, "prompt": "after the hand-over", "max_tokens": 6}));
     assert_eq!((status, v["usage"]["completion_tokens"].as_u64()), (200, Some(6)), "{v}");
 }
+
+#[test]
+fn a_prefilled_request_nobody_sends_on_frees_its_kv_and_is_placed_again_when_a_decode_engine_comes() {
+    let db = Db::fresh("parked");
+    let s = serve(&db, &["--mode", "pd"]);
+    let _p = engine(&s.grpc, "p0", &["--role", "prefill", "--parked-limit-s", "1"]);
+    wait_serving(&s.http, 1);
+    // No decode engine yet: the request is prefilled and parks with its KV.
+    let http = s.http.clone();
+    let prompt: Vec<u32> = (0..100).collect();
+    let client = thread::spawn(move || completion(&http, json!({"model": MODEL, "prompt": prompt, "max_tokens": 5})));
+    let kv_used = || instances(&s.http).first().and_then(|i| i["load"]["kv_used_blocks"].as_u64());
+    eventually(5, "the prefill engine holds the request's KV", || kv_used().is_some_and(|n| n > 0));
+    eventually(5, "and frees it once the limit passed", || kv_used() == Some(0));
+    // A decode engine comes: the transfer finds nothing to export, and the request is placed
+    // again after the token its client already has.
+    let _d = engine(&s.grpc, "d0", &["--role", "decode"]);
+    let (status, v) = client.join().expect("client");
+    assert_eq!((status, v["usage"]["completion_tokens"].as_u64()), (200, Some(5)), "{v}");
+    eventually(5, "both engines hold no request and no KV", || all_idle(&s.http));
+}

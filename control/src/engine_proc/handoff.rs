@@ -23,6 +23,8 @@ use tonic::Status;
 /// A prefilled request waiting here for its KV to be sent.
 pub struct Parked {
     handoff: Handoff,
+    /// When it parked (engine time).
+    since: Time,
     /// The prompt as this engine computed it, and the tokens it streamed.
     prompt: Vec<u32>,
     generated: Vec<u32>,
@@ -50,7 +52,8 @@ impl Runner {
                 ..GenerateChunk::default()
             };
             let _ = out.send(Ok(chunk));
-            self.parked.insert(id, Parked { handoff, prompt, generated: sent });
+            let since = self.now();
+            self.parked.insert(id, Parked { handoff, since, prompt, generated: sent });
         }
     }
 
@@ -98,6 +101,20 @@ impl Runner {
         debug_assert!(released, "{id} was parked here");
         self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         true
+    }
+
+    /// Frees the KV of prefilled requests not sent on within `limit`: a control plane that
+    /// died (or lost the request) never asks for them, and their KV must not stay held for
+    /// ever. One the control plane asks for later is placed again from its tokens.
+    pub(super) fn expire_parked(&mut self, limit: Duration) {
+        let now = self.now();
+        let limit_us = engine::Dur(limit.as_micros() as u64);
+        let expired: Vec<RequestId> =
+            self.parked.iter().filter(|(_, p)| now.since(p.since) >= limit_us).map(|(&id, _)| id).collect();
+        for id in expired {
+            tracing::warn!(request = %id, "prefilled request not sent on within {limit:?}: its KV is freed");
+            self.release(id);
+        }
     }
 
     /// Imported requests whose KV has landed start decoding.

@@ -109,6 +109,11 @@ pub struct Args {
     #[arg(long, alias = "pool", value_enum, default_value = "colocated")]
     pub role: RoleArg,
 
+    /// `--role prefill`: seconds a prefilled request's KV is held waiting for its transfer
+    /// before it is freed (the control plane that would send it is gone).
+    #[arg(long, default_value_t = 120.0)]
+    pub parked_limit_s: f64,
+
     /// Exit when the process that started this engine exits (engines an actuator started
     /// go with their control plane).
     #[arg(long)]
@@ -147,6 +152,9 @@ impl Backend for SimBackend {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
+    if !(args.parked_limit_s.is_finite() && args.parked_limit_s > 0.0) {
+        return Err(Failure::Input(anyhow!("--parked-limit-s {} must be a positive number", args.parked_limit_s)));
+    }
     if args.executor == ExecutorKind::Cuda && args.role != RoleArg::Colocated {
         // Its KV lives in GPU memory that the hand-off cannot export yet.
         return Err(Failure::Input(anyhow!("--role prefill and decode need --executor sim")));
@@ -273,7 +281,8 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
-    let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill);
+    let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
+    let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
     let service = service::EngineService { commands: Mutex::new(tx), shared: shared.clone(), info: info.clone() };
     let pool = policies::Role::from(args.role).name();

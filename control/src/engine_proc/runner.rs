@@ -112,12 +112,22 @@ pub struct Runner {
     pub(super) parked: BTreeMap<RequestId, super::handoff::Parked>,
     /// Imported requests whose KV is on its way, and when it lands (engine time).
     pub(super) landing: Vec<(Time, RequestId)>,
+    /// How long a prefilled request may wait for its transfer.
+    parked_limit: Duration,
     clock: Instant,
     last_report: Instant,
 }
 
 impl Runner {
-    pub fn new(mut instance: Instance, backend: Box<dyn Backend>, shared: Arc<Shared>, prefill_only: bool) -> Runner {
+    /// `prefill_only`: a prefill engine, whose prefilled requests wait at most `parked_limit`
+    /// to be sent on.
+    pub fn new(
+        mut instance: Instance,
+        backend: Box<dyn Backend>,
+        shared: Arc<Shared>,
+        prefill_only: bool,
+        parked_limit: Duration,
+    ) -> Runner {
         instance.record_kv_events();
         let clock = Instant::now();
         Runner {
@@ -128,6 +138,7 @@ impl Runner {
             prefill_only,
             parked: BTreeMap::new(),
             landing: Vec::new(),
+            parked_limit,
             clock,
             last_report: clock,
         }
@@ -144,6 +155,7 @@ impl Runner {
         let mut kv = Vec::new();
         loop {
             self.land_transfers();
+            self.expire_parked(self.parked_limit);
             if !self.instance.has_work() {
                 match commands.recv_timeout(self.idle_wait(IDLE_REPORT)) {
                     Ok(c) => self.handle(c),
