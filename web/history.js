@@ -12,7 +12,10 @@ export async function refresh() {
   const res = await get(`/history?since_ms=${since}`);
   capacity = res.capacity;
   windowSeconds = res.window_seconds;
-  samples = samples.concat(res.samples).slice(-capacity);
+  // Two pages may poll at once (one leaving, one arriving): keep only samples newer than
+  // the last held when this answer arrives, so none is added twice.
+  const last = samples.length ? samples[samples.length - 1].at_ms : 0;
+  samples = samples.concat(res.samples.filter((s) => s.at_ms > last)).slice(-capacity);
   return samples;
 }
 

@@ -1,8 +1,11 @@
 //! `fleetplane demo`: the live system on one machine. Starts `fleetplane serve` (on the local
 //! PostgreSQL), a few engines with the cost-model executor, and a replayer that sends a
 //! workload through the gateway; prints where everything is, then keeps serving until Ctrl-C.
+//! With `--mode pd` the control plane runs prefill and decode pools, and its autoscaler
+//! starts and stops the engine processes itself (the local actuator).
 
 use crate::replay;
+use crate::serve::pools::Mode;
 use crate::serve::DEFAULT_DATABASE_URL;
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -37,9 +40,18 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub grpc_listen: SocketAddr,
 
-    /// Engine processes to start (cost-model executor).
+    /// Engine processes to start (cost-model executor); with `--mode pd`, the most the
+    /// autoscaler may run (its GPU budget).
     #[arg(long, default_value_t = 4)]
     pub engines: u32,
+
+    /// colocated, or pd: prefill and decode pools sized by the autoscaler.
+    #[arg(long, value_enum, default_value = "colocated")]
+    pub mode: crate::serve::pools::Mode,
+
+    /// Pool sizing with `--mode pd`: none, fixed-xpyd or slo-load.
+    #[arg(long, default_value = "slo-load")]
+    pub autoscaler: String,
 
     /// Model the engines serve (a cost-model name).
     #[arg(long, default_value = "llama-3.1-8b")]
@@ -65,6 +77,9 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), Failure> {
     if args.engines == 0 {
         return Err(Failure::Input(anyhow!("--engines must be at least 1")));
+    }
+    if args.mode == Mode::Pd && args.engines < 2 {
+        return Err(Failure::Input(anyhow!("--mode pd needs --engines 2 or more (a prefill and a decode engine)")));
     }
     let scenario = match &args.scenario {
         Some(path) => Scenario::load(path).map_err(|e| Failure::Input(e.into()))?,
@@ -111,7 +126,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         .map_or_else(crate::serve::new_token, Ok)?;
     let engine_token = crate::serve::new_token()?;
     let envs = [("FLEETPLANE_ADMIN_TOKEN", admin.as_str()), ("FLEETPLANE_ENGINE_TOKEN", engine_token.as_str())];
-    let serve_args: Vec<String> = vec![
+    let mut serve_args: Vec<String> = vec![
         "serve".into(),
         "--listen".into(),
         args.listen.to_string(),
@@ -120,11 +135,19 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         "--database-url".into(),
         args.database_url.clone(),
     ];
+    // A P/D fleet starts empty: the leader fills each pool with engine processes.
+    let pd = args.mode == Mode::Pd;
+    if pd {
+        let budget = args.engines.to_string();
+        let flags = ["--mode", "pd", "--actuator", "local", "--autoscaler", &args.autoscaler, "--gpu-budget", &budget];
+        serve_args.extend(flags.iter().map(|s| s.to_string()));
+        serve_args.extend(["--engine-model".to_string(), args.model.clone()]);
+    }
     let (_serve, line) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
     // The addresses it bound (port 0 picks free ones).
     let (http, grpc) = serve_addresses(&line)?;
     let mut engines = Vec::new();
-    for i in 0..args.engines {
+    for i in 0..if pd { 0 } else { args.engines } {
         let engine_args: Vec<String> = [
             "engine",
             "--executor",
@@ -142,7 +165,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         engines.push(start("an engine", &engine_args, &envs, "listening on").await?.0);
     }
     let gateway = http;
-    wait_for_engines(&gateway, &admin, args.engines).await?;
+    wait_for_engines(&gateway, &admin, if pd { 2 } else { args.engines }).await?;
     println!();
     println!("fleetplane demo is up:");
     println!("  console               {gateway}/console/  (log in with the admin token)");

@@ -327,13 +327,17 @@ fn kv_high_water_knobs_are_checked_and_runs_switch_protection_by_name() {
 
 #[test]
 fn engine_and_serve_name_what_is_wrong_with_their_flags() {
-    fails_with(&["engine", "--pool", "middle"], &["unknown pool `middle`"]);
+    fails_with(&["engine", "--role", "middle"], &["'middle'", "prefill, decode"]);
+    fails_with(&["engine", "--role", "prefill", "--executor", "cuda"], &["--executor sim"]);
     fails_with(&["engine", "--model", "gpt-9"], &["gpt-9", "llama-3.1-8b"]);
     fails_with(&["engine", "--block-size", "12"], &["--block-size 12"]);
     fails_with(&["engine", "--spec", "medusa"], &["medusa", "none, eagle3, dflash, dspark"]);
     fails_with(&["engine", "--executor", "cuda", "--spec", "dspark"], &["--spec dspark needs --executor sim"]);
     fails_with(&["engine", "--executor", "cuda", "--model", "/no/such/model"], &["/no/such/model", "make-model"]);
     fails_with(&["serve", "--router", "fastest"], &["fastest", "cache-aware"]);
+    fails_with(&["serve", "--mode", "pd", "--autoscaler", "guess"], &["guess", "slo-load"]);
+    fails_with(&["serve", "--actuator", "local"], &["--mode pd"]);
+    fails_with(&["serve", "--mode", "pd", "--engine-time-scale", "0"], &["--engine-time-scale"]);
 }
 
 #[test]

@@ -162,7 +162,7 @@ fn the_console_is_served_and_the_history_and_scenarios_feed_it() {
     assert_eq!(engines.len(), 1, "{sample}");
     assert_eq!(engines.values().next().map(|e| e["cached_share"].clone()), Some(w["cached_share"].clone()));
     assert_eq!(sample["pools"]["colocated"]["serving"], 1);
-    assert_eq!(sample["load_p"], Value::Null, "not computed yet, so not invented");
+    assert_eq!(sample["load_p"], Value::Null, "a colocated fleet has no pool loads, so none are invented");
     let since = sample["at_ms"].as_u64().expect("at_ms");
     let (_, newer) = get(&format!("{}/api/history?since_ms={since}", s.http), Some(ADMIN));
     assert!(newer["samples"].as_array().expect("samples").iter().all(|x| x["at_ms"].as_u64() > Some(since)));
@@ -239,7 +239,7 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
         samples.iter().filter(|x| x["window"]["finished"].as_u64() > Some(0)).count() >= 15
     });
     b.goto(&format!("{}/console/#/slo", s.http));
-    b.wait_text("#page-slo", &["TTFT percentiles", "Load_P: not yet measured"]);
+    b.wait_text("#page-slo", &["TTFT percentiles", "Load_P: not measured"]);
     b.wait_for("the TTFT chart has a line", |b| {
         let js = "const f = [...document.querySelectorAll('figure')].find(f => f.textContent.startsWith('TTFT percentiles'));
                   return !!f && [...f.querySelectorAll('path')].some(p => p.getAttribute('d').includes('L'));";
@@ -360,4 +360,40 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.wait_text("#login-status", &["Your token was refused", "401"]);
 
     assert_eq!(b.script_errors(), Vec::<String>::new(), "the console's scripts failed");
+}
+
+#[test]
+fn an_operator_sees_the_pd_pools_loads_and_the_scaling_events_with_their_causes() {
+    let Some(b) = browser_or_skip("an_operator_sees_the_pd_pools_loads_and_the_scaling_events_with_their_causes")
+    else {
+        return;
+    };
+    let db = Db::fresh("console_pd");
+    let flags = ["--mode", "pd", "--actuator", "local", "--autoscaler", "slo-load", "--gpu-budget", "4"];
+    let s = serve(&db, &flags);
+    // The leader fills the empty pools: two scaling events, each with its loads.
+    wait_serving(&s.http, 2);
+    let traffic = Traffic::start(&s.http);
+    eventually(20, "samples with Load_P and Load_D", || {
+        let (_, v) = get(&format!("{}/api/history", s.http), Some(ADMIN));
+        let samples = v["samples"].as_array().cloned().unwrap_or_default();
+        samples.iter().filter(|x| x["load_p"].is_number() && x["load_d"].as_f64() > Some(0.0)).count() >= 3
+    });
+    b.goto(&format!("{}/", s.http));
+    b.type_into("#token", ADMIN);
+    b.click("#login button[type=submit]");
+    b.wait_text("[data-pool=prefill]", &["1 serving"]);
+    b.goto(&format!("{}/console/#/slo", s.http));
+    b.wait_text("#page-slo", &["SLO load", "Load_P", "Load_D", "prefill starting"]);
+    b.wait_for("the SLO load chart draws a line", |b| {
+        let js = "const f = [...document.querySelectorAll('figure')].find(f => f.textContent.startsWith('SLO load'));
+                  return !!f && !f.textContent.includes('not measured') && [...f.querySelectorAll('path')].some(p => p.getAttribute('d').includes('L'));";
+        Ok(b.script(js, json!([]))?.as_bool().filter(|&b| b))
+    });
+    b.screenshot(&screenshots().join("slo-pd.png"));
+    b.goto(&format!("{}/console/#/scaling", s.http));
+    b.wait_text(".timeline", &["0 → 1 engines: pool below its minimum (autoscaler slo-load)", "Load_P", "Load_D"]);
+    b.screenshot(&screenshots().join("scaling-pd.png"));
+    drop(traffic);
+    assert_eq!(b.script_errors(), Vec::<String>::new());
 }

@@ -321,14 +321,7 @@ fn simulations_submitted_through_the_api_run_in_the_background() {
 #[test]
 fn the_demo_starts_the_live_system_and_replays_through_the_gateway() {
     let db = Db::fresh("demo");
-    let out = std::process::Command::new(bin())
-        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--engines", "2", "--requests", "40"])
-        .args(["--exit-after-replay", "--database-url", &db.url])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("demo runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = run_demo(&db, &["--engines", "2", "--requests", "40"]);
     assert!(stdout.contains("gateway (OpenAI API)  http://127.0.0.1:"), "{stdout}");
     assert!(stdout.contains("requests sent 40  ok 40  failed 0"), "{stdout}");
 }
@@ -358,4 +351,30 @@ fn a_client_that_goes_away_frees_its_engine() {
     eventually(3, "the engine drops the abandoned request", || running() == Some(0));
     let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "next", "max_tokens": 2}));
     assert_eq!(status, 200);
+}
+
+#[test]
+fn an_engine_drained_through_one_replica_stops_taking_requests_from_the_others() {
+    let db = Db::fresh("drain2");
+    let (a, b) = (serve(&db, &["--replica", "a"]), serve(&db, &["--replica", "b"]));
+    let both = format!("{},{}", a.grpc, b.grpc);
+    let _e0 = engine(&both, "e0", &[]);
+    let _e1 = engine(&both, "e1", &[]);
+    wait_serving(&a.http, 2);
+    wait_serving(&b.http, 2);
+    let id_of = |s: &Serve, name: &str| {
+        let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+        v["instances"].as_array().and_then(|l| l.iter().find(|i| i["name"] == name).cloned()).expect("listed")
+    };
+    let id = id_of(&a, "e0")["id"].as_u64().expect("id");
+    let (status, _) = post(&format!("{}/api/instances/{id}/drain", a.http), Some(ADMIN), &json!({}));
+    assert_eq!(status, 202);
+    // Replica b hears it in the engine's next heartbeat.
+    eventually(3, "the other replica sees the engine draining", || id_of(&b, "e0")["state"] == "draining");
+    for _ in 0..4 {
+        let (status, v) = completion(&b.http, ADMIN, json!({"model": MODEL, "prompt": "elsewhere", "max_tokens": 2}));
+        assert_eq!(status, 200, "{v}");
+    }
+    let metrics = common::client().get(format!("{}/metrics", b.http)).send().expect("metrics").text().expect("text");
+    assert!(metrics.contains("fleetplane_requests_replaced_total 0"), "nothing sent to the draining engine: {metrics}");
 }

@@ -74,6 +74,21 @@ impl Controller {
         self.pd.is_some()
     }
 
+    /// Whether [`Controller::tick`] sizes the pools (default: yes). Off, it still pairs
+    /// hand-offs and computes the loads: a live replica that does not lead runs this way.
+    pub fn set_autoscaling(&mut self, on: bool) {
+        if let Some(pd) = &mut self.pd {
+            pd.set_autoscaling(on);
+        }
+    }
+
+    /// New SLO targets for the loads of a disaggregated fleet (an operator changed them).
+    pub fn set_slo_targets(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        if let Some(pd) = &mut self.pd {
+            pd.set_slo_targets(ttft_ms, tpot_ms);
+        }
+    }
+
     /// The pools and their SLO loads as of the last tick (disaggregated fleets only).
     pub fn pools(&self) -> Option<PdStatus> {
         self.pd.as_ref().map(Pd::status)
@@ -146,6 +161,11 @@ impl Controller {
                 }
                 if let Some(v) = self.fleet.get_mut(to) {
                     v.in_flight = v.in_flight.saturating_sub(1);
+                }
+            }
+            FleetEvent::StartFailed { role } => {
+                if let Some(pd) = &mut self.pd {
+                    pd.on_start_failed(role);
                 }
             }
             FleetEvent::RequestLatency { tpot, .. } => {

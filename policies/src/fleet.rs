@@ -38,6 +38,9 @@ pub enum FleetEvent {
     /// `to` could not take a transfer (no KV room when it began); the KV stays on `from`
     /// and the controller places the request again.
     TransferRefused { request: RequestId, from: InstanceId, to: InstanceId },
+    /// An instance asked for with [`Command::Start`] will not come: it failed before it
+    /// served (a live engine process that exited at start).
+    StartFailed { role: Role },
     /// A request finished with these latencies (sent after its `RequestFinished`, only to a
     /// controller that asked: [`crate::Controller::wants_latencies`]). `tpot` is `None` for
     /// outputs of one token.

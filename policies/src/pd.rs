@@ -15,7 +15,7 @@
 //!   instances with the fewest requests in flight (the newest on ties). Every change is
 //!   recorded as a [`ScalingEvent`] with the loads that caused it.
 
-use crate::autoscaler::{Autoscaler, AutoscalerConfig, PoolSize, ScaleInput};
+use crate::autoscaler::{Autoscaler, AutoscalerConfig, PoolSize, Scale, ScaleInput};
 use crate::fleet::Command;
 use crate::pairing::{pick_decode, KvNeed, Reserved, TransferHints};
 use crate::slo_load::{Loads, PoolState, SloLoad, SloLoadConfig};
@@ -90,6 +90,9 @@ pub(crate) struct Pd {
     reserved: Vec<Reserved>,
     status: PdStatus,
     log: Vec<ScalingEvent>,
+    /// Whether this controller sizes the pools (of several live replicas only the leader
+    /// does); the loads are computed either way.
+    autoscaling: bool,
 }
 
 fn pool_index(role: Role) -> Option<usize> {
@@ -114,7 +117,18 @@ impl Pd {
             reserved: Vec::new(),
             status: PdStatus::default(),
             log: Vec::new(),
+            autoscaling: true,
         }
+    }
+
+    pub(crate) fn set_slo_targets(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        self.config.slo.ttft_target_ms = ttft_ms;
+        self.config.slo.tpot_target_ms = tpot_ms;
+        self.slo.set_targets(ttft_ms, tpot_ms);
+    }
+
+    pub(crate) fn set_autoscaling(&mut self, on: bool) {
+        self.autoscaling = on;
     }
 
     pub(crate) fn status(&self) -> PdStatus {
@@ -132,6 +146,13 @@ impl Pd {
     /// An instance announced its role: if it was one the controller asked for, it is up now.
     pub(crate) fn on_role(&mut self, role: Role, new: bool) {
         if let (Some(i), true) = (pool_index(role), new) {
+            self.starting[i] = self.starting[i].saturating_sub(1);
+        }
+    }
+
+    /// An instance asked for will not come: the pool may ask again.
+    pub(crate) fn on_start_failed(&mut self, role: Role) {
+        if let Some(i) = pool_index(role) {
             self.starting[i] = self.starting[i].saturating_sub(1);
         }
     }
@@ -271,7 +292,15 @@ impl Pd {
             min_per_pool: self.config.min_per_pool,
             waiting_handoffs: self.waiting.len() as u32,
         };
-        let mut scale = self.scaler.decide(&input);
+        let mut scale = if self.autoscaling { self.scaler.decide(&input) } else { Scale::default() };
+        // A pool below its minimum (an empty fleet at start, an instance lost) is refilled
+        // first, whatever the policy says: no load can be measured on a pool with no instance.
+        let short = |size: PoolSize| self.config.min_per_pool.saturating_sub(size.planned()) as i32;
+        if self.autoscaling && (short(sizes[0]) > 0 || short(sizes[1]) > 0) {
+            scale.prefill = scale.prefill.max(short(sizes[0]));
+            scale.decode = scale.decode.max(short(sizes[1]));
+            scale.reason = "pool below its minimum";
+        }
         // The budget is spent and one pool must grow: the other gives what it can spare (its
         // instances drain; the growth follows once they are down and their GPUs free).
         let pairs = [(scale.decode, scale.prefill, Role::Prefill), (scale.prefill, scale.decode, Role::Decode)];
@@ -464,5 +493,41 @@ mod tests {
         assert!(e.to > e.from, "{e:?}");
         assert!(e.loads.tpot_pred_ms < 25.0 && e.loads.tpot_actual_ms == 0.0, "the batch said nothing: {e:?}");
         assert_eq!(e.loads.tpot_inflow_ms, 10.0 * 50.0, "the inflow is an overload: {e:?}");
+    }
+
+    #[test]
+    fn a_pool_below_its_minimum_is_refilled_only_by_a_controller_that_scales() {
+        let mut c = controller(AutoscalerConfig::None, 4);
+        c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(1) });
+        c.set_autoscaling(false);
+        let mut out = Vec::new();
+        c.tick(Time::ZERO, &mut out);
+        assert_eq!(out, vec![], "a replica that does not lead starts nothing");
+        assert_eq!(c.pools().expect("pd").decode.serving, 0, "but it knows the pools");
+        c.set_autoscaling(true);
+        c.tick(Time::from_millis(1000), &mut out);
+        assert_eq!(out, vec![Command::Start { role: Role::Decode }]);
+        let [e] = c.scaling_events() else { panic!("one decision: {:?}", c.scaling_events()) };
+        assert_eq!((e.pool, e.from, e.to, e.reason.as_str()), (Role::Decode, 0, 1, "pool below its minimum"));
+        out.clear();
+        c.tick(Time::from_millis(2000), &mut out);
+        assert_eq!(out, vec![], "the instance asked for is counted as starting");
+        c.on_event(Time::from_millis(2500), &FleetEvent::StartFailed { role: Role::Decode });
+        c.tick(Time::from_millis(3000), &mut out);
+        assert_eq!(out, vec![Command::Start { role: Role::Decode }], "one that failed is asked for again");
+    }
+
+    #[test]
+    fn new_slo_targets_rescale_the_loads_from_the_next_tick() {
+        let mut c = controller(AutoscalerConfig::None, 2);
+        let load = Load { prefill_tokens_left: 10_000, ..Load::default() };
+        c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(0), load });
+        let mut out = Vec::new();
+        c.tick(Time::ZERO, &mut out);
+        // 10,000 tokens at 10,000 tokens/s: TTFT_pred 1 s against 1 s.
+        assert_eq!(c.pools().expect("pd").loads.load_p, 1.0);
+        c.set_slo_targets(250.0, 50.0);
+        c.tick(Time::from_millis(1000), &mut out);
+        assert_eq!(c.pools().expect("pd").loads.load_p, 4.0);
     }
 }

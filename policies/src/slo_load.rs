@@ -191,6 +191,13 @@ pub struct SloLoad {
 }
 
 impl SloLoad {
+    /// New targets, from the next evaluation on (the windows' samples are kept: they are
+    /// latencies, not loads).
+    pub fn set_targets(&mut self, ttft_target_ms: f64, tpot_target_ms: f64) {
+        self.config.ttft_target_ms = ttft_target_ms;
+        self.config.tpot_target_ms = tpot_target_ms;
+    }
+
     pub fn new(config: SloLoadConfig) -> SloLoad {
         SloLoad {
             config,

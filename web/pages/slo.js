@@ -8,7 +8,13 @@ import * as history from '../history.js';
 
 export const title = 'SLO & pools';
 
-const NOT_MEASURED = 'not yet measured (the live controller does not compute SLO load yet)';
+const NOT_MEASURED = 'not measured: the fleet is colocated (serve --mode pd computes the loads of its pools)';
+
+// A series of the samples' `key`, or why it is missing when no sample has it.
+function measured(label, key) {
+  const points = history.series((s) => s[key]);
+  return points.some(([, y]) => y !== null) ? { label, points } : { label, missing: NOT_MEASURED };
+}
 
 export function mount(el) {
   const charts = h('div', { class: 'charts' });
@@ -31,15 +37,17 @@ export function mount(el) {
       };
       replace(charts,
         lineChart({
-          title: 'Serving engines per pool',
-          series: pools.map((p) => ({ label: p, points: history.series((s) => s.pools[p]?.serving ?? 0) })),
+          title: 'Serving engines per pool (dashed: starting)',
+          series: [
+            ...pools.map((p) => ({ label: p, points: history.series((s) => s.pools[p]?.serving ?? 0) })),
+            ...(hasPd ? ['prefill', 'decode'].map((p) => ({
+              label: `${p} starting`, dashed: true, points: history.series((s) => s.pools[p]?.starting ?? 0),
+            })) : []),
+          ],
         }),
         lineChart({
           title: 'SLO load (1.0 = at the target)',
-          series: [
-            { label: 'Load_P', missing: NOT_MEASURED },
-            { label: 'Load_D', missing: NOT_MEASURED },
-          ],
+          series: [measured('Load_P', 'load_p'), measured('Load_D', 'load_d')],
           reference: { y: 1, label: '1.0' },
         }),
         lineChart({

@@ -3,6 +3,7 @@
 //! takes requests and streams tokens and events; [`register`] keeps the engine registered with
 //! every control plane it was given.
 
+mod handoff;
 mod register;
 mod runner;
 mod service;
@@ -29,6 +30,24 @@ pub enum ExecutorKind {
     Sim,
     /// The CUDA forward pass (needs a build with the `cuda` executor and a GPU).
     Cuda,
+}
+
+/// A pool on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    Colocated,
+    Prefill,
+    Decode,
+}
+
+impl From<RoleArg> for policies::Role {
+    fn from(r: RoleArg) -> policies::Role {
+        match r {
+            RoleArg::Colocated => policies::Role::Colocated,
+            RoleArg::Prefill => policies::Role::Prefill,
+            RoleArg::Decode => policies::Role::Decode,
+        }
+    }
 }
 
 #[derive(ClapArgs, Debug, Clone)]
@@ -104,9 +123,20 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub control: Vec<String>,
 
-    /// Pool the engine serves in: colocated, prefill or decode.
-    #[arg(long, default_value = "colocated")]
-    pub pool: String,
+    /// Phase the engine serves (its pool): colocated, prefill (stops each request after its
+    /// first token and hands its KV to a decode engine) or decode.
+    #[arg(long, alias = "pool", value_enum, default_value = "colocated")]
+    pub role: RoleArg,
+
+    /// `--role prefill`: seconds a prefilled request's KV is held waiting for its transfer
+    /// before it is freed (the control plane that would send it is gone).
+    #[arg(long, default_value_t = 120.0)]
+    pub parked_limit_s: f64,
+
+    /// Exit when the process that started this engine exits (engines an actuator started
+    /// go with their control plane).
+    #[arg(long)]
+    pub exit_with_parent: bool,
 
     /// The engine's name in the fleet [default: engine-PORT].
     #[arg(long)]
@@ -145,8 +175,12 @@ impl Backend for SimBackend {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    if !matches!(args.pool.as_str(), "colocated" | "prefill" | "decode") {
-        return Err(Failure::Input(anyhow!("unknown pool `{}` (valid: colocated, prefill, decode)", args.pool)));
+    if !(args.parked_limit_s.is_finite() && args.parked_limit_s > 0.0) {
+        return Err(Failure::Input(anyhow!("--parked-limit-s {} must be a positive number", args.parked_limit_s)));
+    }
+    if args.executor == ExecutorKind::Cuda && args.role != RoleArg::Colocated {
+        // Its KV lives in GPU memory that the hand-off cannot export yet.
+        return Err(Failure::Input(anyhow!("--role prefill and decode need --executor sim")));
     }
     if args.executor == ExecutorKind::Cuda && args.spec != NO_SPECULATION {
         return Err(Failure::Input(anyhow!(
@@ -202,6 +236,17 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
         exec = exec.with_drafter(d, args.seed);
     }
     Ok((Box::new(SimBackend { exec, scale: args.time_scale }), config))
+}
+
+/// Resolves when this process's parent changes (it exited and the process was re-parented).
+async fn parent_gone() {
+    let parent = std::os::unix::process::parent_id();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        if std::os::unix::process::parent_id() != parent {
+            return;
+        }
+    }
 }
 
 struct CudaBackend(engine::cuda::CudaExecutor);
@@ -274,19 +319,31 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
-    let runner = Runner::new(instance, backend, shared.clone());
+    let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
+    let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
-    let service = service::EngineService { commands: Mutex::new(tx), shared, info: info.clone() };
+    let service = service::EngineService { commands: Mutex::new(tx), shared: shared.clone(), info: info.clone() };
+    let pool = policies::Role::from(args.role).name();
     for control in &args.control {
-        tokio::spawn(register::keep_registered(control.clone(), addr, args.pool.clone(), info.clone()));
+        let beat = register::keep_registered(control.clone(), addr, pool.to_string(), info.clone(), shared.clone());
+        tokio::spawn(beat);
     }
     // Tests and the demo read this line to find the port.
     println!("engine {name} listening on {addr}");
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .add_service(proto::engine_server::EngineServer::new(service))
-        .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal())
-        .await?;
+        .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal());
+    if args.exit_with_parent {
+        // Not a graceful stop: it would wait for every open stream, and other control planes
+        // keep their event streams open. Their requests here are placed again elsewhere.
+        tokio::select! {
+            served = server => served?,
+            () = parent_gone() => tracing::info!("the process that started this engine is gone: stopping"),
+        }
+    } else {
+        server.await?;
+    }
     drop(loop_thread);
     Ok(())
 }

@@ -1,14 +1,23 @@
 //! Registration with a control plane, repeated as a heartbeat: a control plane that restarted
 //! (or lost the engine's record) learns of the engine again at the next beat.
 
+use super::runner::Shared;
 use crate::proto::{self, control_client::ControlClient};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Beat interval until the control plane names one.
 const FIRST_BEAT: Duration = Duration::from_millis(500);
 
-pub async fn keep_registered(control: String, addr: SocketAddr, pool: String, info: proto::EngineInfo) {
+pub async fn keep_registered(
+    control: String,
+    addr: SocketAddr,
+    pool: String,
+    info: proto::EngineInfo,
+    shared: Arc<Shared>,
+) {
     let url = if control.contains("://") { control.clone() } else { format!("http://{control}") };
     let token = std::env::var("FLEETPLANE_ENGINE_TOKEN").unwrap_or_default();
     let mut registered = false;
@@ -18,6 +27,7 @@ pub async fn keep_registered(control: String, addr: SocketAddr, pool: String, in
             address: addr.to_string(),
             pool: pool.clone(),
             info: Some(info.clone()),
+            draining: shared.draining.load(Ordering::Relaxed),
         };
         let result = async {
             let mut client = ControlClient::connect(url.clone()).await.map_err(|e| e.to_string())?;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 /// Sampling parameters of one request.
@@ -40,7 +40,36 @@ pub trait Backend: Send {
 pub type ChunkSender = mpsc::UnboundedSender<Result<GenerateChunk, Status>>;
 
 pub enum Command {
-    Generate { request: Request, prompt: Vec<u32>, sampling: Sampling, out: ChunkSender },
+    Generate {
+        request: Request,
+        prompt: Vec<u32>,
+        sampling: Sampling,
+        out: ChunkSender,
+    },
+    /// The state of a prefilled request parked here, for a decode engine (see [`super::handoff`]).
+    Export {
+        id: RequestId,
+        reply: oneshot::Sender<Result<proto::Handoff, Status>>,
+    },
+    /// Takes a prefilled request's KV from another engine and decodes the rest of it.
+    Import {
+        import: Import,
+        reply: oneshot::Sender<Result<(), Status>>,
+    },
+    /// The KV of a parked request has been sent: free it here.
+    Release {
+        id: RequestId,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+/// A hand-off arriving at a decode engine.
+pub struct Import {
+    pub request: Request,
+    pub sampling: Sampling,
+    /// When the KV will have arrived, from its start.
+    pub transfer: Duration,
+    pub out: ChunkSender,
 }
 
 /// State the gRPC service reads without going through the loop.
@@ -62,29 +91,60 @@ const IDLE_REPORT: Duration = Duration::from_millis(250);
 /// Load reports at most this often while busy.
 const BUSY_REPORT: Duration = Duration::from_millis(5);
 
-struct Stream {
-    out: ChunkSender,
-    seed: u64,
-    produced: u32,
+pub(super) struct Stream {
+    pub(super) out: ChunkSender,
+    pub(super) seed: u64,
+    /// Output tokens of the request so far, on every engine (the index of its next token).
+    pub(super) produced: u32,
+    /// A prefill engine keeps the prompt and the tokens it streamed, for the hand-off.
+    pub(super) prompt: Vec<u32>,
+    pub(super) sent: Vec<u32>,
 }
 
 pub struct Runner {
-    instance: Instance,
+    pub(super) instance: Instance,
     backend: Box<dyn Backend>,
-    shared: Arc<Shared>,
-    streams: BTreeMap<RequestId, Stream>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) streams: BTreeMap<RequestId, Stream>,
+    /// A prefill engine: requests stop after their first token and park with their KV.
+    prefill_only: bool,
+    /// Prefilled requests parked here until their KV is sent, with their tokens.
+    pub(super) parked: BTreeMap<RequestId, super::handoff::Parked>,
+    /// Imported requests whose KV is on its way, and when it lands (engine time).
+    pub(super) landing: Vec<(Time, RequestId)>,
+    /// How long a prefilled request may wait for its transfer.
+    parked_limit: Duration,
     clock: Instant,
     last_report: Instant,
 }
 
 impl Runner {
-    pub fn new(mut instance: Instance, backend: Box<dyn Backend>, shared: Arc<Shared>) -> Runner {
+    /// `prefill_only`: a prefill engine, whose prefilled requests wait at most `parked_limit`
+    /// to be sent on.
+    pub fn new(
+        mut instance: Instance,
+        backend: Box<dyn Backend>,
+        shared: Arc<Shared>,
+        prefill_only: bool,
+        parked_limit: Duration,
+    ) -> Runner {
         instance.record_kv_events();
         let clock = Instant::now();
-        Runner { instance, backend, shared, streams: BTreeMap::new(), clock, last_report: clock }
+        Runner {
+            instance,
+            backend,
+            shared,
+            streams: BTreeMap::new(),
+            prefill_only,
+            parked: BTreeMap::new(),
+            landing: Vec::new(),
+            parked_limit,
+            clock,
+            last_report: clock,
+        }
     }
 
-    fn now(&self) -> Time {
+    pub(super) fn now(&self) -> Time {
         Time(self.clock.elapsed().as_micros() as u64)
     }
 
@@ -94,8 +154,10 @@ impl Runner {
         let mut evicted = Vec::new();
         let mut kv = Vec::new();
         loop {
+            self.land_transfers();
+            self.expire_parked(self.parked_limit);
             if !self.instance.has_work() {
-                match commands.recv_timeout(IDLE_REPORT) {
+                match commands.recv_timeout(self.idle_wait(IDLE_REPORT)) {
                     Ok(c) => self.handle(c),
                     Err(RecvTimeoutError::Timeout) => {
                         self.report_load();
@@ -122,6 +184,7 @@ impl Runner {
                     self.instance.end_step(end, &mut finished, &mut evicted);
                     self.stream_tokens();
                     self.retire(&mut finished, &mut evicted);
+                    self.park_handoffs();
                 }
                 // Work is queued but none can run (e.g. admission paused): wait for news.
                 Ok(None) => std::thread::sleep(Duration::from_millis(1)),
@@ -159,10 +222,17 @@ impl Runner {
                 }
                 self.backend.admit(id, &prompt, sampling);
                 let now = self.now();
-                match self.instance.enqueue(now, request) {
+                let queued = if self.prefill_only {
+                    self.instance.enqueue_prefill_only(now, request)
+                } else {
+                    self.instance.enqueue(now, request)
+                };
+                match queued {
                     Ok(()) => {
                         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-                        self.streams.insert(id, Stream { out, seed: sampling.seed, produced: 0 });
+                        let prompt = if self.prefill_only { prompt } else { Vec::new() };
+                        let stream = Stream { out, seed: sampling.seed, produced: 0, prompt, sent: Vec::new() };
+                        self.streams.insert(id, stream);
                     }
                     Err((why, _)) => {
                         self.backend.release(id);
@@ -170,13 +240,27 @@ impl Runner {
                     }
                 }
             }
+            Command::Export { id, reply } => {
+                let _ = reply.send(self.export(id));
+            }
+            Command::Import { import, reply } => {
+                let _ = reply.send(self.import(import));
+            }
+            Command::Release { id, reply } => {
+                let _ = reply.send(self.release(id));
+            }
         }
     }
 
     /// Drops the requests whose client stopped reading (the gateway closed the stream): they
     /// would hold KV and batch slots to the end of their output for nobody.
     fn cancel_abandoned(&mut self) {
-        let gone: Vec<RequestId> = self.streams.iter().filter(|(_, s)| s.out.is_closed()).map(|(&id, _)| id).collect();
+        let gone: Vec<RequestId> = self
+            .streams
+            .iter()
+            .filter(|&(&id, s)| s.out.is_closed() && !self.is_landing(id))
+            .map(|(&id, _)| id)
+            .collect();
         for id in gone {
             let now = self.now();
             if self.instance.cancel(now, id) {
@@ -197,6 +281,9 @@ impl Runner {
             let Some(s) = self.streams.get_mut(id) else { continue };
             let token = sampled.get(k).copied().unwrap_or_else(|| synthetic_token(s.seed, *id, s.produced));
             s.produced += 1;
+            if self.prefill_only {
+                s.sent.push(token);
+            }
             // A client that went away no longer reads; the request still runs to its end.
             let _ = s.out.send(Ok(GenerateChunk { tokens: vec![token], ..Default::default() }));
         }
@@ -212,11 +299,11 @@ impl Runner {
         }
     }
 
-    fn close(&mut self, id: RequestId, reason: &str, cached_tokens: Vec<u32>) {
+    pub(super) fn close(&mut self, id: RequestId, reason: &str, cached_tokens: Vec<u32>) {
         self.backend.release(id);
         if let Some(s) = self.streams.remove(&id) {
             self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            let chunk = GenerateChunk { tokens: Vec::new(), finish_reason: reason.to_string(), cached_tokens };
+            let chunk = GenerateChunk { finish_reason: reason.to_string(), cached_tokens, ..GenerateChunk::default() };
             let _ = s.out.send(Ok(chunk));
         }
     }

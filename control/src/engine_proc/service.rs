@@ -1,13 +1,13 @@
 //! The engine's gRPC service: requests in, token streams and events out.
 
-use super::runner::{Command, Sampling, Shared};
+use super::runner::{Command, Import, Sampling, Shared};
 use crate::proto::{self, engine_server::Engine};
-use engine::{Request, RequestId, Time};
+use engine::{Dur, Request, RequestId, Resume, Time};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status};
@@ -20,10 +20,33 @@ pub struct EngineService {
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+impl EngineService {
+    fn send(&self, command: Command) -> Result<(), Status> {
+        let sent = self.commands.lock().map_err(|_| Status::internal("engine loop lock poisoned"))?.send(command);
+        sent.map_err(|_| Status::unavailable("engine loop has stopped"))
+    }
+
+    /// Sends a command that answers, and waits for the answer.
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let (reply, answer) = oneshot::channel();
+        self.send(command(reply))?;
+        answer.await.map_err(|_| Status::unavailable("engine loop has stopped"))
+    }
+}
+
+/// Sampling parameters as the wire gives them, checked.
+fn sampling(temperature: f32, top_p: f32, seed: u64) -> Result<Sampling, Status> {
+    if !(temperature.is_finite() && temperature >= 0.0 && top_p > 0.0 && top_p <= 1.0) {
+        return Err(Status::invalid_argument("temperature must be >= 0 and top_p in (0, 1]"));
+    }
+    Ok(Sampling { temperature, top_p, seed })
+}
+
 #[tonic::async_trait]
 impl Engine for EngineService {
     type GenerateStream = Boxed<proto::GenerateChunk>;
     type EventsStream = Boxed<proto::EngineEvent>;
+    type ImportStream = Boxed<proto::GenerateChunk>;
 
     async fn generate(
         &self,
@@ -39,9 +62,7 @@ impl Engine for EngineService {
         if g.max_tokens == 0 {
             return Err(Status::invalid_argument("max_tokens must be at least 1"));
         }
-        if !(g.temperature.is_finite() && g.temperature >= 0.0 && g.top_p > 0.0 && g.top_p <= 1.0) {
-            return Err(Status::invalid_argument("temperature must be >= 0 and top_p in (0, 1]"));
-        }
+        let sampling = sampling(g.temperature, g.top_p, g.seed)?;
         let mut prompt = g.prompt;
         // Tokens generated before a resume are recomputed as part of the prompt.
         let generated = g.generated.len() as u32;
@@ -58,16 +79,66 @@ impl Engine for EngineService {
             resume: None,
         };
         let (out, rx) = mpsc::unbounded_channel();
-        let sampling = Sampling { temperature: g.temperature, top_p: g.top_p, seed: g.seed };
-        let sent = self
-            .commands
-            .lock()
-            .map_err(|_| Status::internal("engine loop lock poisoned"))?
-            .send(Command::Generate { request, prompt, sampling, out });
-        if sent.is_err() {
-            return Err(Status::unavailable("engine loop has stopped"));
-        }
+        self.send(Command::Generate { request, prompt, sampling, out })?;
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn export(&self, req: GrpcRequest<proto::ExportRequest>) -> Result<Response<proto::Handoff>, Status> {
+        let id = RequestId(req.into_inner().request_id);
+        self.ask(|reply| Command::Export { id, reply }).await?.map(Response::new)
+    }
+
+    async fn import(&self, req: GrpcRequest<proto::ImportRequest>) -> Result<Response<Self::ImportStream>, Status> {
+        let i = req.into_inner();
+        if self.shared.draining.load(Ordering::Relaxed) {
+            return Err(Status::unavailable("engine is draining"));
+        }
+        let h = i.handoff.ok_or_else(|| Status::invalid_argument("import without a hand-off"))?;
+        let generated = h.generated.len() as u32;
+        if h.prompt.is_empty() || generated == 0 || generated >= h.max_tokens {
+            return Err(Status::invalid_argument(format!(
+                "a hand-off needs a prompt and 1 to max_tokens - 1 generated tokens (got {} prompt, {generated} generated, max_tokens {})",
+                h.prompt.len(),
+                h.max_tokens
+            )));
+        }
+        let mut cached_tokens = [0; 3];
+        for (c, v) in cached_tokens.iter_mut().zip(&h.cached_tokens) {
+            *c = *v;
+        }
+        let request = Request {
+            id: RequestId(h.request_id),
+            arrival: Time::ZERO,
+            prompt_tokens: h.prompt.len() as u32,
+            max_output_tokens: h.max_tokens,
+            block_hashes: engine::block_hashes(&h.prompt, self.info.block_size),
+            // The prefill engine's clock is not ours: the timeline starts here.
+            resume: Some(Box::new(Resume {
+                generated,
+                admitted_at: Time::ZERO,
+                first_token_at: Time::ZERO,
+                cached_tokens,
+                preemptions: 0,
+                yields: 0,
+                paused_wait: Dur::ZERO,
+                evictions: 0,
+            })),
+        };
+        let (out, rx) = mpsc::unbounded_channel();
+        let import = Import {
+            request,
+            sampling: sampling(i.temperature, i.top_p, i.seed)?,
+            transfer: std::time::Duration::from_micros(i.transfer_us),
+            out,
+        };
+        self.ask(|reply| Command::Import { import, reply }).await??;
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn release(&self, req: GrpcRequest<proto::ReleaseRequest>) -> Result<Response<proto::ReleaseReply>, Status> {
+        let id = RequestId(req.into_inner().request_id);
+        let released = self.ask(|reply| Command::Release { id, reply }).await?;
+        Ok(Response::new(proto::ReleaseReply { released }))
     }
 
     async fn events(&self, _req: GrpcRequest<proto::EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {

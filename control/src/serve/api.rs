@@ -126,7 +126,21 @@ pub async fn pools(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
         let serving = hub.fleet.members().filter(|m| m.pool == name && m.state == MemberState::Serving).count();
         p["serving"] = json!(serving);
     }
-    Ok(Json(json!({"pools": pools})).into_response())
+    // A disaggregated fleet: the controller's view of the pools and their SLO loads.
+    let pd = hub.controller.pools().map(|st| {
+        let finite = |x: f64| x.is_finite().then_some(x);
+        json!({
+            "load_p": finite(st.loads.load_p),
+            "load_d": finite(st.loads.load_d),
+            "loads": st.loads,
+            "prefill": st.prefill,
+            "decode": st.decode,
+            "waiting_handoffs": st.waiting_handoffs,
+            "autoscaler": hub.pools.map(|p| p.autoscaler.name()),
+            "actuator": hub.fleet.actuator().map(|a| a.name()),
+        })
+    });
+    Ok(Json(json!({"pools": pools, "pd": pd})).into_response())
 }
 
 /// The routing policy: which router places requests.
@@ -215,6 +229,7 @@ pub async fn put_slo(
         }
     }
     app.store.put_slo(slo.ttft_ms, slo.tpot_ms, &who.name).await.map_err(db_error)?;
+    app.lock_hub().set_slo(slo.ttft_ms, slo.tpot_ms);
     Ok(Json(json!({"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms})).into_response())
 }
 

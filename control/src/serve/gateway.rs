@@ -298,6 +298,7 @@ async fn serve(
             out: tx,
             generated: Vec::new(),
             attempts: 0,
+            first_token_us: None,
         };
         if let Err((e, _)) = hub.place(request, payload) {
             app.metrics.request("rejected");

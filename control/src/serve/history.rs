@@ -9,8 +9,9 @@
 //! to a [`Recorder`]: a bounded queue of recent requests from which a window's percentiles are
 //! computed exactly.
 //!
-//! Load_P and Load_D (SLO load of the prefill and decode pools) are not computed by the
-//! controller yet; samples carry them as `null`, and the console says "not yet measured".
+//! Load_P and Load_D (SLO load of the prefill and decode pools) come from the controller of a
+//! disaggregated fleet (`serve --mode pd`); a colocated fleet's samples carry them as `null`,
+//! and the console says "not measured".
 
 use super::live_fleet::MemberState;
 use super::metrics::Outcome;
@@ -160,6 +161,8 @@ pub struct EngineWindow {
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct PoolSample {
     pub serving: u32,
+    /// Asked of the actuator and not registered yet (P/D pools only).
+    pub starting: u32,
     pub draining: u32,
     pub down: u32,
     /// Mean over serving engines of KV blocks in use over KV blocks (none without any).
@@ -182,7 +185,8 @@ pub struct Sample {
     pub engines: BTreeMap<u32, EngineWindow>,
     /// Blocks in the global prefix index; none when the router reads no KV events.
     pub index_blocks: Option<usize>,
-    /// SLO load of the prefill and decode pools: not computed by the controller yet.
+    /// SLO load of the prefill and decode pools as of the controller's last scaling tick
+    /// (P/D fleets only; none while a pool has no engine to measure).
     pub load_p: Option<f64>,
     pub load_d: Option<f64>,
 }
@@ -259,6 +263,15 @@ fn sample(app: &App, slo: (f64, f64), requests: BTreeMap<&'static str, u64>) -> 
         }
     }
     let controller = &hub.controller;
+    let status = controller.pools();
+    if let Some(st) = status {
+        for (name, size) in [("prefill", st.prefill), ("decode", st.decode)] {
+            if size.starting > 0 {
+                pools.entry(name.to_string()).or_default().starting = size.starting;
+            }
+        }
+    }
+    let finite = |x: f64| x.is_finite().then_some(x);
     Sample {
         at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         router: controller.router_name(),
@@ -268,8 +281,8 @@ fn sample(app: &App, slo: (f64, f64), requests: BTreeMap<&'static str, u64>) -> 
         window,
         engines,
         index_blocks: controller.wants_kv_events().then(|| controller.fleet().index().blocks()),
-        load_p: None,
-        load_d: None,
+        load_p: status.and_then(|s| finite(s.loads.load_p)),
+        load_d: status.and_then(|s| finite(s.loads.load_d)),
     }
 }
 

@@ -4,7 +4,9 @@
 use super::live_fleet::{Delta, LiveFleet, News, Payload, MAX_ATTEMPTS};
 use super::metrics::Metrics;
 use engine::{Request, RequestId, Time};
-use policies::{Command, Controller, ControllerConfig, DispatchError, Fleet, FleetEvent, Reject, Route};
+use policies::{
+    Command, Controller, ControllerConfig, DispatchError, Fleet, FleetEvent, PdConfig, Reject, Route, ScalingEvent,
+};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +23,12 @@ pub struct Hub {
     pub controller: Controller,
     pub fleet: LiveFleet,
     pub config: ControllerConfig,
+    /// The pools of a disaggregated fleet (`serve --mode pd`); `None`: colocated.
+    pub pools: Option<PdConfig>,
+    /// Whether this replica leads, and so sizes the pools.
+    leading: bool,
+    /// Scaling decisions of the controller already handed out to be stored.
+    scaling_taken: usize,
     pub metrics: Arc<Metrics>,
     clock: Instant,
     /// High bits: this replica's nonce, so that two replicas never send one engine the same id.
@@ -31,13 +39,25 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(config: ControllerConfig, fleet: LiveFleet, metrics: Arc<Metrics>, replica_nonce: u32) -> Hub {
+    pub fn new(
+        config: ControllerConfig,
+        pools: Option<PdConfig>,
+        mut fleet: LiveFleet,
+        metrics: Arc<Metrics>,
+        replica_nonce: u32,
+    ) -> Hub {
+        let controller = build(&config, pools, false);
+        fleet.configure(controller.wants_latencies(), pools.map(|p| p.transfer));
+        let clock = fleet.clock();
         Hub {
-            controller: Controller::new(&config),
+            controller,
             fleet,
             config,
+            pools,
+            leading: false,
+            scaling_taken: 0,
             metrics,
-            clock: Instant::now(),
+            clock,
             id_base: u64::from(replica_nonce) << 40,
             next_request: 0,
             scratch: Vec::new(),
@@ -55,19 +75,61 @@ impl Hub {
     }
 
     /// Replaces the routing policy; the fleet view (loads, prefix index) is rebuilt from the
-    /// next reports and KV events.
+    /// next reports and KV events, and prefilled requests wait for a decode engine again.
     pub fn set_policy(&mut self, config: ControllerConfig) {
-        let mut controller = Controller::new(&config);
+        let mut controller = build(&config, self.pools, self.sizes_pools());
         let now = self.now();
         for m in self.fleet.members() {
             if m.state == super::live_fleet::MemberState::Serving {
+                controller.on_event(now, &FleetEvent::InstanceRole { instance: m.id, role: m.role });
                 let up = FleetEvent::InstanceUp { instance: m.id, capacity_tokens: m.capacity_tokens() };
                 controller.on_event(now, &up);
                 controller.on_event(now, &FleetEvent::Load { instance: m.id, load: m.load });
             }
         }
+        for p in self.fleet.parked() {
+            let done = FleetEvent::PrefillDone {
+                instance: p.from,
+                request: p.request.id,
+                kv_tokens: p.kv_tokens,
+                output_tokens: p.request.max_output_tokens,
+                ttft: p.ttft,
+            };
+            controller.on_event(now, &done);
+        }
         self.controller = controller;
         self.config = config;
+        self.scaling_taken = 0;
+    }
+
+    /// Leading (with an actuator to carry out its decisions), this replica's controller sizes
+    /// the pools; otherwise it only pairs hand-offs and computes the loads.
+    pub fn set_leading(&mut self, leading: bool) {
+        self.leading = leading;
+        let on = self.sizes_pools();
+        self.controller.set_autoscaling(on);
+    }
+
+    fn sizes_pools(&self) -> bool {
+        self.leading && self.fleet.actuator().is_some()
+    }
+
+    /// Puts stored SLO targets in force for the pools' loads (a colocated fleet has none).
+    pub fn set_slo(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        let Some(p) = &mut self.pools else { return };
+        if (p.slo.ttft_target_ms, p.slo.tpot_target_ms) != (ttft_ms, tpot_ms) {
+            (p.slo.ttft_target_ms, p.slo.tpot_target_ms) = (ttft_ms, tpot_ms);
+            self.controller.set_slo_targets(ttft_ms, tpot_ms);
+            tracing::info!(ttft_ms, tpot_ms, "SLO targets in force for the pools' loads");
+        }
+    }
+
+    /// Scaling decisions taken since the last call, to be stored.
+    pub fn new_scaling_events(&mut self) -> Vec<ScalingEvent> {
+        let all = self.controller.scaling_events();
+        let new = all.get(self.scaling_taken..).unwrap_or_default().to_vec();
+        self.scaling_taken = all.len();
+        new
     }
 
     /// Feeds the fleet's pending events to the controller.
@@ -139,8 +201,15 @@ impl Hub {
                 self.controller.on_event(now, &FleetEvent::RequestFinished { instance: from, request: request.id });
                 self.replace(from, request, payload, why);
             }
+            News::Parked(p) => self.fleet.park(p),
+            News::Drained { instance } => {
+                tracing::info!(%instance, "drained: holds no request");
+                self.fleet.retire(instance);
+            }
         }
         self.pump();
+        // A prefill that ended is paired at once, not at the driver's next tick.
+        self.tick();
     }
 
     /// Places a request again after its engine vanished or evicted it; it resumes after the
@@ -169,7 +238,8 @@ impl Hub {
         }
     }
 
-    /// Runs the controller's periodic decisions, when it wants them.
+    /// Runs the controller's periodic decisions (pairing hand-offs, sizing pools), when it
+    /// wants them.
     pub fn tick(&mut self) {
         let now = self.now();
         if self.controller.next_deadline().is_some_and(|t| t <= now) {
@@ -180,4 +250,14 @@ impl Hub {
             self.pump();
         }
     }
+}
+
+/// The controller for `config`, with the pools of a disaggregated fleet.
+fn build(config: &ControllerConfig, pools: Option<PdConfig>, leading: bool) -> Controller {
+    let mut controller = Controller::new(config);
+    if let Some(p) = pools {
+        controller = controller.with_pools(p);
+    }
+    controller.set_autoscaling(leading);
+    controller
 }

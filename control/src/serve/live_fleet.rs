@@ -2,11 +2,14 @@
 //! simulator's. Dispatching a request starts its token stream on a task; what the streams and
 //! the engines' event streams learn comes back to the driver as [`News`].
 
+use super::actuator::Actuator;
+use super::stream::{stream_request, Reporter};
 use crate::engine_proc::Sampling;
 use crate::proto::{self, engine_client::EngineClient};
-use engine::{InstanceId, Request, RequestId, Time};
-use policies::{Command, DispatchError, Fleet, FleetEvent, Route};
+use engine::{Dur, InstanceId, Request, RequestId, Time};
+use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -37,6 +40,26 @@ pub struct Payload {
     pub generated: Vec<u32>,
     /// Placements tried so far.
     pub attempts: u32,
+    /// When its first token reached the control plane, in µs of the hub's clock (never 0:
+    /// the clock has run since the request arrived): its TTFT, and the start of its TPOT.
+    pub first_token_us: Option<NonZeroU64>,
+}
+
+impl Payload {
+    pub fn first_token_at(&self) -> Option<Time> {
+        self.first_token_us.map(|t| Time(t.get()))
+    }
+}
+
+/// A request whose prefill ended, its KV held by prefill engine `from` until the controller
+/// pairs it with a decode engine.
+#[derive(Debug)]
+pub struct Parked {
+    pub from: InstanceId,
+    pub request: Request,
+    pub payload: Payload,
+    pub kv_tokens: u64,
+    pub ttft: Dur,
 }
 
 /// What the fleet's tasks report to the driver.
@@ -56,6 +79,12 @@ pub enum News {
         payload: Payload,
         why: String,
     },
+    /// A request's prefill ended (or its transfer was refused): it waits for a decode engine.
+    Parked(Parked),
+    /// A draining engine holds no request any more (or cannot be asked): its process may stop.
+    Drained {
+        instance: InstanceId,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -71,18 +100,30 @@ pub struct Member {
     pub id: InstanceId,
     pub address: String,
     pub pool: String,
+    pub role: Role,
     pub info: proto::EngineInfo,
     pub state: MemberState,
     pub load: engine::Load,
     pub last_seen: Instant,
     client: EngineClient<Channel>,
     events_task: Option<tokio::task::AbortHandle>,
+    /// A task is waiting for this draining engine to empty (see [`super::actuator`]).
+    pub drain_watched: bool,
 }
 
 impl Member {
     pub fn capacity_tokens(&self) -> u64 {
         self.info.capacity_tokens
     }
+
+    pub fn client(&self) -> EngineClient<Channel> {
+        self.client.clone()
+    }
+}
+
+/// A pool's name as engines register it.
+pub fn role_by_name(pool: &str) -> Option<Role> {
+    [Role::Colocated, Role::Prefill, Role::Decode].into_iter().find(|r| r.name() == pool)
 }
 
 /// Placements a request gets before it fails (the first and two after lost engines).
@@ -92,13 +133,91 @@ pub struct LiveFleet {
     members: BTreeMap<InstanceId, Member>,
     /// Payloads of requests routed but not yet dispatched.
     staged: HashMap<RequestId, Payload>,
+    /// Prefilled requests waiting for a decode engine.
+    parked: BTreeMap<RequestId, Parked>,
     events: Vec<FleetEvent>,
-    news: mpsc::UnboundedSender<News>,
+    report: Reporter,
+    /// The link between prefill and decode engines, for the modelled transfer time.
+    transfer: Option<TransferHints>,
+    /// Starts and stops engine processes (`None`: the fleet is what registers).
+    actuator: Option<Box<dyn Actuator>>,
 }
 
 impl LiveFleet {
     pub fn new(news: mpsc::UnboundedSender<News>) -> LiveFleet {
-        LiveFleet { members: BTreeMap::new(), staged: HashMap::new(), events: Vec::new(), news }
+        LiveFleet {
+            members: BTreeMap::new(),
+            staged: HashMap::new(),
+            parked: BTreeMap::new(),
+            events: Vec::new(),
+            report: Reporter { news, latencies: false, clock: Instant::now() },
+            transfer: None,
+            actuator: None,
+        }
+    }
+
+    /// What the controller needs of the fleet: latencies of finished requests (for the SLO
+    /// load), and the link a hand-off's KV crosses.
+    pub fn configure(&mut self, latencies: bool, transfer: Option<TransferHints>) {
+        self.report.latencies = latencies;
+        self.transfer = transfer;
+    }
+
+    pub fn set_actuator(&mut self, actuator: Box<dyn Actuator>) {
+        self.actuator = Some(actuator);
+    }
+
+    pub fn actuator(&self) -> Option<&dyn Actuator> {
+        self.actuator.as_deref()
+    }
+
+    /// The clock the hub reads `now` from (the start of the fleet).
+    pub fn clock(&self) -> Instant {
+        self.report.clock
+    }
+
+    pub fn news(&self) -> mpsc::UnboundedSender<News> {
+        self.report.news.clone()
+    }
+
+    /// Keeps a prefilled request until the controller sends it on.
+    pub fn park(&mut self, parked: Parked) {
+        self.parked.insert(parked.request.id, parked);
+    }
+
+    /// Requests waiting for a decode engine, in id order.
+    pub fn parked(&self) -> impl Iterator<Item = &Parked> {
+        self.parked.values()
+    }
+
+    /// Takes note of engine processes that exited by themselves: one that never registered
+    /// will not come (the controller may ask again), one that did is gone. Returns those gone.
+    pub fn check_actuated(&mut self) -> Vec<InstanceId> {
+        let Some(a) = &mut self.actuator else { return Vec::new() };
+        let mut gone = Vec::new();
+        for (address, role) in a.exited() {
+            match self.members.values().find(|m| m.address == address).map(|m| m.id) {
+                Some(id) => gone.push(id),
+                None => self.events.push(FleetEvent::StartFailed { role }),
+            }
+        }
+        for &id in &gone {
+            self.lose(id);
+        }
+        gone
+    }
+
+    /// Stops the process of a drained engine (when the actuator started it) and marks it gone.
+    pub fn retire(&mut self, id: InstanceId) {
+        let Some(m) = self.members.get_mut(&id) else { return };
+        m.drain_watched = false;
+        if m.state != MemberState::Draining {
+            return;
+        }
+        if let Some(a) = &mut self.actuator {
+            a.stop(&m.address);
+        }
+        self.lose(id);
     }
 
     pub fn members(&self) -> impl Iterator<Item = &Member> {
@@ -138,26 +257,44 @@ impl LiveFleet {
             tracing::warn!("engine address {address} is not a valid URI");
             return false;
         };
+        let Some(role) = role_by_name(&pool) else {
+            tracing::warn!("engine pool `{pool}` is not a role");
+            return false;
+        };
         let client = EngineClient::new(endpoint.connect_lazy());
-        let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news.clone())).abort_handle());
+        let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news())).abort_handle());
         let capacity_tokens = info.capacity_tokens;
         let member = Member {
             id,
             address,
             pool,
+            role,
             info,
             state: MemberState::Serving,
             load: engine::Load::default(),
             last_seen: now,
             client,
             events_task,
+            drain_watched: false,
         };
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
             }
         }
+        self.events.push(FleetEvent::InstanceRole { instance: id, role });
         self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
+        true
+    }
+
+    /// Stops routing to a serving engine; returns whether it was serving. An engine that says
+    /// in its heartbeat that another control plane drained it comes here too.
+    pub fn mark_draining(&mut self, instance: InstanceId) -> bool {
+        let Some(m) = self.members.get_mut(&instance).filter(|m| m.state == MemberState::Serving) else {
+            return false;
+        };
+        m.state = MemberState::Draining;
+        self.events.push(FleetEvent::InstanceDraining { instance });
         true
     }
 
@@ -175,6 +312,25 @@ impl LiveFleet {
     }
 }
 
+impl LiveFleet {
+    /// Moves a parked request's KV from `from` to `to` on a task of its own.
+    fn transfer(&mut self, request: RequestId, from: InstanceId, to: InstanceId) {
+        let clients = self.members.get(&from).zip(self.members.get(&to)).map(|(f, t)| (f.client(), t.client()));
+        let parked = self.parked.remove(&request);
+        let (Some(parked), Some((from_client, to_client))) = (parked, clients) else {
+            // The request is no longer here (its client left, or a policy change re-sent a
+            // request already on its way): close the transfer the controller opened.
+            self.events.push(FleetEvent::TransferDone { request, from, to });
+            self.events.push(FleetEvent::RequestFinished { instance: to, request });
+            return;
+        };
+        let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
+        let carry =
+            super::transfer::Carry { parked, to, from_client, to_client, transfer_us, report: self.report.clone() };
+        tokio::spawn(carry.run());
+    }
+}
+
 impl Fleet for LiveFleet {
     fn dispatch(&mut self, _now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)> {
         let instance = route.prefill;
@@ -186,33 +342,31 @@ impl Fleet for LiveFleet {
             tracing::error!("{} dispatched without its tokens", request.id);
             return Err((DispatchError::NotServing { instance }, request));
         };
-        tokio::spawn(stream_request(instance, m.client.clone(), request, payload, self.news.clone()));
+        tokio::spawn(stream_request(instance, m.client.clone(), request, payload, self.report.clone()));
         Ok(())
     }
 
     fn apply(&mut self, _now: Time, command: &Command) {
         match *command {
             Command::Drain { instance } => {
-                if let Some(m) = self.members.get_mut(&instance) {
-                    if m.state == MemberState::Serving {
-                        m.state = MemberState::Draining;
-                        self.events.push(FleetEvent::InstanceDraining { instance });
-                        let mut client = m.client.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = client.drain(proto::DrainRequest {}).await {
-                                tracing::warn!(%instance, "drain failed: {e}");
-                            }
-                        });
-                    }
+                if self.mark_draining(instance) {
+                    let mut client = self.members[&instance].client.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = client.drain(proto::DrainRequest {}).await {
+                            tracing::warn!(%instance, "drain failed: {e}");
+                        }
+                    });
                 }
             }
-            // The live fleet is colocated: its engines never hand off a prefill, so the
-            // controller has nothing to transfer, and no scaling policy runs in it yet (a
-            // process actuator is the next step, docs/LIVE.md).
-            Command::Start { role } => tracing::warn!(?role, "no actuator: cannot start an engine"),
-            Command::Transfer { request, .. } => {
-                tracing::error!(%request, "KV transfer asked of a colocated live fleet; ignored")
-            }
+            Command::Start { role } => match &mut self.actuator {
+                Some(a) => {
+                    if let Err(e) = a.start(role) {
+                        tracing::error!(?role, "cannot start an engine: {e:#}");
+                    }
+                }
+                None => tracing::warn!(?role, "no actuator (serve --actuator): cannot start an engine"),
+            },
+            Command::Transfer { request, from, to } => self.transfer(request, from, to),
         }
     }
 
@@ -252,74 +406,4 @@ async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, ne
         }
     };
     let _ = news.send(News::EngineLost { instance, why });
-}
-
-/// Streams one request from its engine to its client.
-async fn stream_request(
-    instance: InstanceId,
-    mut client: EngineClient<Channel>,
-    request: Request,
-    mut payload: Payload,
-    news: mpsc::UnboundedSender<News>,
-) {
-    payload.attempts += 1;
-    let wire = proto::GenerateRequest {
-        request_id: request.id.0,
-        prompt: payload.prompt.clone(),
-        max_tokens: request.max_output_tokens,
-        temperature: payload.sampling.temperature,
-        top_p: payload.sampling.top_p,
-        seed: payload.sampling.seed,
-        generated: payload.generated.clone(),
-    };
-    let failure = match client.generate(wire).await {
-        Err(status) if status.code() == tonic::Code::InvalidArgument => {
-            let _ = payload.out.send(Delta::Failed(format!("{instance} refused the request: {}", status.message())));
-            let _ = news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-            return;
-        }
-        Err(status) => format!("{instance} did not take the request: {}", status.message()),
-        Ok(stream) => {
-            let mut stream = stream.into_inner();
-            loop {
-                let next = tokio::select! {
-                    next = stream.next() => next,
-                    // The client went away: dropping the stream cancels the call, and the
-                    // engine drops the request.
-                    () = payload.out.closed() => {
-                        let _ = news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-                        return;
-                    }
-                };
-                match next {
-                    Some(Ok(chunk)) => {
-                        if !chunk.tokens.is_empty() {
-                            payload.generated.extend_from_slice(&chunk.tokens);
-                            let _ = payload.out.send(Delta::Tokens(chunk.tokens));
-                        }
-                        if chunk.finish_reason == "evicted" {
-                            break format!("{instance} evicted it under KV pressure");
-                        }
-                        if !chunk.finish_reason.is_empty() {
-                            let mut cached_tokens = [0; 3];
-                            for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
-                                *c = *v;
-                            }
-                            let _ = payload.out.send(Delta::Done {
-                                finish_reason: chunk.finish_reason,
-                                cached_tokens,
-                                instance,
-                            });
-                            let _ =
-                                news.send(News::Event(FleetEvent::RequestFinished { instance, request: request.id }));
-                            return;
-                        }
-                    }
-                    Some(Err(status)) => break format!("{instance} failed mid-stream: {}", status.message()),
-                    None => break format!("{instance} closed the stream before the request finished"),
-                }
-            }
-        }
-    };
-    let _ = news.send(News::Replace { from: instance, request, payload, why: failure });
 }

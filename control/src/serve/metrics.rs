@@ -32,6 +32,20 @@ pub struct Metrics {
     pub kv_usage: Family<InstanceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub waiting: Family<InstanceLabels, Gauge>,
     pub leader: Gauge,
+    /// Load_P and Load_D of a P/D fleet (absent in a colocated one).
+    pub load: Family<PoolLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub pool_instances: Family<PoolState, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolState {
+    pub pool: String,
+    pub state: String,
 }
 
 impl Metrics {
@@ -69,6 +83,14 @@ impl Metrics {
         registry.register("instance_waiting_requests", "Requests queued per engine", waiting.clone());
         let leader = Gauge::default();
         registry.register("leader", "1 when this replica holds the leader lock", leader.clone());
+        let load = Family::<PoolLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register("pool_slo_load", "SLO load of a P/D pool (Load_P, Load_D): 1 is at the target", load.clone());
+        let pool_instances = Family::<PoolState, Gauge>::default();
+        registry.register(
+            "pool_instances",
+            "Engines of a P/D pool by state (serving, starting, draining)",
+            pool_instances.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -83,6 +105,8 @@ impl Metrics {
             kv_usage,
             waiting,
             leader,
+            load,
+            pool_instances,
         }
     }
 

@@ -4,6 +4,7 @@
 //! ([`hub`]); fleet state lives in PostgreSQL ([`store`]); replicas on one database elect a
 //! leader ([`leader`]).
 
+mod actuator;
 mod api;
 mod auth;
 mod console;
@@ -13,10 +14,13 @@ mod hub;
 mod leader;
 mod live_fleet;
 mod metrics;
+pub mod pools;
 mod registry;
 mod simulations;
 mod store;
+mod stream;
 pub mod tokenizer;
+mod transfer;
 
 use crate::Failure;
 use anyhow::Context;
@@ -27,7 +31,7 @@ use clap::Args as ClapArgs;
 use hub::Hub;
 use live_fleet::{LiveFleet, MemberState, News};
 use metrics::{InstanceLabels, Metrics};
-use policies::{ControllerConfig, CostHints, RouterConfig};
+use policies::{ControllerConfig, RouterConfig};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -69,6 +73,9 @@ pub struct Args {
     /// This replica's name [default: fleetplane-PID].
     #[arg(long)]
     pub replica: Option<String>,
+
+    #[command(flatten)]
+    pub pools: pools::PoolArgs,
 }
 
 /// Everything the handlers share.
@@ -124,8 +131,14 @@ fn token_from_env(var: &str, what: &str) -> anyhow::Result<String> {
     }
 }
 
+fn default_slo() -> simulator::metrics::Slo {
+    simulator::metrics::Slo { ttft_ms: DEFAULT_SLO.0, tpot_ms: DEFAULT_SLO.1 }
+}
+
 pub fn run(args: Args) -> Result<(), Failure> {
     let router: RouterConfig = args.router.parse().map_err(|e| Failure::Input(anyhow::Error::from(e)))?;
+    // Checked before anything starts; the stored SLO targets replace the defaults.
+    args.pools.pd_config(default_slo()).map_err(Failure::Input)?;
     let runtime = crate::runtime()?;
     runtime.block_on(serve(args, router)).map_err(Failure::Run)
 }
@@ -142,8 +155,14 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
     getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     let (news_tx, news_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    let config = ControllerConfig { router, seed: args.seed, hints: CostHints::default() };
-    let hub = Hub::new(config, LiveFleet::new(news_tx), metrics.clone(), u32::from_le_bytes(nonce) & 0xff_ffff);
+    let slo = match store.slo().await? {
+        Some((ttft_ms, tpot_ms)) => simulator::metrics::Slo { ttft_ms, tpot_ms },
+        None => default_slo(),
+    };
+    let pd = args.pools.pd_config(slo)?;
+    let config = ControllerConfig { router, seed: args.seed, hints: args.pools.cost_hints()? };
+    let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
+    let hub = Hub::new(config, pd, LiveFleet::new(news_tx), metrics.clone(), nonce);
     let app = Arc::new(App {
         hub: Mutex::new(hub),
         metrics,
@@ -171,6 +190,19 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.grpc_listen))?;
     let (http_addr, grpc_addr) = (http.local_addr()?, grpc.local_addr()?);
+    if args.pools.actuator == pools::ActuatorKind::Local {
+        let p = &args.pools;
+        let spec = actuator::EngineSpec {
+            exe: std::env::current_exe().context("cannot find this binary to start engines")?,
+            control: if p.engine_control.is_empty() { grpc_addr.to_string() } else { p.engine_control.join(",") },
+            engine_token: engine_token.clone(),
+            model: p.engine_model.clone(),
+            gpu: p.engine_gpu.clone(),
+            time_scale: p.engine_time_scale,
+            kv_blocks: p.engine_kv_blocks,
+        };
+        app.lock_hub().fleet.set_actuator(Box::new(actuator::LocalProcesses::new(spec)));
+    }
 
     tokio::spawn(drive(app.clone(), news_rx));
     tokio::spawn(sync_from_database(app.clone()));
@@ -242,6 +274,17 @@ async fn render_metrics(State(app): State<Arc<App>>) -> String {
             serving += i64::from(m.state == MemberState::Serving);
         }
         app.metrics.instances_serving.set(serving);
+        if let Some(st) = hub.controller.pools() {
+            for (pool, load, size) in [("prefill", st.loads.load_p, st.prefill), ("decode", st.loads.load_d, st.decode)]
+            {
+                app.metrics.load.get_or_create(&metrics::PoolLabel { pool: pool.into() }).set(load);
+                for (state, n) in [("serving", size.serving), ("starting", size.starting), ("draining", size.draining)]
+                {
+                    let labels = metrics::PoolState { pool: pool.into(), state: state.into() };
+                    app.metrics.pool_instances.get_or_create(&labels).set(i64::from(n));
+                }
+            }
+        }
     }
     app.metrics.render()
 }
@@ -258,20 +301,22 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 let mut next = Some(n);
                 // Take everything queued under one lock.
                 while let Some(n) = next {
-                    if let News::EngineLost { instance, .. } = &n {
+                    if let News::EngineLost { instance, .. } | News::Drained { instance } = &n {
                         lost.push(*instance);
                     }
                     hub.handle(n);
                     next = news.try_recv().ok();
                 }
+                let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in lost {
                     app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
                 }
+                store_scaling(&app, scaling);
             }
             _ = ticker.tick() => {
                 let mut hub = app.lock_hub();
-                let stale: Vec<_> = hub
+                let mut stale: Vec<_> = hub
                     .fleet
                     .members()
                     .filter(|m| m.state != MemberState::Down && m.last_seen.elapsed() > ENGINE_TIMEOUT)
@@ -282,19 +327,60 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                     hub.fleet.lose(*id);
                 }
                 hub.pump();
-                if app.leader.load(Ordering::Relaxed) {
-                    hub.tick();
+                let leading = app.leader.load(Ordering::Relaxed);
+                hub.set_leading(leading);
+                hub.tick();
+                if leading {
+                    stale.extend(hub.fleet.check_actuated());
+                    watch_drains(&mut hub);
                 }
+                let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in stale {
                     app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
                 }
+                store_scaling(&app, scaling);
             }
         }
     }
 }
 
-/// Keeps what other replicas change (tokens, policy) in force here too.
+/// Starts waiting for each draining engine the actuator started to empty, so that its
+/// process can stop.
+fn watch_drains(hub: &mut Hub) {
+    let news = hub.fleet.news();
+    let Some(actuator) = hub.fleet.actuator() else { return };
+    let watch: Vec<_> = hub
+        .fleet
+        .members()
+        .filter(|m| m.state == MemberState::Draining && !m.drain_watched && actuator.owns(&m.address))
+        .map(|m| (m.id, m.client()))
+        .collect();
+    for (id, client) in watch {
+        if let Some(m) = hub.fleet.member_mut(id) {
+            m.drain_watched = true;
+        }
+        tokio::spawn(actuator::watch_drain(id, client, news.clone()));
+    }
+}
+
+/// Stores scaling decisions with the loads that caused them.
+fn store_scaling(app: &App, events: Vec<policies::ScalingEvent>) {
+    for e in events {
+        let action = if e.to > e.from { "scale_up" } else { "scale_down" };
+        let reason = serde_json::json!({
+            "by": format!("autoscaler {}", e.autoscaler),
+            "why": e.reason,
+            "from": e.from,
+            "to": e.to,
+            "at_s": e.at_s,
+            "loads": e.loads,
+        });
+        app.store.write(Write::Scaling { pool: e.pool.name(), action, reason, replica: app.replica.clone() });
+    }
+}
+
+/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too.
 async fn sync_from_database(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -303,6 +389,9 @@ async fn sync_from_database(app: Arc<App>) {
             for h in revoked {
                 app.auth.forget(&h);
             }
+        }
+        if let Ok(Some((ttft_ms, tpot_ms))) = app.store.slo().await {
+            app.lock_hub().set_slo(ttft_ms, tpot_ms);
         }
         if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
             if version > app.policy_version.load(Ordering::SeqCst) {

@@ -64,6 +64,9 @@ impl Control for Registry {
             tracing::info!(instance = %id, address = %r.address, name = %info.name, "engine joined");
             self.app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving" });
         }
+        if r.draining && hub.fleet.mark_draining(id) {
+            tracing::info!(instance = %id, "engine drained by another control plane");
+        }
         hub.pump();
         Ok(Response::new(proto::RegisterReply { instance_id: id.0, heartbeat_ms: HEARTBEAT_MS }))
     }

@@ -18,8 +18,22 @@ use tokio::sync::mpsc;
 /// A write the serving path queues.
 #[derive(Clone, Debug)]
 pub enum Write {
-    InstanceState { id: i32, state: &'static str },
-    Audit { actor: String, action: String, detail: Value },
+    InstanceState {
+        id: i32,
+        state: &'static str,
+    },
+    /// A pool's size changed, with why (the loads that caused it).
+    Scaling {
+        pool: &'static str,
+        action: &'static str,
+        reason: Value,
+        replica: String,
+    },
+    Audit {
+        actor: String,
+        action: String,
+        detail: Value,
+    },
 }
 
 #[derive(Clone)]
@@ -412,6 +426,15 @@ async fn apply(pool: &PgPool, w: &Write) -> Result<(), sqlx::Error> {
             sqlx::query("UPDATE instances SET state = $2, last_seen = now() WHERE id = $1")
                 .bind(id)
                 .bind(*state)
+                .execute(pool)
+                .await?;
+        }
+        Write::Scaling { pool: name, action, reason, replica } => {
+            sqlx::query("INSERT INTO scaling_events (pool, action, reason, replica) VALUES ($1, $2, $3, $4)")
+                .bind(*name)
+                .bind(*action)
+                .bind(reason)
+                .bind(replica)
                 .execute(pool)
                 .await?;
         }

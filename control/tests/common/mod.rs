@@ -202,3 +202,41 @@ pub fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Opens a streaming request (`stream: true` in `body`) on gateway path `path`.
+pub fn open_stream(http: &str, path: &str, body: &Value) -> reqwest::blocking::Response {
+    let response = client().post(format!("{http}{path}")).bearer_auth(ADMIN).json(body).send().expect("stream");
+    assert_eq!(response.status().as_u16(), 200);
+    response
+}
+
+/// Reads an SSE response into its `data:` payloads.
+pub fn sse(response: reqwest::blocking::Response) -> Vec<String> {
+    BufReader::new(response)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+/// Runs `fleetplane demo` on free ports and database `db` until its replay ends; returns its
+/// standard output, after checking it succeeded.
+pub fn run_demo(db: &Db, extra: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--exit-after-replay"])
+        .args(["--database-url", &db.url])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// A loopback address with a port free now (for processes that must know each other's
+/// addresses before they start).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("address").to_string()
+}

@@ -1,0 +1,148 @@
+//! A request's token stream from its engine to its client: relayed as it arrives, and how it
+//! ended reported to the driver (finished, prefilled and parked for a hand-off, or broken and to
+//! be placed again), with the latencies the controller's SLO load hears.
+
+use super::live_fleet::{Delta, News, Parked, Payload};
+use crate::proto::{self, engine_client::EngineClient};
+use engine::{Dur, InstanceId, Request, Time};
+use policies::FleetEvent;
+use std::num::NonZeroU64;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+/// How a request's token stream from an engine ended.
+pub(super) enum Ended {
+    /// The request finished; its client has the last message.
+    Finished,
+    /// A prefill engine computed its prompt and first token and holds its KV.
+    Prefilled { kv_tokens: u64 },
+    /// Its client went away (dropping the stream cancels the call; the engine drops it).
+    ClientGone,
+    /// The stream broke or the engine evicted the request: it must be placed again.
+    Broke(String),
+}
+
+/// Relays an engine's token stream to the request's client until it ends.
+pub(super) async fn relay(
+    instance: InstanceId,
+    stream: &mut tonic::Streaming<proto::GenerateChunk>,
+    payload: &mut Payload,
+    report: &Reporter,
+) -> Ended {
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            () = payload.out.closed() => return Ended::ClientGone,
+        };
+        let chunk = match next {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(status)) => return Ended::Broke(format!("{instance} failed mid-stream: {}", status.message())),
+            None => return Ended::Broke(format!("{instance} closed the stream before the request finished")),
+        };
+        if !chunk.tokens.is_empty() {
+            if payload.first_token_us.is_none() {
+                payload.first_token_us = NonZeroU64::new(report.now().0.max(1));
+            }
+            payload.generated.extend_from_slice(&chunk.tokens);
+            let _ = payload.out.send(Delta::Tokens(chunk.tokens));
+        }
+        match chunk.finish_reason.as_str() {
+            "" => {}
+            "evicted" => return Ended::Broke(format!("{instance} evicted it under KV pressure")),
+            "prefilled" => return Ended::Prefilled { kv_tokens: chunk.kv_tokens },
+            _ => {
+                let mut cached_tokens = [0; 3];
+                for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
+                    *c = *v;
+                }
+                let _ = payload.out.send(Delta::Done { finish_reason: chunk.finish_reason, cached_tokens, instance });
+                return Ended::Finished;
+            }
+        }
+    }
+}
+
+/// Where a request's fleet task reports what happened to it.
+#[derive(Clone)]
+pub(super) struct Reporter {
+    pub(super) news: mpsc::UnboundedSender<News>,
+    /// Whether the controller wants each finished request's latencies.
+    pub(super) latencies: bool,
+    /// The hub's clock (requests' arrival times are on it).
+    pub(super) clock: Instant,
+}
+
+impl Reporter {
+    pub(super) fn now(&self) -> Time {
+        Time(self.clock.elapsed().as_micros() as u64)
+    }
+
+    pub(super) fn event(&self, e: FleetEvent) {
+        let _ = self.news.send(News::Event(e));
+    }
+
+    /// The request left `instance`: finished, or its client went away.
+    pub(super) fn finished(&self, instance: InstanceId, request: &Request, payload: &Payload, ok: bool) {
+        self.event(FleetEvent::RequestFinished { instance, request: request.id });
+        if let (true, true, Some(first)) = (ok, self.latencies, payload.first_token_at()) {
+            let tokens = payload.generated.len() as u64;
+            let tpot = (tokens >= 2).then(|| Dur(self.now().since(first).0 / (tokens - 1)));
+            let ttft = first.since(request.arrival);
+            self.event(FleetEvent::RequestLatency { instance, request: request.id, ttft, tpot });
+        }
+    }
+
+    /// How a relayed stream ended, reported; a broken one comes back to be placed again.
+    pub(super) fn ended(&self, instance: InstanceId, request: Request, payload: Payload, ended: Ended) {
+        match ended {
+            Ended::Finished => self.finished(instance, &request, &payload, true),
+            Ended::ClientGone => self.finished(instance, &request, &payload, false),
+            Ended::Prefilled { kv_tokens } => {
+                let ttft = payload.first_token_at().unwrap_or_else(|| self.now()).since(request.arrival);
+                let done = FleetEvent::PrefillDone {
+                    instance,
+                    request: request.id,
+                    kv_tokens,
+                    output_tokens: request.max_output_tokens,
+                    ttft,
+                };
+                let _ = self.news.send(News::Parked(Parked { from: instance, request, payload, kv_tokens, ttft }));
+                self.event(done);
+            }
+            Ended::Broke(why) => {
+                let _ = self.news.send(News::Replace { from: instance, request, payload, why });
+            }
+        }
+    }
+}
+
+/// Streams one request from its engine to its client.
+pub(super) async fn stream_request(
+    instance: InstanceId,
+    mut client: EngineClient<Channel>,
+    request: Request,
+    mut payload: Payload,
+    report: Reporter,
+) {
+    payload.attempts += 1;
+    let wire = proto::GenerateRequest {
+        request_id: request.id.0,
+        prompt: payload.prompt.clone(),
+        max_tokens: request.max_output_tokens,
+        temperature: payload.sampling.temperature,
+        top_p: payload.sampling.top_p,
+        seed: payload.sampling.seed,
+        generated: payload.generated.clone(),
+    };
+    let ended = match client.generate(wire).await {
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            let _ = payload.out.send(Delta::Failed(format!("{instance} refused the request: {}", status.message())));
+            Ended::ClientGone
+        }
+        Err(status) => Ended::Broke(format!("{instance} did not take the request: {}", status.message())),
+        Ok(stream) => relay(instance, &mut stream.into_inner(), &mut payload, &report).await,
+    };
+    report.ended(instance, request, payload, ended);
+}
