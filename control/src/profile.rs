@@ -84,25 +84,30 @@ fn catalog_gpu(device: &str) -> Option<&'static str> {
     gpu_names().into_iter().find(|g| device.split(|c: char| !c.is_alphanumeric()).any(|w| w == *g))
 }
 
-pub fn run(args: Args) -> Result<(), Failure> {
-    let source = model_source(&args.model).map_err(Failure::Input)?;
+/// The executor settings `profile` and `engine --executor cuda` take from their flags, checked:
+/// the model (`DIR` or `random:NAME`), the device memory budget, and that CUDA loads here.
+pub fn executor_config(
+    model: &str,
+    device: usize,
+    gpu_memory_gib: Option<f64>,
+    block_size: u32,
+    max_batch_tokens: u32,
+) -> anyhow::Result<CudaExecutorConfig> {
+    let source = model_source(model)?;
     if let Err(missing) = libraries_present() {
-        return Err(Failure::Run(anyhow!("profiling needs a GPU driver and CUDA libraries: {missing}")));
+        return Err(anyhow!("the CUDA executor needs a GPU driver and CUDA libraries: {missing}"));
     }
-    let gpu_memory_bytes = match args.gpu_memory_gib {
-        Some(g) if !(g.is_finite() && g > 0.0) => {
-            return Err(Failure::Input(anyhow!("--gpu-memory-gib must be a positive number")))
-        }
+    let gpu_memory_bytes = match gpu_memory_gib {
+        Some(g) if !(g.is_finite() && g > 0.0) => return Err(anyhow!("--gpu-memory-gib must be a positive number")),
         Some(g) => Some((g * (1u64 << 30) as f64) as u64),
         None => None,
     };
-    let config = CudaExecutorConfig {
-        device: args.device,
-        gpu_memory_bytes,
-        block_size: args.block_size,
-        max_batch_tokens: args.max_batch_tokens,
-        ..CudaExecutorConfig::new(source)
-    };
+    Ok(CudaExecutorConfig { device, gpu_memory_bytes, block_size, max_batch_tokens, ..CudaExecutorConfig::new(source) })
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let config = executor_config(&args.model, args.device, args.gpu_memory_gib, args.block_size, args.max_batch_tokens)
+        .map_err(Failure::Input)?;
     let max_seqs = config.max_seqs;
     let mut exec =
         CudaExecutor::new(config).map_err(|e| Failure::Run(anyhow!("cannot start the CUDA executor: {e}")))?;

@@ -271,23 +271,14 @@ impl Backend for CudaBackend {
 }
 
 fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
-    use engine::cuda::{libraries_present, CudaExecutor, CudaExecutorConfig};
-    let source = crate::profile::model_source(&args.model)?;
-    if let Err(missing) = libraries_present() {
-        return Err(anyhow!("the CUDA executor needs a GPU driver and CUDA libraries: {missing}"));
-    }
-    let gpu_memory_bytes = match args.gpu_memory_gib {
-        Some(g) if !(g.is_finite() && g > 0.0) => return Err(anyhow!("--gpu-memory-gib must be a positive number")),
-        Some(g) => Some((g * (1u64 << 30) as f64) as u64),
-        None => None,
-    };
-    let config = CudaExecutorConfig {
-        device: args.device,
-        gpu_memory_bytes,
-        block_size: args.block_size,
-        max_batch_tokens: args.max_batch_tokens,
-        ..CudaExecutorConfig::new(source)
-    };
+    use engine::cuda::CudaExecutor;
+    let config = crate::profile::executor_config(
+        &args.model,
+        args.device,
+        args.gpu_memory_gib,
+        args.block_size,
+        args.max_batch_tokens,
+    )?;
     let exec = CudaExecutor::new(config).map_err(|e| anyhow!("cannot start the CUDA executor: {e}"))?;
     let mut instance = exec.instance_config();
     if let Some(n) = args.kv_blocks {
