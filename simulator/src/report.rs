@@ -108,12 +108,14 @@ const ROWS: &[Row] = &[
     Row { label: "ended (runaway)", value: |s| s.ended_runaway as f64, decimals: 0 },
     Row { label: "admission paused (s)", value: |s| s.admission_paused_s, decimals: 1 },
     Row { label: "paused wait p99 (ms)", value: |s| s.paused_wait_ms.p99, decimals: 1 },
-    Row {
-        label: "drafts accepted per step",
-        value: |s| s.speculation.as_ref().map_or(0.0, |p| p.accepted_per_step),
-        decimals: 2,
-    },
 ];
+
+/// Shown only when a run speculates.
+const SPECULATION_ROW: Row = Row {
+    label: "drafts accepted per step",
+    value: |s| s.speculation.as_ref().map_or(0.0, |p| p.accepted_per_step),
+    decimals: 2,
+};
 
 /// One column per router and one row per metric. With exactly two routers, a last column
 /// gives the second's value over the first's (`-` where the first is zero).
@@ -124,8 +126,10 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
     if with_ratio {
         header.push(format!("{}/{}", runs[1].router, runs[0].router));
     }
+    let speculates = runs.iter().any(|r| r.summary.speculation.is_some());
     let rows = ROWS
         .iter()
+        .chain(speculates.then_some(&SPECULATION_ROW))
         .map(|row| {
             let values: Vec<f64> = runs.iter().map(|r| (row.value)(&r.summary)).collect();
             let mut cells = vec![row.label.to_string()];
