@@ -1,6 +1,6 @@
 // What-if: the edited router against the one in force, on the same arrivals of a scenario in
 // the simulator (POST /api/simulations with both routers), compared side by side; "apply"
-// puts the edited router in force on the live fleet.
+// puts the edited router in force on the live fleet (the rest of the policy set unchanged).
 
 import { get, post, put } from '../api.js';
 import { h, replace, errorBox } from '../dom.js';
@@ -84,7 +84,9 @@ export function mount(el) {
     const applyMsg = h('div', { id: 'apply-message', 'aria-live': 'polite' });
     const apply = h('button', { type: 'button', id: 'apply-edited', onclick: async () => {
       try {
-        const res = await put('/policies', { router: routers[1] });
+        // Only the router changes: the rest of the policy set in force stays.
+        const { policy } = await get('/policies');
+        const res = await put('/policies', { ...policy, router: routers[1] });
         replace(applyMsg, h('p', { class: 'ok' }, `Applied: ${res.policy.router} is in force (version ${res.version}).`));
         current.value = res.policy.router;
       } catch (e) {

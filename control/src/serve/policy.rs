@@ -71,12 +71,14 @@ impl Policy {
         crate::scheduling::resolve(&scheduling).map_err(|e| ApiError::invalid(e.field, e.reason))?;
         let autoscaler = match (pools, self.autoscaler.as_deref()) {
             (None, None | Some("none")) => None,
-            (None, Some(other)) => return Err(ApiError::invalid(
-                "autoscaler",
-                format!(
+            (None, Some(other)) => {
+                return Err(ApiError::invalid(
+                    "autoscaler",
+                    format!(
                     "autoscaler `{other}` sizes the pools of serve --mode pd; this fleet is colocated (valid: none)"
                 ),
-            )),
+                ))
+            }
             (Some(p), name) => Some(
                 p.autoscaler(name.unwrap_or(&p.autoscaler))
                     .map_err(|e| ApiError::invalid("autoscaler", e.to_string()))?,
