@@ -142,4 +142,29 @@ mod tests {
         );
         assert_eq!(error(json!({"router": "round-robin", "autoscaler": "slo-load"})).0, Some("autoscaler"));
     }
+
+    #[test]
+    fn a_pd_fleets_autoscaler_takes_the_serve_flags_hysteresis_or_the_command_lines() {
+        let pools =
+            crate::serve::pools::tests::args(&["--mode", "pd", "--autoscaler", "slo-load", "--up-hold-ms", "700"]);
+        let set = |autoscaler: Value| {
+            let p: Policy =
+                serde_json::from_value(json!({"router": "round-robin", "autoscaler": autoscaler})).expect("parses");
+            p.validate(Some(&pools))
+        };
+        let Some(AutoscalerConfig::SloLoad { knobs }) = set(Value::Null).expect("valid").autoscaler else {
+            panic!("none given: the command line's slo-load")
+        };
+        assert_eq!(knobs.up_hold, engine::Dur::from_millis(700));
+        assert!(matches!(
+            set(json!("fixed-xpyd")).expect("valid").autoscaler,
+            Some(AutoscalerConfig::FixedXpyd { .. })
+        ));
+        assert_eq!(set(json!("none")).expect("valid").autoscaler, Some(AutoscalerConfig::None));
+        let e = set(json!("magic")).unwrap_err();
+        assert_eq!(
+            (e.param(), e.message()),
+            (Some("autoscaler"), "unknown autoscaler `magic` (valid: none, fixed-xpyd, slo-load)")
+        );
+    }
 }

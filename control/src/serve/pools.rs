@@ -225,7 +225,7 @@ impl PoolArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -235,7 +235,7 @@ mod tests {
         pools: PoolArgs,
     }
 
-    fn args(flags: &[&str]) -> PoolArgs {
+    pub(in crate::serve) fn args(flags: &[&str]) -> PoolArgs {
         Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).expect("flags parse").pools
     }
 
