@@ -343,7 +343,12 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.type_into("#edited-router", "cache-aware");
     b.click("#run-whatif");
     b.wait_text("#whatif-state", &["done"]);
-    b.wait_text("#whatif-result", &["in force: power-of-two", "edited: cache-aware", "TTFT p99", "GPU-hours"]);
+    // The edited scheduling (FCFS, no high-water mark, version 2's) runs against the one in
+    // force (fair, high-water 0.9, from the rollback).
+    b.wait_text(
+        "#whatif-result",
+        &["in force: power-of-two@fair+hw", "edited: cache-aware@fcfs+nohw", "TTFT p99", "GPU-hours"],
+    );
     b.wait_for("the CDF chart is shown", |b| {
         Ok(b.script(
             "const i = document.querySelector('img.cdf'); return !!i && i.complete && i.naturalWidth > 0",
@@ -356,6 +361,8 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.click("#apply-edited");
     b.wait_text("#apply-message", &["Applied", "cache-aware"]);
     assert_eq!(router_in_force(&s.http), "cache-aware");
+    let (_, v) = get(&format!("{}/api/policies", s.http), Some(ADMIN));
+    assert_eq!(v["policy"]["prefill_scheduler"], "fcfs", "the edited scheduling is applied with the router: {v}");
 
     // Simulation runs: a second run, then the two compared side by side.
     let (status, v) = post(

@@ -26,7 +26,7 @@ function water(x) {
 export function schedulingText(s) {
   if (!s) return 'not reported yet';
   const marks = s.kv_high_water === null || s.kv_high_water === undefined
-    ? 'no KV high-water mark' : `KV high-water ${water(s.kv_high_water)} / low ${water(s.kv_low_water)}`;
+    ? 'no KV high-water mark' : `KV high-water ${water(s.kv_high_water)} / low ${s.kv_low_water == null ? '80% of it' : water(s.kv_low_water)}`;
   return `${s.prefill_scheduler}, ${marks}`;
 }
 

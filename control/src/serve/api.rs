@@ -317,6 +317,9 @@ struct SimulationBody {
     /// the policy in force against the edited one on the same arrivals).
     #[serde(default)]
     routers: Option<Vec<String>>,
+    /// KV water marks for the runs written `router@…+hw` (the edited policy's), with `routers`.
+    #[serde(default)]
+    water_marks: Option<super::simulations::WaterMarks>,
 }
 
 pub async fn submit_simulation(
@@ -327,8 +330,10 @@ pub async fn submit_simulation(
     let who = admin(&app, &headers)?;
     let b: SimulationBody = body(bytes)?;
     let scenario = match &b.routers {
-        Some(routers) => {
-            super::simulations::with_routers(&b.scenario, routers).map_err(|e| ApiError::invalid("scenario", e))?
+        Some(routers) => super::simulations::with_routers(&b.scenario, routers, b.water_marks)
+            .map_err(|e| ApiError::invalid("scenario", e))?,
+        None if b.water_marks.is_some() => {
+            return Err(ApiError::invalid("water_marks", "water_marks go with routers (the what-if's runs)"))
         }
         None => b.scenario,
     };
