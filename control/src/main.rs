@@ -18,6 +18,7 @@
 //! | `demo` | `fleetplane demo`: serve, a few sim engines and a trace replayer, on this machine |
 //! | `replay` | `fleetplane replay`: sends a workload's requests through a gateway in real time |
 //! | `proto` | the engine/control-plane protocol (proto/fleetplane.proto) |
+//! | `scheduling` | an engine's prefill policy and KV water marks on the wire, checked |
 
 mod bench;
 mod bench_gateway;
@@ -33,6 +34,7 @@ mod profile;
 mod progress;
 mod proto;
 mod replay;
+mod scheduling;
 mod serve;
 mod simulate;
 

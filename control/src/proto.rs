@@ -20,6 +20,7 @@ impl From<engine::Load> for Load {
             prefill_tokens_left: l.prefill_tokens_left,
             decode_tokens_left: l.decode_tokens_left,
             admission_paused: l.admission_paused,
+            scheduling: None,
         }
     }
 }

@@ -261,27 +261,57 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.wait_text("#no-scaling-events", &["No scaling events yet"]);
     b.screenshot(&shots.join("scaling.png"));
 
-    // Policies: an invalid router is refused inline; valid ones are put in force and
-    // versioned; a rollback puts an old one back as a new version.
+    // Policies: an invalid field is refused inline, next to it; valid sets are put in force
+    // (the router in the controller, the prefill scheduler on every engine) and versioned; a
+    // rollback puts an old set back whole, as a new version.
     b.goto(&format!("{}/console/#/policies", s.http));
     b.wait_text("#policy-in-force", &["cache-aware"]);
+    b.wait_text("#engines-in-force", &["e0: fcfs, no KV high-water mark", "e1: fcfs"]);
     b.type_into("#router", "no-such-router");
     b.click("#policy-form button[type=submit]");
     b.wait_text("#router-message", &["unknown router `no-such-router`", "round-robin"]);
     assert_eq!(router_in_force(&s.http), "cache-aware");
-    for (router, version) in [("power-of-two", "1"), ("least-outstanding", "2")] {
-        b.type_into("#router", router);
-        b.click("#policy-form button[type=submit]");
-        b.wait_text("#router-message", &[&format!("Saved as version {version}")]);
-        b.wait_text("#policy-in-force", &[router]);
-        assert_eq!(router_in_force(&s.http), router);
-    }
-    b.click("tr[data-version='1'] button.rollback");
-    b.wait_text("#policy-history tbody tr:first-child", &["3", "power-of-two", "admin"]);
+    b.type_into("#router", "power-of-two");
+    b.set_value("#prefill-scheduler", "fair");
+    b.set_value("#kv-high-water", "1.5");
+    b.click("#policy-form button[type=submit]");
+    b.wait_text("#kv_high_water-message", &["1.5 is not a share in (0, 1]"]);
+    assert_eq!(b.text("#router-message").unwrap_or_default(), "", "only the field at fault has a message");
+    assert_eq!(router_in_force(&s.http), "cache-aware");
+    b.set_value("#kv-high-water", "0.9");
+    b.click("#policy-form button[type=submit]");
+    b.wait_text("#policy-message", &["Saved as version 1"]);
     b.wait_text("#policy-in-force", &["power-of-two"]);
+    b.wait_text("#engines-in-force", &["e0: fair, KV high-water 0.9 / low 0.72", "e1: fair, KV high-water 0.9"]);
+    assert_eq!(router_in_force(&s.http), "power-of-two");
+    let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+    let prefills: Vec<&str> = v["instances"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|i| i["scheduling"]["prefill_scheduler"].as_str())
+        .collect();
+    assert_eq!(prefills, ["fair", "fair"], "{v}");
+    b.wait_text("#policy-history tbody tr:first-child", &["1", "power-of-two", "fair", "0.9", "admin"]);
+    b.type_into("#router", "least-outstanding");
+    b.set_value("#prefill-scheduler", "fcfs");
+    b.set_value("#kv-high-water", "");
+    b.click("#policy-form button[type=submit]");
+    b.wait_text("#policy-message", &["Saved as version 2"]);
+    b.wait_text("#policy-in-force", &["least-outstanding"]);
+    b.wait_text("#engines-in-force", &["e0: fcfs, no KV high-water mark", "e1: fcfs, no KV high-water mark"]);
+    assert_eq!(router_in_force(&s.http), "least-outstanding");
+    b.click("tr[data-version='1'] button.rollback");
+    b.wait_text("#policy-history tbody tr:first-child", &["3", "power-of-two", "fair", "admin"]);
+    b.wait_text("#policy-in-force", &["power-of-two"]);
+    b.wait_text("#engines-in-force", &["e0: fair, KV high-water 0.9", "e1: fair, KV high-water 0.9"]);
     assert_eq!(router_in_force(&s.http), "power-of-two");
     let (_, history) = get(&format!("{}/api/policies/history", s.http), Some(ADMIN));
     assert_eq!(history["versions"].as_array().map(Vec::len), Some(3), "{history}");
+    assert_eq!(
+        history["versions"][0]["policy"], history["versions"][2]["policy"],
+        "the rollback restores the whole set"
+    );
     // SLO targets: refused inline when not positive, stored when they are.
     b.type_into("#ttft-ms", "-5");
     b.click("#slo-form button[type=submit]");
@@ -313,7 +343,12 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.type_into("#edited-router", "cache-aware");
     b.click("#run-whatif");
     b.wait_text("#whatif-state", &["done"]);
-    b.wait_text("#whatif-result", &["in force: power-of-two", "edited: cache-aware", "TTFT p99", "GPU-hours"]);
+    // The edited scheduling (FCFS, no high-water mark, version 2's) runs against the one in
+    // force (fair, high-water 0.9, from the rollback).
+    b.wait_text(
+        "#whatif-result",
+        &["in force: power-of-two@fair+hw", "edited: cache-aware@fcfs+nohw", "TTFT p99", "GPU-hours"],
+    );
     b.wait_for("the CDF chart is shown", |b| {
         Ok(b.script(
             "const i = document.querySelector('img.cdf'); return !!i && i.complete && i.naturalWidth > 0",
@@ -326,6 +361,8 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.click("#apply-edited");
     b.wait_text("#apply-message", &["Applied", "cache-aware"]);
     assert_eq!(router_in_force(&s.http), "cache-aware");
+    let (_, v) = get(&format!("{}/api/policies", s.http), Some(ADMIN));
+    assert_eq!(v["policy"]["prefill_scheduler"], "fcfs", "the edited scheduling is applied with the router: {v}");
 
     // Simulation runs: a second run, then the two compared side by side.
     let (status, v) = post(

@@ -192,6 +192,86 @@ fn policies_are_validated_audited_and_recovered_after_a_restart() {
     assert_eq!(slo, json!({"ttft_ms": 500.0, "tpot_ms": 40.0}));
 }
 
+/// The scheduling every engine reports through `/api/instances`, by engine name.
+fn schedulings(http: &str) -> Vec<(String, Value)> {
+    let (_, v) = get(&format!("{http}/api/instances"), Some(ADMIN));
+    let mut all: Vec<(String, Value)> = v["instances"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap_or_default().to_string(), i["scheduling"].clone()))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+#[test]
+fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set() {
+    let db = Db::fresh("policyset");
+    let s = serve(&db, &["--router", "round-robin"]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let url = format!("{}/api/policies", s.http);
+    let fcfs = json!({"prefill_scheduler": "fcfs", "kv_high_water": null, "kv_low_water": null});
+    eventually(10, "e0 reports its own scheduling", || schedulings(&s.http) == [("e0".to_string(), fcfs.clone())]);
+
+    // Each bad field is refused with its name and the valid values; nothing is stored.
+    let refused = [
+        (json!({"router": "round-robin", "prefill_scheduler": "lifo"}), "prefill_scheduler", "valid: fcfs, fair"),
+        (json!({"router": "round-robin", "kv_high_water": 1.5}), "kv_high_water", "(0, 1]"),
+        (
+            json!({"router": "round-robin", "kv_high_water": 0.8, "kv_low_water": 0.9}),
+            "kv_low_water",
+            "kv_high_water = 0.8",
+        ),
+        (json!({"router": "round-robin", "kv_low_water": 0.5}), "kv_low_water", "needs kv_high_water"),
+        (json!({"router": "round-robin", "autoscaler": "slo-load"}), "autoscaler", "valid: none"),
+    ];
+    for (body, field, says) in refused {
+        let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &body);
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(field)), "{body}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(says)), "{body}: {v}");
+    }
+    let (_, v) = get(&format!("{url}/history"), Some(ADMIN));
+    assert_eq!(v["versions"], json!([]), "refused versions are not stored");
+
+    let fair = json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6});
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &fair);
+    assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
+    let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6});
+    eventually(10, "e0 schedules fairly", || schedulings(&s.http) == [("e0".to_string(), fair_in_force.clone())]);
+    // An engine that joins later gets the policy in force.
+    let _e1 = engine(&s.grpc, "e1", &[]);
+    wait_serving(&s.http, 2);
+    let both = |sched: &Value| vec![("e0".to_string(), sched.clone()), ("e1".to_string(), sched.clone())];
+    eventually(10, "e1 schedules fairly too", || schedulings(&s.http) == both(&fair_in_force));
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "fairly", "max_tokens": 3}));
+    assert_eq!(status, 200, "{v}");
+
+    let (status, _) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "least-outstanding"}));
+    assert_eq!(status, 200);
+    eventually(10, "both back to FCFS", || schedulings(&s.http) == both(&fcfs));
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["in_force"]["router"], "least-outstanding");
+
+    // Rollback: the console PUTs the old version's whole policy as a new version.
+    let (_, history) = get(&format!("{url}/history"), Some(ADMIN));
+    let v1 = history["versions"].as_array().expect("versions").iter().find(|v| v["version"] == 1).expect("v1");
+    assert_eq!(v1["author"], "admin");
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &v1["policy"]);
+    assert_eq!((status, v["version"].as_i64()), (200, Some(3)), "{v}");
+    eventually(10, "the rollback's scheduling is in force", || schedulings(&s.http) == both(&fair_in_force));
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["in_force"]["router"], "round-robin");
+    assert_eq!(
+        v["policy"],
+        json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null})
+    );
+    let (_, history) = get(&format!("{url}/history"), Some(ADMIN));
+    let v2 = &history["versions"][1];
+    assert_eq!(v2["policy"]["prefill_scheduler"], "fcfs", "history shows every field, defaults filled: {v2}");
+}
+
 #[test]
 fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
     let db = Db::fresh("fault");

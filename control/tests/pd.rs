@@ -86,6 +86,23 @@ fn prefill_and_decode_engines_hand_off_each_request_and_release_its_kv_on_both_s
     );
     assert_eq!(status, 200);
     eventually(3, "Load_D against the new TPOT target", || load_d().is_some_and(|l| l > 1.0));
+
+    // The policy set of a P/D fleet: the autoscaler goes to the controller, the scheduling to
+    // both pools' engines.
+    let url = format!("{}/api/policies", s.http);
+    let (status, v) =
+        send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "least-outstanding", "autoscaler": "magic"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("autoscaler")), "{v}");
+    let policy = json!({"router": "least-outstanding", "autoscaler": "fixed-xpyd", "prefill_scheduler": "fair"});
+    let (status, v) = send(reqwest::Method::PUT, &url, Some(ADMIN), &policy);
+    assert_eq!(status, 200, "{v}");
+    let (_, pools) = get(&format!("{}/api/pools", s.http), Some(ADMIN));
+    assert_eq!(pools["pd"]["autoscaler"], "fixed-xpyd", "{pools}");
+    eventually(10, "both pools' engines schedule fairly", || {
+        instances(&s.http).iter().all(|i| i["scheduling"]["prefill_scheduler"] == "fair")
+    });
+    let (status, v) = completion(&s.http, json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 4}));
+    assert_eq!((status, v["usage"]["completion_tokens"].as_u64()), (200, Some(4)), "{v}");
 }
 
 fn pool_members(http: &str, pool: &str, state: &str) -> Vec<Value> {

@@ -251,6 +251,24 @@ impl Instance {
         &self.config
     }
 
+    /// Changes how prefill is shared and the KV high-water protection (an operator's policy
+    /// change). Called between steps only. Queued and running requests stay where they are:
+    /// fair prefill's turns and quotas are kept on every sequence, so a switch either way
+    /// loses no request; admission is re-checked against the new marks at once.
+    pub fn set_scheduling(&mut self, now: Time, prefill: PrefillPolicy, kv_protection: Option<KvProtection>) {
+        assert!(!self.stepping, "set_scheduling called during a step");
+        self.config.prefill = prefill;
+        self.config.kv_protection = kv_protection;
+        if kv_protection.is_none() {
+            if let Some(since) = self.paused_since.take() {
+                self.paused_total += now.since(since);
+            }
+        } else {
+            self.update_admission(now);
+        }
+        self.debug_check();
+    }
+
     pub fn kv(&self) -> &KvCache {
         &self.kv
     }

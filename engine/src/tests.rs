@@ -579,3 +579,37 @@ fn a_cancelled_request_leaves_and_frees_its_kv_while_the_others_finish() {
     assert_eq!(ids, [2, 3]);
     assert_eq!(inst.kv().used_blocks(), 0);
 }
+
+#[test]
+fn changing_the_scheduling_mid_run_loses_no_request() {
+    let mut inst = Instance::new(config(48, 16));
+    for id in 0..12u64 {
+        let prompt = if id % 4 == 0 { 96 } else { 8 + 4 * id as u32 };
+        inst.enqueue(Time::ZERO, req(id, prompt, 6 + id as u32, &[])).unwrap();
+    }
+    let policies = [
+        (fair(8, 0.1, 4), protection(0.5, 0.3, None, RunawayAction::Reroute)),
+        (PrefillPolicy::Fcfs, None),
+        (PrefillPolicy::Fcfs, protection(0.6, 0.4, None, RunawayAction::Reroute)),
+        (fair(16, 0.05, 8), None),
+    ];
+    let (mut done, mut evicted, mut steps) = (Vec::new(), Vec::new(), 0usize);
+    let mut changes = 0;
+    drive(&mut inst, Time::ZERO, &mut done, &mut evicted, |inst, now, _, _| {
+        steps += 1;
+        if steps % 3 == 0 {
+            let (prefill, protection) = policies[changes % policies.len()];
+            inst.set_scheduling(now, prefill, protection);
+            assert_eq!((inst.config().prefill, inst.config().kv_protection), (prefill, protection));
+            inst.check_invariants();
+            changes += 1;
+        }
+    });
+    assert!(changes >= 8, "the policy changed {changes} times");
+    let mut ids: Vec<u64> = done.iter().map(|f| f.request.id.0).collect();
+    ids.sort();
+    assert_eq!(ids, (0..12).collect::<Vec<_>>(), "every request finished once");
+    assert!(evicted.is_empty());
+    assert!(!inst.admission_paused());
+    assert_eq!(inst.kv().used_blocks(), 0);
+}

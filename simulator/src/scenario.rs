@@ -374,6 +374,18 @@ impl SchedulerSection {
         }
     }
 
+    /// An engine's scheduling as an operator sets it on a live fleet: the prefill policy
+    /// and, when `kv_high_water` is given, the protection (a low-water mark alone is an error,
+    /// since it would do nothing).
+    pub fn engine_scheduling(&self) -> Result<(PrefillPolicy, Option<KvProtection>), ScenarioError> {
+        let prefill = self.resolve()?;
+        let (protection, on) = self.resolve_protection()?;
+        if !on && self.kv_low_water.is_some() {
+            return Err(invalid("scheduler.kv_low_water", "a low-water mark needs kv_high_water"));
+        }
+        Ok((prefill, on.then_some(protection)))
+    }
+
     /// The KV high-water protection: its knobs, checked, and whether runs have it on unless
     /// their name says otherwise (`kv_high_water` given).
     fn resolve_protection(&self) -> Result<(KvProtection, bool), ScenarioError> {
@@ -991,5 +1003,39 @@ mod tests {
         let pd = s.routers[0].pools.as_ref().and_then(|p| p.pd).expect("pd");
         assert!(matches!(pd.autoscaler, AutoscalerConfig::FixedXpyd { x: 1, y: 3, .. }));
         assert_eq!(s.sim_config(&s.routers[0]).timeline, Some(Dur::from_millis(10_000)), "pd runs have a time series");
+    }
+
+    #[test]
+    fn an_engines_live_scheduling_is_checked_like_a_scenarios() {
+        let check = |prefill: &str, high: Option<f64>, low: Option<f64>| {
+            let section = SchedulerSection {
+                prefill: Some(prefill.into()),
+                kv_high_water: high,
+                kv_low_water: low,
+                ..SchedulerSection::default()
+            };
+            section.engine_scheduling().map_err(|e| e.to_string())
+        };
+        let (prefill, protection) = check("fair", Some(0.9), None).expect("valid");
+        assert!(matches!(prefill, PrefillPolicy::Fair(_)));
+        assert_eq!(protection.map(|p| (p.high_water, p.runaway_output_tokens)), Some((0.9, None)));
+        assert!((protection.expect("on").low_water - 0.72).abs() < 1e-9, "80% of the high-water mark");
+        assert_eq!(check("fcfs", None, None), Ok((PrefillPolicy::Fcfs, None)));
+        assert_eq!(
+            check("lifo", None, None).unwrap_err(),
+            "invalid setting `scheduler.prefill`: unknown prefill scheduler `lifo` (valid: fcfs, fair)"
+        );
+        assert_eq!(
+            check("fcfs", Some(1.5), None).unwrap_err(),
+            "invalid setting `scheduler.kv_high_water`: 1.5 is not a share in (0, 1]"
+        );
+        assert_eq!(
+            check("fcfs", Some(0.8), Some(0.9)).unwrap_err(),
+            "invalid setting `scheduler.kv_low_water`: 0.9 is not a share in (0, kv_high_water = 0.8)"
+        );
+        assert_eq!(
+            check("fcfs", None, Some(0.5)).unwrap_err(),
+            "invalid setting `scheduler.kv_low_water`: a low-water mark needs kv_high_water"
+        );
     }
 }

@@ -1,11 +1,13 @@
-// What-if: the edited router against the one in force, on the same arrivals of a scenario in
-// the simulator (POST /api/simulations with both routers), compared side by side; "apply"
-// puts the edited router in force on the live fleet.
+// What-if: the edited router and scheduling (prefill scheduler, KV high-water mark, from the
+// policies page) against the ones in force, on the same arrivals of a scenario in the
+// simulator (POST /api/simulations with both runs written `router@prefill+hw|nohw`, and the
+// water marks), compared side by side; "apply" puts the edited ones in force on the live
+// fleet (the autoscaler unchanged).
 
 import { get, post, put } from '../api.js';
 import { h, replace, errorBox } from '../dom.js';
 import { comparisonTable, cdfChart, runsOf } from '../report.js';
-import { DRAFT_KEY } from './policies.js';
+import { DRAFT_KEY, DRAFT_SCHEDULING_KEY, schedulingText } from './policies.js';
 
 export const title = 'What-if';
 
@@ -21,6 +23,11 @@ export function mount(el) {
   const current = h('input', { id: 'current-router', readonly: true, size: 24 });
   const edited = h('input', { id: 'edited-router', list: 'whatif-router-names', autocomplete: 'off', size: 24 });
   const names = h('datalist', { id: 'whatif-router-names' });
+  const currentScheduling = h('p', { id: 'current-scheduling', class: 'muted' });
+  const editedScheduling = h('p', { id: 'edited-scheduling', class: 'muted' });
+  // The scheduling of each side ({prefill_scheduler, kv_high_water, kv_low_water}).
+  let inForce = null;
+  let edit = null;
   const message = h('div', { id: 'whatif-message', 'aria-live': 'polite' });
   const result = h('div', { id: 'whatif-result' });
   let examples = [];
@@ -29,12 +36,12 @@ export function mount(el) {
     h('label', { for: 'scenario-pick' }, 'Scenario'), pick, traceNote,
     h('label', { for: 'scenario-text' }, 'Scenario text (editable)'), text,
     h('div', { class: 'columns' },
-      h('div', {}, h('label', { for: 'current-router' }, 'Router in force'), current),
-      h('div', {}, h('label', { for: 'edited-router' }, 'Edited router'), edited, names)),
+      h('div', {}, h('label', { for: 'current-router' }, 'Router in force'), current, currentScheduling),
+      h('div', {}, h('label', { for: 'edited-router' }, 'Edited router'), edited, names, editedScheduling)),
     h('div', { class: 'buttons' }, h('button', { type: 'submit', id: 'run-whatif' }, 'Run both in the simulator')),
     message);
   replace(el, h('h1', {}, 'What-if'),
-    h('p', { class: 'muted' }, 'Runs the scenario twice on the simulator, once with the router in force and once with the edited one, on the same arrivals. ',
+    h('p', { class: 'muted' }, 'Runs the scenario twice on the simulator, once with the router and scheduling in force and once with the edited ones, on the same arrivals. ',
       'Max rate under the SLO is not computed here (it takes many runs): use ', h('code', {}, 'fleetplane max-rate --scenario FILE'), '.'),
     form, result);
 
@@ -54,6 +61,11 @@ export function mount(el) {
       replace(pick, h('option', { value: '' }, '— paste below, or pick an example —'),
         examples.map((x) => h('option', { value: x.name }, x.trace_found === false ? `${x.name} (trace missing)` : x.name)));
       current.value = policy.in_force.router;
+      inForce = pick3(policy.policy);
+      const draft = sessionStorage.getItem(DRAFT_SCHEDULING_KEY);
+      edit = draft ? JSON.parse(draft) : inForce;
+      currentScheduling.textContent = `Scheduling: ${schedulingText(inForce)}`;
+      editedScheduling.textContent = `Scheduling: ${schedulingText(edit)} (edit it on the Policies page)`;
       edited.value = sessionStorage.getItem(DRAFT_KEY) || '';
       replace(names, policy.valid.router.map((n) => h('option', { value: n })));
     } catch (e) {
@@ -61,7 +73,7 @@ export function mount(el) {
     }
   })();
 
-  async function watch(id, routers) {
+  async function watch(id, routers, marks) {
     if (stopped) return;
     let sim;
     try {
@@ -72,7 +84,7 @@ export function mount(el) {
     }
     if (sim.state === 'queued' || sim.state === 'running') {
       replace(message, h('p', { class: 'muted', id: 'whatif-state' }, `Simulation ${id} ${sim.state}…`));
-      timer = setTimeout(() => watch(id, routers), POLL_MS);
+      timer = setTimeout(() => watch(id, routers, marks), POLL_MS);
       return;
     }
     if (sim.state === 'failed') {
@@ -84,15 +96,19 @@ export function mount(el) {
     const applyMsg = h('div', { id: 'apply-message', 'aria-live': 'polite' });
     const apply = h('button', { type: 'button', id: 'apply-edited', onclick: async () => {
       try {
-        const res = await put('/policies', { router: routers[1] });
+        // Only the router changes: the rest of the policy set in force stays.
+        const { policy } = await get('/policies');
+        const res = await put('/policies', { ...policy, ...edit, router: edited.value.trim() });
         replace(applyMsg, h('p', { class: 'ok' }, `Applied: ${res.policy.router} is in force (version ${res.version}).`));
         current.value = res.policy.router;
       } catch (e) {
         replace(applyMsg, errorBox(`Not applied: ${e.message}`));
       }
     } }, `Apply ${routers[1]} to the live fleet`);
+    const marksNote = marks && hasHw(inForce) && hasHw(edit) && inForce.kv_high_water !== edit.kv_high_water
+      ? h('p', { class: 'muted' }, `Both runs used the edited water marks (${marks.kv_high_water}): a scenario has one pair.`) : null;
     replace(result, h('div', { class: 'card' }, h('h2', {}, `Comparison (simulation ${id})`), comparisonTable(runs),
-      h('div', { class: 'buttons' }, apply), applyMsg));
+      marksNote, h('div', { class: 'buttons' }, apply), applyMsg));
     try {
       result.firstChild.append(h('h3', {}, 'TTFT and TPOT distributions'), await cdfChart(id));
     } catch (e) {
@@ -104,20 +120,23 @@ export function mount(el) {
     ev.preventDefault();
     clearTimeout(timer);
     replace(result);
-    const routers = [current.value.trim(), edited.value.trim()];
-    if (!routers[1]) {
+    if (!edited.value.trim()) {
       replace(message, errorBox('Name the edited router to compare with the one in force.'));
       return;
     }
+    const routers = [runName(current.value.trim(), inForce), runName(edited.value.trim(), edit)];
     if (routers[0] === routers[1]) {
-      replace(message, errorBox(`The edited router is the one in force (${routers[0]}): pick another to compare.`));
+      replace(message, errorBox(`The edited policy is the one in force (${routers[0]}): change the router or the scheduling to compare.`));
       return;
     }
-    sessionStorage.setItem(DRAFT_KEY, routers[1]);
+    sessionStorage.setItem(DRAFT_KEY, edited.value.trim());
+    // A scenario has one pair of water marks: the edited ones when set, else those in force.
+    const source = hasHw(edit) ? edit : hasHw(inForce) ? inForce : null;
+    const marks = source ? { kv_high_water: source.kv_high_water, kv_low_water: source.kv_low_water ?? null } : null;
     try {
-      const { id } = await post('/simulations', { scenario: text.value, routers });
+      const { id } = await post('/simulations', { scenario: text.value, routers, water_marks: marks });
       replace(message, h('p', { class: 'muted', id: 'whatif-state' }, `Simulation ${id} queued…`));
-      watch(id, routers);
+      watch(id, routers, marks);
     } catch (e) {
       replace(message, errorBox(e.message));
     }
@@ -127,4 +146,17 @@ export function mount(el) {
     stopped = true;
     clearTimeout(timer);
   };
+}
+
+function pick3(p) {
+  return { prefill_scheduler: p.prefill_scheduler, kv_high_water: p.kv_high_water ?? null, kv_low_water: p.kv_low_water ?? null };
+}
+
+function hasHw(s) {
+  return s !== null && s.kv_high_water !== null && s.kv_high_water !== undefined;
+}
+
+// A run as the scenario writes it: the router on the fleet with this scheduling.
+function runName(router, s) {
+  return `${router}@${s.prefill_scheduler}+${hasHw(s) ? 'hw' : 'nohw'}`;
 }

@@ -61,6 +61,13 @@ pub enum Command {
         id: RequestId,
         reply: oneshot::Sender<bool>,
     },
+    /// An operator's scheduling (checked by [`crate::scheduling::resolve`]), put in force
+    /// between two steps; the reply is the scheduling in force after it.
+    Configure {
+        prefill: engine::PrefillPolicy,
+        kv_protection: Option<engine::KvProtection>,
+        reply: oneshot::Sender<proto::Scheduling>,
+    },
 }
 
 /// A hand-off arriving at a decode engine.
@@ -249,6 +256,15 @@ impl Runner {
             Command::Release { id, reply } => {
                 let _ = reply.send(self.release(id));
             }
+            Command::Configure { prefill, kv_protection, reply } => {
+                let now = self.now();
+                self.instance.set_scheduling(now, prefill, kv_protection);
+                let scheduling = crate::scheduling::of(self.instance.config());
+                tracing::info!(?scheduling, "scheduling in force");
+                let _ = reply.send(scheduling);
+                // The control plane learns the change from the next report: send it now.
+                self.report_load();
+            }
         }
     }
 
@@ -310,7 +326,9 @@ impl Runner {
 
     fn report_load(&mut self) {
         self.last_report = Instant::now();
-        let kind = proto::engine_event::Kind::Load(self.instance.load().into());
+        let mut load = proto::Load::from(self.instance.load());
+        load.scheduling = Some(crate::scheduling::of(self.instance.config()));
+        let kind = proto::engine_event::Kind::Load(load);
         let _ = self.shared.events.send(proto::EngineEvent { kind: Some(kind) });
     }
 }

@@ -159,6 +159,13 @@ impl Engine for EngineService {
         Ok(Response::new(proto::DrainReply { in_flight: self.shared.in_flight.load(Ordering::Relaxed) }))
     }
 
+    async fn configure(&self, req: GrpcRequest<proto::Scheduling>) -> Result<Response<proto::Scheduling>, Status> {
+        let (prefill, kv_protection) = crate::scheduling::resolve(&req.into_inner())
+            .map_err(|e| Status::invalid_argument(format!("{}: {}", e.field, e.reason)))?;
+        let now_in_force = self.ask(|reply| Command::Configure { prefill, kv_protection, reply }).await?;
+        Ok(Response::new(now_in_force))
+    }
+
     async fn info(&self, _req: GrpcRequest<proto::InfoRequest>) -> Result<Response<proto::EngineInfo>, Status> {
         Ok(Response::new(self.info.clone()))
     }

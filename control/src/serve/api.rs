@@ -5,6 +5,7 @@
 use super::auth::{self, Principal, Role};
 use super::gateway::ApiError;
 use super::live_fleet::MemberState;
+use super::policy::{Policy, PREFILL_SCHEDULERS};
 use super::store::Write;
 use super::App;
 use axum::body::Bytes;
@@ -14,7 +15,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::InstanceId;
-use policies::{Command, Fleet, RouterConfig};
+use policies::{AutoscalerConfig, Command, Fleet, RouterConfig};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -90,6 +91,7 @@ pub async fn instances(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiRe
                     "decode_tokens_left": l.decode_tokens_left,
                     "admission_paused": l.admission_paused,
                 },
+                "scheduling": m.scheduling.as_ref().map(scheduling_json),
                 "seconds_since_seen": m.last_seen.elapsed().as_secs_f64(),
             })
         })
@@ -143,47 +145,60 @@ pub async fn pools(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
     Ok(Json(json!({"pools": pools, "pd": pd})).into_response())
 }
 
-/// The routing policy: which router places requests.
-#[derive(Debug, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Policy {
-    pub router: String,
+/// What is in force now: the controller's router and autoscaler, and each engine's
+/// scheduling as its last load report gave it.
+fn in_force(app: &App) -> Value {
+    let hub = app.lock_hub();
+    let engines: Vec<Value> = hub
+        .fleet
+        .members()
+        .filter(|m| m.state != MemberState::Down)
+        .map(|m| json!({"id": m.id.0, "name": m.info.name, "scheduling": m.scheduling.as_ref().map(scheduling_json)}))
+        .collect();
+    json!({
+        "router": hub.controller.router_name(),
+        "autoscaler": hub.pools.map(|p| p.autoscaler.name()),
+        "engines": engines,
+    })
 }
 
-impl Policy {
-    /// Checks the policy; the error names what is wrong and what would be valid.
-    pub fn validate(&self) -> Result<RouterConfig, ApiError> {
-        self.router.parse::<RouterConfig>().map_err(|e| ApiError::invalid("router", e.to_string()))
-    }
-
-    /// The router of a policy as stored in the database (stored ones were validated, but a
-    /// newer build may know other names).
-    pub fn stored_router(stored: Value) -> Result<RouterConfig, String> {
-        let policy: Policy = serde_json::from_value(stored).map_err(|e| e.to_string())?;
-        policy.validate().map_err(|e| format!("{e:?}"))
-    }
+/// An engine's reported scheduling in the policy's field names.
+fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
+    json!({"prefill_scheduler": s.prefill, "kv_high_water": s.kv_high_water, "kv_low_water": s.kv_low_water})
 }
 
 pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
     let current = app.store.policy().await.map_err(db_error)?;
-    let in_force = app.lock_hub().controller.router_name();
+    let in_force = in_force(&app);
     let mut v = match current {
         Some((version, policy, author, at)) => {
-            json!({"version": version, "policy": policy, "author": author, "created_at": at, "in_force": {"router": in_force}})
+            json!({"version": version, "policy": Policy::normalized(policy), "author": author, "created_at": at})
         }
         None => {
-            json!({"version": 0, "policy": {"router": in_force}, "author": "default", "in_force": {"router": in_force}})
+            let router = in_force["router"].as_str().unwrap_or_default();
+            json!({"version": 0, "policy": Policy::command_line(router), "author": "default"})
         }
     };
+    v["in_force"] = in_force;
     // What an editor may offer; a PUT of anything else is refused with the same list.
-    v["valid"] = json!({"router": RouterConfig::names()});
+    let autoscalers: &[&str] = if app.pool_args.is_some() { &AutoscalerConfig::NAMES } else { &["none"] };
+    v["valid"] = json!({
+        "router": RouterConfig::names(),
+        "prefill_scheduler": PREFILL_SCHEDULERS,
+        "autoscaler": autoscalers,
+        "command_line_autoscaler": app.pool_args.as_ref().map(|p| p.autoscaler.as_str()),
+    });
     Ok(Json(v).into_response())
 }
 
 pub async fn policy_history(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
-    Ok(Json(json!({"versions": app.store.policy_history().await.map_err(db_error)?})).into_response())
+    let mut versions = app.store.policy_history().await.map_err(db_error)?;
+    for v in &mut versions {
+        v["policy"] = Policy::normalized(v["policy"].take());
+    }
+    Ok(Json(json!({"versions": versions})).into_response())
 }
 
 pub async fn put_policy(
@@ -193,10 +208,10 @@ pub async fn put_policy(
 ) -> ApiResult {
     let who = admin(&app, &headers)?;
     let policy: Policy = body(bytes)?;
-    let router = policy.validate()?;
+    let set = policy.validate(app.pool_args.as_ref())?;
     let value = serde_json::to_value(&policy).map_err(|e| ApiError::invalid("policy", e.to_string()))?;
     let version = app.store.put_policy(&value, &who.name).await.map_err(db_error)?;
-    app.apply_policy(router, version);
+    app.apply_policy(set, version);
     Ok(Json(json!({"version": version, "policy": value})).into_response())
 }
 
@@ -302,6 +317,9 @@ struct SimulationBody {
     /// the policy in force against the edited one on the same arrivals).
     #[serde(default)]
     routers: Option<Vec<String>>,
+    /// KV water marks for the runs written `router@…+hw` (the edited policy's), with `routers`.
+    #[serde(default)]
+    water_marks: Option<super::simulations::WaterMarks>,
 }
 
 pub async fn submit_simulation(
@@ -312,8 +330,10 @@ pub async fn submit_simulation(
     let who = admin(&app, &headers)?;
     let b: SimulationBody = body(bytes)?;
     let scenario = match &b.routers {
-        Some(routers) => {
-            super::simulations::with_routers(&b.scenario, routers).map_err(|e| ApiError::invalid("scenario", e))?
+        Some(routers) => super::simulations::with_routers(&b.scenario, routers, b.water_marks)
+            .map_err(|e| ApiError::invalid("scenario", e))?,
+        None if b.water_marks.is_some() => {
+            return Err(ApiError::invalid("water_marks", "water_marks go with routers (the what-if's runs)"))
         }
         None => b.scenario,
     };

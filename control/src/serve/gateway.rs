@@ -55,6 +55,16 @@ impl ApiError {
         ApiError { param: Some(param), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
     }
 
+    /// The field a 400 names, if any.
+    #[cfg(test)]
+    pub fn param(&self) -> Option<&'static str> {
+        self.param
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.status

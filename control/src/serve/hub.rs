@@ -206,6 +206,11 @@ impl Hub {
                 tracing::info!(%instance, "drained: holds no request");
                 self.fleet.retire(instance);
             }
+            News::Scheduling { instance, scheduling } => {
+                if let Some(m) = self.fleet.member_mut(instance) {
+                    m.scheduling = Some(scheduling);
+                }
+            }
         }
         self.pump();
         // A prefill that ended is paired at once, not at the driver's next tick.

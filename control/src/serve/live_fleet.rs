@@ -85,6 +85,11 @@ pub enum News {
     Drained {
         instance: InstanceId,
     },
+    /// An engine reported a scheduling other than its last report's.
+    Scheduling {
+        instance: InstanceId,
+        scheduling: proto::Scheduling,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -109,6 +114,8 @@ pub struct Member {
     events_task: Option<tokio::task::AbortHandle>,
     /// A task is waiting for this draining engine to empty (see [`super::actuator`]).
     pub drain_watched: bool,
+    /// The scheduling the engine last reported (`None` until its first load report).
+    pub scheduling: Option<proto::Scheduling>,
 }
 
 impl Member {
@@ -141,6 +148,9 @@ pub struct LiveFleet {
     transfer: Option<TransferHints>,
     /// Starts and stops engine processes (`None`: the fleet is what registers).
     actuator: Option<Box<dyn Actuator>>,
+    /// The scheduling of the policy in force, sent to every engine that joins (`None`: the
+    /// engines keep their own).
+    scheduling: Option<proto::Scheduling>,
 }
 
 impl LiveFleet {
@@ -153,7 +163,21 @@ impl LiveFleet {
             report: Reporter { news, latencies: false, clock: Instant::now() },
             transfer: None,
             actuator: None,
+            scheduling: None,
         }
+    }
+
+    /// The scheduling of the policy in force (`None`: the engines' own).
+    pub fn scheduling(&self) -> Option<&proto::Scheduling> {
+        self.scheduling.as_ref()
+    }
+
+    /// Puts a scheduling in force on every engine now, and on each that joins later.
+    pub fn set_scheduling(&mut self, scheduling: proto::Scheduling) {
+        for m in self.members.values().filter(|m| m.state != MemberState::Down) {
+            tokio::spawn(configure(m.id, m.client(), scheduling.clone()));
+        }
+        self.scheduling = Some(scheduling);
     }
 
     /// What the controller needs of the fleet: latencies of finished requests (for the SLO
@@ -276,7 +300,11 @@ impl LiveFleet {
             client,
             events_task,
             drain_watched: false,
+            scheduling: None,
         };
+        if let Some(s) = &self.scheduling {
+            tokio::spawn(configure(id, member.client(), s.clone()));
+        }
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
@@ -381,12 +409,19 @@ async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, ne
         Err(e) => format!("cannot open its event stream: {e}"),
         Ok(stream) => {
             let mut stream = stream.into_inner();
+            let mut scheduling = None;
             loop {
                 match stream.next().await {
                     None => break "its event stream ended".to_string(),
                     Some(Err(e)) => break format!("its event stream failed: {e}"),
                     Some(Ok(event)) => match event.kind {
-                        Some(proto::engine_event::Kind::Load(load)) => {
+                        Some(proto::engine_event::Kind::Load(mut load)) => {
+                            if let Some(reported) = load.scheduling.take() {
+                                if scheduling.as_ref() != Some(&reported) {
+                                    scheduling = Some(reported.clone());
+                                    let _ = news.send(News::Scheduling { instance, scheduling: reported });
+                                }
+                            }
                             let _ = news.send(News::Event(FleetEvent::Load { instance, load: load.into() }));
                         }
                         Some(proto::engine_event::Kind::Kv(batch)) => {
@@ -406,4 +441,11 @@ async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, ne
         }
     };
     let _ = news.send(News::EngineLost { instance, why });
+}
+
+/// Sends an engine the policy's scheduling; it reports the change in its next load report.
+async fn configure(instance: InstanceId, mut client: EngineClient<Channel>, scheduling: proto::Scheduling) {
+    if let Err(e) = client.configure(scheduling).await {
+        tracing::warn!(%instance, "cannot configure the engine's scheduling: {}: {}", e.code(), e.message());
+    }
 }

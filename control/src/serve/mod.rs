@@ -14,6 +14,7 @@ mod hub;
 mod leader;
 mod live_fleet;
 mod metrics;
+mod policy;
 pub mod pools;
 mod registry;
 mod simulations;
@@ -89,6 +90,9 @@ pub struct App {
     simulations: Semaphore,
     /// Policy version in force (0: the command line's).
     policy_version: std::sync::atomic::AtomicI32,
+    /// The pool flags of a P/D fleet (`None`: colocated), which a policy's autoscaler takes
+    /// its hysteresis from.
+    pub pool_args: Option<pools::PoolArgs>,
     /// Requests the gateway finished recently, for the history's windowed statistics.
     pub recorder: history::Recorder,
     /// The console's time series: one sample a second, the last fifteen minutes.
@@ -101,16 +105,27 @@ impl App {
         self.hub.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Puts a stored policy version in force, unless a newer one already is.
-    pub fn apply_policy(&self, router: RouterConfig, version: i32) {
+    /// Puts a stored policy version in force, unless a newer one already is: the router and
+    /// autoscaler in the controller, the scheduling on every engine (and each that joins).
+    pub fn apply_policy(&self, set: policy::PolicySet, version: i32) {
         if self.policy_version.fetch_max(version, Ordering::SeqCst) > version {
             return;
         }
         let mut hub = self.lock_hub();
-        if hub.config.router != router {
-            let config = ControllerConfig { router, ..hub.config.clone() };
+        let pools = match (hub.pools, set.autoscaler) {
+            (Some(p), Some(autoscaler)) => Some(policies::PdConfig { autoscaler, ..p }),
+            (pools, _) => pools,
+        };
+        if hub.config.router != set.router || hub.pools != pools {
+            hub.pools = pools;
+            let config = ControllerConfig { router: set.router, ..hub.config.clone() };
             hub.set_policy(config);
-            tracing::info!(router = router.name(), version, "policy in force");
+            let autoscaler = pools.map(|p| p.autoscaler.name());
+            tracing::info!(router = set.router.name(), ?autoscaler, version, "policy in force");
+        }
+        if hub.fleet.scheduling() != Some(&set.scheduling) {
+            tracing::info!(scheduling = ?set.scheduling, version, "engine scheduling in force");
+            hub.fleet.set_scheduling(set.scheduling);
         }
     }
 }
@@ -172,12 +187,13 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         leader: Arc::new(AtomicBool::new(false)),
         simulations: Semaphore::new(1),
         policy_version: 0.into(),
+        pool_args: pd.is_some().then(|| args.pools.clone()),
         recorder: history::Recorder::default(),
         history: history::History::default(),
     });
     if let Some((version, policy, _, _)) = store.policy().await? {
-        match api::Policy::stored_router(policy) {
-            Ok(router) => app.apply_policy(router, version),
+        match policy::Policy::stored(policy, app.pool_args.as_ref()) {
+            Ok(set) => app.apply_policy(set, version),
             Err(e) => tracing::warn!(version, "stored policy ignored: {e}"),
         }
     }
@@ -395,8 +411,8 @@ async fn sync_from_database(app: Arc<App>) {
         }
         if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
             if version > app.policy_version.load(Ordering::SeqCst) {
-                if let Ok(router) = api::Policy::stored_router(policy) {
-                    app.apply_policy(router, version);
+                if let Ok(set) = policy::Policy::stored(policy, app.pool_args.as_ref()) {
+                    app.apply_policy(set, version);
                 }
             }
         }

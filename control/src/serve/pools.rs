@@ -135,10 +135,7 @@ impl PoolArgs {
             bail!("--gpu-budget {} cannot hold {min_per_pool} engine(s) per pool", self.gpu_budget);
         }
         let startup = Dur::from_secs_f64(self.startup_s);
-        let mut autoscaler = AutoscalerConfig::by_name(&self.autoscaler, startup, (1, 1))?;
-        if let AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } = &mut autoscaler {
-            self.override_knobs(knobs);
-        }
+        let autoscaler = self.autoscaler(&self.autoscaler)?;
         let cost = self.cost_model()?;
         let instance = self.instance_config(&cost);
         let hints = self.hints(&cost, &instance);
@@ -162,6 +159,17 @@ impl PoolArgs {
         pd.transfer.bytes_per_s /= scale;
         pd.transfer.latency = Dur::from_secs_f64(pd.transfer.latency.as_secs_f64() * scale);
         Ok(Some(pd))
+    }
+
+    /// The autoscaler `name` with the hysteresis these flags give (`--autoscaler`'s, or a
+    /// stored policy's); the error names the valid ones.
+    pub fn autoscaler(&self, name: &str) -> Result<AutoscalerConfig, policies::UnknownAutoscaler> {
+        let startup = Dur::from_secs_f64(self.startup_s);
+        let mut autoscaler = AutoscalerConfig::by_name(name, startup, (1, 1))?;
+        if let AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } = &mut autoscaler {
+            self.override_knobs(knobs);
+        }
+        Ok(autoscaler)
     }
 
     fn override_knobs(&self, k: &mut Knobs) {
@@ -217,7 +225,7 @@ impl PoolArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -227,7 +235,7 @@ mod tests {
         pools: PoolArgs,
     }
 
-    fn args(flags: &[&str]) -> PoolArgs {
+    pub(in crate::serve) fn args(flags: &[&str]) -> PoolArgs {
         Cli::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).expect("flags parse").pools
     }
 

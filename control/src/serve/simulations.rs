@@ -16,12 +16,32 @@ pub fn validate(text: &str) -> Result<Settings, String> {
     scenario.resolve().map_err(|e| e.to_string())
 }
 
-/// The scenario's text with its `routers` replaced (comments are lost: the stored text is
-/// the one that ran).
-pub fn with_routers(text: &str, routers: &[String]) -> Result<String, String> {
+/// KV water marks a what-if sets for the runs written `router@…+hw` (the policy editor's).
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaterMarks {
+    pub kv_high_water: f64,
+    #[serde(default)]
+    pub kv_low_water: Option<f64>,
+}
+
+/// The scenario's text with its `routers` replaced and, given water marks, its `[scheduler]`
+/// high- and low-water marks (comments are lost: the stored text is the one that ran).
+pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -> Result<String, String> {
     let mut table: toml::Table = toml::from_str(text).map_err(|e| format!("the scenario is not valid TOML: {e}"))?;
     let list = routers.iter().map(|r| toml::Value::String(r.clone())).collect();
     table.insert("routers".into(), toml::Value::Array(list));
+    if let Some(m) = marks {
+        let scheduler = table.entry("scheduler").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(scheduler) = scheduler else {
+            return Err("`scheduler` is not a table".to_string());
+        };
+        scheduler.insert("kv_high_water".into(), toml::Value::Float(m.kv_high_water));
+        match m.kv_low_water {
+            Some(low) => scheduler.insert("kv_low_water".into(), toml::Value::Float(low)),
+            None => scheduler.remove("kv_low_water"),
+        };
+    }
     toml::to_string(&table).map_err(|e| format!("cannot write the scenario back: {e}"))
 }
 
@@ -173,9 +193,20 @@ mod tests {
     #[test]
     fn routers_are_replaced_and_the_rest_kept() {
         let text = "seed = 3\nrouters = [\"round-robin\"]\n[fleet]\ninstances = 2\n";
-        let out = with_routers(text, &["cache-aware".into(), "power-of-two".into()]).expect("valid");
+        let out = with_routers(text, &["cache-aware".into(), "power-of-two".into()], None).expect("valid");
         let s: Scenario = toml::from_str(&out).expect("parses");
         assert_eq!(s.routers, Some(vec!["cache-aware".into(), "power-of-two".into()]));
         assert_eq!((s.seed, s.fleet.instances), (Some(3), Some(2)));
+        assert_eq!(s.scheduler.kv_high_water, None);
+    }
+
+    #[test]
+    fn the_edited_water_marks_go_into_the_scheduler_section() {
+        let text = "[scheduler]\nprefill = \"fair\"\nkv_low_water = 0.1\n";
+        let marks = WaterMarks { kv_high_water: 0.85, kv_low_water: None };
+        let out = with_routers(text, &["round-robin@fcfs+hw".into()], Some(marks)).expect("valid");
+        let s: Scenario = toml::from_str(&out).expect("parses");
+        assert_eq!((s.scheduler.kv_high_water, s.scheduler.kv_low_water), (Some(0.85), None));
+        assert_eq!(s.scheduler.prefill.as_deref(), Some("fair"), "the rest of the section is kept");
     }
 }
