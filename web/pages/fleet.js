@@ -8,15 +8,21 @@ export const title = 'Fleet';
 
 const STATES = ['serving', 'draining', 'down'];
 
-// KV use as a bar. The engines do not report their high-water mark (it is a scheduler
-// setting of the engine process), so the bar is drawn against 100% of the KV blocks.
-function kvBar(load) {
+// KV use as a bar against all KV blocks, with a mark at the engine's KV high-water mark when
+// its scheduling has one (engines report it in their load reports): colours change as use
+// nears the mark, since above it the engine stops admitting.
+function kvBar(load, scheduling) {
   const total = load.kv_total_blocks || 0;
   const share = total ? load.kv_used_blocks / total : 0;
-  const level = share >= 0.9 ? 'high' : share >= 0.7 ? 'mid' : 'low';
-  return h('div', { class: 'kv', title: `${load.kv_used_blocks} of ${total} KV blocks in use; ${load.kv_cached_blocks} cached` },
+  const mark = scheduling?.kv_high_water;
+  const limit = mark || 1;
+  const level = share >= 0.9 * limit ? 'high' : share >= 0.7 * limit ? 'mid' : 'low';
+  const title = `${load.kv_used_blocks} of ${total} KV blocks in use; ${load.kv_cached_blocks} cached`
+    + (mark ? `; high-water mark ${(100 * mark).toFixed(0)}%` : '; no high-water mark');
+  return h('div', { class: 'kv', title },
     h('div', { class: `kv-fill ${level}`, style: `width:${(100 * share).toFixed(1)}%` }),
-    h('span', { class: 'kv-label' }, `${(100 * share).toFixed(1)}%`));
+    mark ? h('div', { class: 'kv-mark', style: `left:${(100 * mark).toFixed(1)}%` }) : null,
+    h('span', { class: 'kv-label' }, `${(100 * share).toFixed(1)}%` + (mark ? ` / ${(100 * mark).toFixed(0)}%` : '')));
 }
 
 // `recent`: what the engine finished in the history's last window (none if nothing).
@@ -30,7 +36,7 @@ function instanceRow(i, recent) {
     h('td', { class: 'num' }, fmt(l.waiting)),
     h('td', { class: 'num' }, fmt(l.prefill_tokens_left)),
     h('td', { class: 'num' }, fmt(l.decode_tokens_left)),
-    h('td', {}, kvBar(l)),
+    h('td', {}, kvBar(l, i.scheduling)),
     h('td', { class: 'num hit-rate' }, recent ? pct(recent.cached_share) : '—',
       h('div', { class: 'muted' }, `${recent ? recent.finished : 0} finished`)),
     h('td', { class: 'num' }, `${i.seconds_since_seen.toFixed(1)} s`));
@@ -42,7 +48,7 @@ function poolTable(pool, instances, recent) {
     h('h2', {}, `Pool ${pool}`,
       h('span', { class: 'muted' }, ` · ${STATES.map((s, k) => `${byState[k].length} ${s}`).join(' · ')}`)),
     h('table', { class: 'instances' },
-      h('thead', {}, h('tr', {}, ['engine', 'state', 'model', 'running', 'queue', 'prefill tokens left', 'decode tokens left', 'KV use (of 100%)', `cache hit rate (${history.windowLength()} s)`, 'seen'].map((c) => h('th', {}, c)))),
+      h('thead', {}, h('tr', {}, ['engine', 'state', 'model', 'running', 'queue', 'prefill tokens left', 'decode tokens left', 'KV use / high-water mark', `cache hit rate (${history.windowLength()} s)`, 'seen'].map((c) => h('th', {}, c)))),
       h('tbody', {}, byState.flat().map((i) => instanceRow(i, recent[i.id])))));
 }
 
@@ -51,7 +57,7 @@ export function mount(el) {
   const pools = h('div', { id: 'pools' });
   const status = h('div');
   replace(el, h('h1', {}, 'Fleet'), summary, status, pools,
-    h('p', { class: 'muted' }, 'Updated every 1.5 s. KV bars are drawn against all KV blocks: engines do not report their high-water mark. ',
+    h('p', { class: 'muted' }, 'Updated every 1.5 s. KV bars are drawn against all KV blocks; the dark line is the engine\'s KV high-water mark (the policy\'s, as the engine reports it), above which it stops admitting. ',
       'Cache hit rate: prompt tokens served from any cache tier over prompt tokens, of the requests each engine finished in the last window.'));
   return every(1500, async () => {
     try {
