@@ -6,7 +6,17 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::sync::{Mutex, MutexGuard};
 use std::thread;
+
+/// The tests here start control planes that start engine processes and time holds and
+/// cooldowns of a second or so: one at a time, so that on a 2-core machine they do not
+/// stretch each other's timings past their waits.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn completion(http: &str, body: Value) -> (u16, Value) {
     post(&format!("{http}/v1/completions"), Some(ADMIN), &body)
@@ -26,6 +36,7 @@ fn all_idle(http: &str) -> bool {
 
 #[test]
 fn prefill_and_decode_engines_hand_off_each_request_and_release_its_kv_on_both_sides() {
+    let _serial = one_at_a_time();
     let db = Db::fresh("pd");
     let s = serve(&db, &["--mode", "pd"]);
     let _p = engine(&s.grpc, "p0", &["--role", "prefill"]);
@@ -111,6 +122,7 @@ fn pool_members(http: &str, pool: &str, state: &str) -> Vec<Value> {
 
 #[test]
 fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_when_quiet() {
+    let _serial = one_at_a_time();
     let db = Db::fresh("actuator");
     // The engines' steps last twice the cost model's time, so that a burst of long prompts
     // queues for seconds; short holds, cooldowns and window so that the test takes seconds.
@@ -182,9 +194,15 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
     // drain one at a time (newest first), hold nothing, and their processes stop, down to the
     // pool's minimum.
     let quiet = std::time::Instant::now();
-    eventually(40, "the prefill pool drains back to its minimum", || {
+    let drained = (0..600).any(|_| {
+        thread::sleep(std::time::Duration::from_millis(100));
         pool_members(&s.http, "prefill", "serving").len() == 1
     });
+    if !drained {
+        let (_, pools) = get(&format!("{}/api/pools", s.http), Some(ADMIN));
+        let (_, events) = get(&format!("{}/api/scaling-events", s.http), Some(ADMIN));
+        panic!("the prefill pool did not drain back to its minimum within 60 s: pools {pools}, events {events}");
+    }
     eprintln!("back to one prefill engine {:?} after the last request ended", quiet.elapsed());
     let gone = pool_members(&s.http, "prefill", "down");
     assert!(!gone.is_empty());
@@ -215,6 +233,7 @@ fn the_leader_starts_an_engine_process_under_a_burst_and_stops_a_drained_one_whe
 
 #[test]
 fn the_demo_runs_a_pd_fleet_that_starts_its_own_engines() {
+    let _serial = one_at_a_time();
     let db = Db::fresh("pddemo");
     let stdout = run_demo(&db, &["--mode", "pd", "--requests", "30"]);
     assert!(stdout.contains("requests sent 30  ok 30  failed 0"), "{stdout}");
@@ -225,6 +244,7 @@ fn the_demo_runs_a_pd_fleet_that_starts_its_own_engines() {
 
 #[test]
 fn of_two_replicas_only_the_leader_starts_engines_and_a_new_leader_refills_the_pools() {
+    let _serial = one_at_a_time();
     let db = Db::fresh("pdreplicas");
     let (ga, gb) = (free_addr(), free_addr());
     let both = format!("{ga},{gb}");
@@ -258,6 +278,7 @@ fn of_two_replicas_only_the_leader_starts_engines_and_a_new_leader_refills_the_p
 
 #[test]
 fn a_prefilled_request_nobody_sends_on_frees_its_kv_and_is_placed_again_when_a_decode_engine_comes() {
+    let _serial = one_at_a_time();
     let db = Db::fresh("parked");
     let s = serve(&db, &["--mode", "pd"]);
     let _p = engine(&s.grpc, "p0", &["--role", "prefill", "--parked-limit-s", "1"]);
