@@ -163,6 +163,14 @@ fn the_console_is_served_and_the_history_and_scenarios_feed_it() {
     assert_eq!(engines.values().next().map(|e| e["cached_share"].clone()), Some(w["cached_share"].clone()));
     assert_eq!(sample["pools"]["colocated"]["serving"], 1);
     assert_eq!(sample["load_p"], Value::Null, "a colocated fleet has no pool loads, so none are invented");
+    // The two requests share their whole prompt: 64 blocks of 16 tokens.
+    let (_, top) = get(&format!("{}/api/prefixes", s.http), Some(ADMIN));
+    assert_eq!(
+        (top["prefixes"][0]["tokens"].as_u64(), top["prefixes"][0]["requests"].as_u64()),
+        (Some(1024), Some(2)),
+        "{top}"
+    );
+    assert_eq!(get(&format!("{}/api/prefixes", s.http), None).0, 401);
     let since = sample["at_ms"].as_u64().expect("at_ms");
     let (_, newer) = get(&format!("{}/api/history?since_ms={since}", s.http), Some(ADMIN));
     assert!(newer["samples"].as_array().expect("samples").iter().all(|x| x["at_ms"].as_u64() > Some(since)));
@@ -254,6 +262,8 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
         Ok(t.trim_end_matches('%').parse::<f64>().ok().filter(|&h| h > 0.0))
     });
     b.wait_for("index blocks counted", |b| Ok(b.text("#index-blocks")?.parse::<u64>().ok().filter(|&n| n > 0)));
+    // The traffic's 512-token system prompt tops the shared prefixes.
+    b.wait_text("#top-prefixes tbody tr:first-child", &["512"]);
     b.screenshot(&shots.join("cache.png"));
     drop(traffic);
 

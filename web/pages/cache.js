@@ -1,6 +1,8 @@
 // Cache: the share of prompt tokens each tier served, the global prefix index's size and KV
-// use per pool, over the last minutes (GET /api/history).
+// use per pool, over the last minutes (GET /api/history), and the prompt prefixes recent
+// requests share most (GET /api/prefixes).
 
+import { get } from '../api.js';
 import { h, replace, errorBox, every, pct, fmt } from '../dom.js';
 import { lineChart } from '../chart.js';
 import * as history from '../history.js';
@@ -11,11 +13,23 @@ export function mount(el) {
   const charts = h('div', { class: 'charts' });
   const status = h('div');
   const now = h('div', { class: 'summary' });
-  replace(el, h('h1', {}, 'Cache'), now, status, charts,
-    h('p', { class: 'muted' }, 'Top shared prefixes: not yet measured (the global prefix index does not report its most shared prefixes).'));
+  const prefixes = h('div', { class: 'card', id: 'top-prefixes' });
+  replace(el, h('h1', {}, 'Cache'), now, status, charts, prefixes);
   return every(2000, async () => {
     try {
-      await history.refresh();
+      const [top] = await Promise.all([get('/prefixes'), history.refresh()]);
+      replace(prefixes, h('h2', {}, 'Top shared prefixes'),
+        top.prefixes.length === 0
+          ? h('p', { class: 'muted' }, `No prompt prefix shared by two of the last ${fmt(top.requests)} requests.`)
+          : h('table', {},
+            h('thead', {}, h('tr', {}, ['prefix', 'tokens', 'requests', 'tokens a cache saves'].map((c) => h('th', {}, c)))),
+            h('tbody', {}, top.prefixes.map((p) => h('tr', {},
+              h('td', { class: 'mono' }, p.id),
+              h('td', { class: 'num' }, fmt(p.tokens)),
+              h('td', { class: 'num' }, fmt(p.requests)),
+              h('td', { class: 'num' }, fmt(p.tokens * (p.requests - 1))))))),
+        h('p', { class: 'muted' }, `Of the last ${fmt(top.requests)} requests (at most ${fmt(top.window)}): prompt prefixes that start several requests, `
+          + 'counted at 1, 2, 4, … blocks; one that a longer prefix shares with as many requests is left out.'));
       const w = history.windowLength();
       const last = history.latest();
       const tiers = last?.window.cached_share_by_tier;

@@ -64,6 +64,15 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
     .into_response())
 }
 
+/// The prompt prefixes recent requests share, most tokens saved first.
+pub async fn prefixes(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let hub = app.lock_hub();
+    let top = hub.prefixes.top(20);
+    Ok(Json(json!({"requests": hub.prefixes.requests(), "window": super::prefixes::WINDOW, "prefixes": top}))
+        .into_response())
+}
+
 pub async fn instances(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
     let hub = app.lock_hub();

@@ -302,6 +302,7 @@ async fn serve(
             block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
         };
+        hub.prefixes.record(&request.block_hashes, block_size);
         let payload = Payload {
             prompt: parsed.prompt.clone(),
             sampling: parsed.sampling,

@@ -20,6 +20,8 @@ pub enum PlaceError {
 }
 
 pub struct Hub {
+    /// The prompt prefixes recent requests share (the console's cache page).
+    pub prefixes: super::prefixes::SharedPrefixes,
     pub controller: Controller,
     pub fleet: LiveFleet,
     pub config: ControllerConfig,
@@ -50,6 +52,7 @@ impl Hub {
         fleet.configure(controller.wants_latencies(), pools.map(|p| p.transfer));
         let clock = fleet.clock();
         Hub {
+            prefixes: Default::default(),
             controller,
             fleet,
             config,

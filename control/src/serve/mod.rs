@@ -16,6 +16,7 @@ mod live_fleet;
 mod metrics;
 mod policy;
 pub mod pools;
+mod prefixes;
 mod registry;
 mod simulations;
 mod store;
@@ -268,6 +269,7 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/api/scaling-events", get(api::scaling_events))
         .route("/api/audit", get(api::audit_log))
         .route("/api/history", get(api::history))
+        .route("/api/prefixes", get(api::prefixes))
         .route("/api/scenarios", get(api::scenarios))
         .route("/api/tokens", get(api::tokens).post(api::create_token))
         .route("/api/tokens/{name}", axum::routing::delete(api::revoke_token))
