@@ -1,4 +1,5 @@
-// Fleet overview: the engines by pool and state with their load, polled every 1.5 s.
+// Fleet overview: the engines by pool and state (starting, serving, draining, down) with
+// their load, polled every 1.5 s.
 
 import { get } from '../api.js';
 import { h, replace, fmt, pct, errorBox, every } from '../dom.js';
@@ -42,11 +43,13 @@ function instanceRow(i, recent) {
     h('td', { class: 'num' }, `${i.seconds_since_seen.toFixed(1)} s`));
 }
 
-function poolTable(pool, instances, recent) {
+// `starting`: engines the actuator was asked for that have not registered yet (P/D pools).
+function poolTable(pool, instances, recent, starting) {
   const byState = STATES.map((s) => instances.filter((i) => i.state === s));
+  const counts = [...(starting ? [`${starting} starting`] : []), ...STATES.map((s, k) => `${byState[k].length} ${s}`)];
   return h('div', { class: 'card', 'data-pool': pool },
     h('h2', {}, `Pool ${pool}`,
-      h('span', { class: 'muted' }, ` · ${STATES.map((s, k) => `${byState[k].length} ${s}`).join(' · ')}`)),
+      h('span', { class: 'muted' }, ` · ${counts.join(' · ')}`)),
     h('table', { class: 'instances' },
       h('thead', {}, h('tr', {}, ['engine', 'state', 'model', 'running', 'queue', 'prefill tokens left', 'decode tokens left', 'KV use / high-water mark', `cache hit rate (${history.windowLength()} s)`, 'seen'].map((c) => h('th', {}, c)))),
       h('tbody', {}, byState.flat().map((i) => instanceRow(i, recent[i.id])))));
@@ -79,7 +82,7 @@ export function mount(el) {
       for (const v of byPool.values()) v.sort((a, b) => a.name.localeCompare(b.name));
       replace(pools, byPool.size === 0
         ? h('p', { class: 'empty' }, 'No engine has registered yet. Start one with ', h('code', {}, 'fleetplane engine --control GRPC_ADDRESS'), '.')
-        : [...byPool.keys()].sort().map((p) => poolTable(p, byPool.get(p), recent)));
+        : [...byPool.keys()].sort().map((p) => poolTable(p, byPool.get(p), recent, history.latest()?.pools?.[p]?.starting)));
       replace(status);
     } catch (e) {
       replace(status, errorBox(`Cannot read the fleet: ${e.message}`));
