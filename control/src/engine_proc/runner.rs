@@ -173,9 +173,7 @@ impl Runner {
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
-            while let Ok(c) = commands.try_recv() {
-                self.handle(c);
-            }
+            self.take_commands(&commands);
             self.cancel_abandoned();
             let start = self.now();
             let paced = self.backend.paced();
@@ -211,11 +209,16 @@ impl Runner {
                 // Requests that arrived during the step go into the report: the control plane
                 // stops counting what it routed here once a report comes, so a report that
                 // left them in the channel would hide them for a whole (long) step.
-                while let Ok(c) = commands.try_recv() {
-                    self.handle(c);
-                }
+                self.take_commands(&commands);
                 self.report_load();
             }
+        }
+    }
+
+    /// Handles every command waiting in the channel.
+    fn take_commands(&mut self, commands: &Receiver<Command>) {
+        while let Ok(c) = commands.try_recv() {
+            self.handle(c);
         }
     }
 

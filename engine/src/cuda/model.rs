@@ -260,8 +260,8 @@ impl Llama {
                 // Decode tokens split their contexts over the GPU; in a step that also has a
                 // prefill chunk they get a launch of their own (the chunk's tokens are many
                 // enough to fill the GPU unsplit).
-                let ranges = if decodes > 0 && decodes < t { [(0, decodes), (decodes, t)] } else { [(0, t), (t, t)] };
-                for (first, end) in ranges {
+                let split_at = if decodes > 0 { decodes } else { t };
+                for (first, end) in [(0, split_at), (split_at, t)] {
                     let n = end - first;
                     if n == 0 {
                         continue;

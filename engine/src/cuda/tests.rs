@@ -22,6 +22,19 @@ fn tiny_model(name: &str) -> PathBuf {
     dir
 }
 
+/// A tiny model written to a fresh folder and an executor over it with a 2 GiB budget, steps
+/// of up to 512 tokens and 8 sequences, capturing logits for the comparisons.
+fn tiny_executor(name: &str) -> (PathBuf, CudaExecutor) {
+    let dir = tiny_model(name);
+    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
+    cfg.gpu_memory_bytes = Some(2 << 30);
+    cfg.max_batch_tokens = 512;
+    cfg.max_seqs = 8;
+    let mut exec = CudaExecutor::new(cfg).unwrap();
+    exec.capture_logits(true);
+    (dir, exec)
+}
+
 #[test]
 fn every_kernel_compiles_with_nvrtc() {
     // Needs NVRTC only, not a GPU: syntax errors would otherwise show only on the device.
@@ -75,13 +88,7 @@ fn chunked_and_prefix_cached_prefill_give_the_one_shot_logits() {
     if skip("chunked_and_prefix_cached_prefill_give_the_one_shot_logits") {
         return;
     }
-    let dir = tiny_model("chunked");
-    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
-    cfg.gpu_memory_bytes = Some(2 << 30);
-    cfg.max_batch_tokens = 512;
-    cfg.max_seqs = 8;
-    let mut exec = CudaExecutor::new(cfg).unwrap();
-    exec.capture_logits(true);
+    let (dir, mut exec) = tiny_executor("chunked");
     let prompt: Vec<u32> = (0..200).map(|i| (i * 37 + 11) % 512).collect();
     // One shot: the whole prompt in one step.
     let one = serve(&mut exec, std::slice::from_ref(&prompt), 4, 512);
@@ -109,13 +116,7 @@ fn greedy_decode_matches_recomputing_the_whole_sequence() {
     if skip("greedy_decode_matches_recomputing_the_whole_sequence") {
         return;
     }
-    let dir = tiny_model("decode");
-    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
-    cfg.gpu_memory_bytes = Some(2 << 30);
-    cfg.max_batch_tokens = 512;
-    cfg.max_seqs = 8;
-    let mut exec = CudaExecutor::new(cfg).unwrap();
-    exec.capture_logits(true);
+    let (dir, mut exec) = tiny_executor("decode");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 13 + 1) % 512).collect();
     let out = serve(&mut exec, std::slice::from_ref(&prompt), 8, 512);
     let decoded = exec.captured_logits(RequestId(0)).unwrap().to_vec();
@@ -160,13 +161,7 @@ fn graph_replayed_decode_gives_the_eager_logits_bit_for_bit() {
     if skip("graph_replayed_decode_gives_the_eager_logits_bit_for_bit") {
         return;
     }
-    let dir = tiny_model("graphs");
-    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
-    cfg.gpu_memory_bytes = Some(2 << 30);
-    cfg.max_batch_tokens = 512;
-    cfg.max_seqs = 8;
-    let mut exec = CudaExecutor::new(cfg).unwrap();
-    exec.capture_logits(true);
+    let (dir, mut exec) = tiny_executor("graphs");
     // Three sequences (a bucket of 4: one padding row) and one alone (a bucket of 1).
     let three: Vec<Vec<u32>> =
         (0..3).map(|k| (0..(30 + 11 * k)).map(|i| (i * 5 + k * 17 + 3) % 512).collect()).collect();
@@ -200,13 +195,7 @@ fn split_attention_matches_the_reference_kernel() {
     if skip("split_attention_matches_the_reference_kernel") {
         return;
     }
-    let dir = tiny_model("split");
-    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
-    cfg.gpu_memory_bytes = Some(2 << 30);
-    cfg.max_batch_tokens = 512;
-    cfg.max_seqs = 8;
-    let mut exec = CudaExecutor::new(cfg).unwrap();
-    exec.capture_logits(true);
+    let (dir, mut exec) = tiny_executor("split");
     // Contexts from a few keys to several hundred: one split, many splits, partial tiles; the
     // longest prompt takes three steps, beside the others' decodes (mixed steps).
     let prompts: Vec<Vec<u32>> = [5usize, 33, 130, 400, 1100]

@@ -35,3 +35,14 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     float t = lane < nwarps ? scratch[lane] : 0.0f;
     return warp_sum(t);
 }
+
+// Maximum over a block of up to 1024 threads; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : NEG_INF;
+    return warp_max(t);
+}

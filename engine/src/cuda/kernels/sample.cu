@@ -11,16 +11,6 @@
 // Each thread owns a contiguous range of the vocabulary, so the cumulative sums are a block
 // scan of per-thread sums followed by one walk inside the range that holds the target.
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float t = lane < nwarps ? scratch[lane] : NEG_INF;
-    return warp_max(t);
-}
-
 extern "C" __global__ void sample_rows(const bf16* logits, int vocab, const float* params, u32* out) {
     __shared__ float red[32];
     __shared__ float scan[1024];
