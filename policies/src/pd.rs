@@ -496,6 +496,28 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_that_registers_after_a_higher_id_still_counts_as_arrived() {
+        // Engines started together register in any order: the slot of a lower id exists once
+        // a higher one is heard of, but its instance has not arrived until it announces itself.
+        let mut c = controller(AutoscalerConfig::None, 4);
+        c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(1) });
+        c.set_autoscaling(true);
+        let mut out = Vec::new();
+        c.tick(Time::from_millis(1000), &mut out);
+        assert_eq!(out, vec![Command::Start { role: Role::Decode }]);
+        let at = Time::from_millis(1500);
+        c.on_event(at, &FleetEvent::InstanceRole { instance: InstanceId(6), role: Role::Prefill });
+        c.on_event(at, &FleetEvent::InstanceUp { instance: InstanceId(6), capacity_tokens: 100_000 });
+        c.on_event(at, &FleetEvent::InstanceRole { instance: InstanceId(5), role: Role::Decode });
+        c.on_event(at, &FleetEvent::InstanceUp { instance: InstanceId(5), capacity_tokens: 100_000 });
+        out.clear();
+        c.tick(Time::from_millis(2000), &mut out);
+        let decode = c.pools().expect("pd").decode;
+        assert_eq!((decode.serving, decode.starting), (1, 0), "the decode engine asked for has arrived");
+        assert_eq!(out, vec![], "so nothing more is asked for");
+    }
+
+    #[test]
     fn a_pool_below_its_minimum_is_refilled_only_by_a_controller_that_scales() {
         let mut c = controller(AutoscalerConfig::None, 4);
         c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(1) });

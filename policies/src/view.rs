@@ -51,6 +51,9 @@ pub struct InstanceView {
     pub routed_since_report: u64,
     /// Requests routed here and not finished.
     pub in_flight: u32,
+    /// Whether the instance has announced itself (a role or `up`); slots made for instances
+    /// not yet heard of, below a higher id that was, have not.
+    announced: bool,
 }
 
 impl InstanceView {
@@ -172,9 +175,13 @@ impl FleetView {
     /// Gives instance `id` a role (before its `up`); once any instance is a prefill
     /// instance, new requests are routed to the prefill pool. Returns whether `id` was new.
     pub(crate) fn set_role(&mut self, id: InstanceId, role: Role) -> bool {
-        let new = self.get(id).is_none();
+        // Engines started together register in any order: the slot of a lower id may exist
+        // already without the instance having been heard of.
+        let new = !self.get(id).is_some_and(|v| v.announced);
         self.ensure(id);
-        self.instances[id.0 as usize].role = role;
+        let v = &mut self.instances[id.0 as usize];
+        v.role = role;
+        v.announced = true;
         if role == Role::Prefill {
             self.route_role = Role::Prefill;
         }
@@ -186,6 +193,7 @@ impl FleetView {
         let v = &mut self.instances[id.0 as usize];
         v.state = InstanceState::Serving;
         v.capacity_tokens = capacity_tokens;
+        v.announced = true;
     }
 
     /// Makes room for instance `id` (instances not yet heard of are down).
@@ -200,6 +208,7 @@ impl FleetView {
                 load: Load::default(),
                 routed_since_report: 0,
                 in_flight: 0,
+                announced: false,
             }));
         }
     }
