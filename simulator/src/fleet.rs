@@ -15,7 +15,7 @@
 //! down once it holds no request, parked ones included. GPU time is integrated over every
 //! instance that holds its GPUs: starting, serving or draining.
 
-use crate::cost::{CostModelExecutor, SpeculationTally};
+use crate::cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
@@ -404,6 +404,18 @@ impl SimFleet {
     /// Time admission was paused up to `now`, summed over instances.
     pub fn admission_paused(&self, now: Time) -> Dur {
         self.instances.iter().fold(Dur::ZERO, |sum, i| sum + i.engine.paused_clock(now))
+    }
+
+    /// Where the GPU time of every instance went.
+    pub fn gpu_time(&self) -> GpuTime {
+        if self.drafting.is_empty() {
+            return self.executor.gpu_time();
+        }
+        let mut sum = GpuTime::default();
+        for e in &self.drafting {
+            sum.add(e.gpu_time());
+        }
+        sum
     }
 
     /// What speculative decoding did over every instance (`None` without a drafter).

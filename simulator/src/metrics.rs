@@ -182,6 +182,13 @@ pub struct Summary {
     /// Speculative decoding: the drafter and what it accepted (absent: no speculation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationReport>,
+    /// Seconds instances spent computing steps, summed over instances, and the share of it
+    /// that prefill chunks added to the steps their decodes alone would take: the most that
+    /// cache hits can save is this share times the prefill work they remove.
+    #[serde(default)]
+    pub gpu_busy_s: f64,
+    #[serde(default)]
+    pub prefill_time_share: f64,
 }
 
 /// What speculative decoding did in a run.
@@ -422,6 +429,8 @@ impl Metrics {
                 l3: ratio(self.cached_by_tier[2] as f64, self.input_tokens as f64),
             },
             max_hit_rate: None,
+            gpu_busy_s: 0.0,
+            prefill_time_share: 0.0,
             gpu_hours,
             cost_per_mtok: ratio(gpu_hours * cost.price_per_gpu_hour, total_mtok),
             duration_s,

@@ -99,6 +99,8 @@ const ROWS: &[Row] = &[
     Row { label: "  from L3 (%)", value: |s| s.hit_rate_by_tier.l3 * 100.0, decimals: 1 },
     Row { label: "infinite-cache hit (%)", value: |s| s.max_hit_rate.unwrap_or(f64::NAN) * 100.0, decimals: 1 },
     Row { label: "GPU-hours (h)", value: |s| s.gpu_hours, decimals: 3 },
+    Row { label: "GPU busy (s)", value: |s| s.gpu_busy_s, decimals: 0 },
+    Row { label: "  prefill share (%)", value: |s| s.prefill_time_share * 100.0, decimals: 1 },
     Row { label: "cost ($/Mtok)", value: |s| s.cost_per_mtok, decimals: 3 },
     Row { label: "preemptions", value: |s| s.preemptions as f64, decimals: 0 },
     Row { label: "prefill yields", value: |s| s.yields as f64, decimals: 0 },

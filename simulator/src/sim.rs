@@ -274,6 +274,9 @@ pub fn run(
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
     let mut summary = metrics.summary(&cost);
     summary.max_hit_rate = bound.map(|b| b.hit_rate());
+    let time = fleet.gpu_time();
+    summary.gpu_busy_s = time.busy_s;
+    summary.prefill_time_share = time.prefill_share();
     if let (Some(d), Some(tally)) = (config.drafter, fleet.speculation()) {
         summary.speculation = Some(SpeculationReport {
             drafter: d.name.to_string(),

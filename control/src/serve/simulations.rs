@@ -48,12 +48,14 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 13] = [
+const EXAMPLES: [(&str, &str); 15] = [
+    ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
     ("cuda-fidelity.toml", include_str!("../../../examples/cuda-fidelity.toml")),
     ("long-context-layouts.toml", include_str!("../../../examples/long-context-layouts.toml")),
     ("long-input-fair.toml", include_str!("../../../examples/long-input-fair.toml")),
+    ("long-input-mooncake.toml", include_str!("../../../examples/long-input-mooncake.toml")),
     ("live-fidelity.toml", include_str!("../../../examples/live-fidelity.toml")),
     ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),

@@ -8,7 +8,8 @@
 //! suffix_s(i) = (prompt − cached prefix on i, all tiers) / R
 //! load_s(i)   = L2 tokens on i / R_L2 + L3 tokens / R_L3
 //! kv_s(i)     = KV_WEIGHT × tokens of KV i's requests hold / R
-//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i)) + kv_s(i)
+//! copy_s(i)   = COPY_WEIGHT × (prompt − prefix held by i in L1 or L2) / R
+//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i)) + kv_s(i) + copy_s(i)
 //! ```
 //!
 //! `R` is the instance's prefill rate and `R_L2`, `R_L3` its load rates from the lower tiers
@@ -17,6 +18,14 @@
 //! `kv_s` is not time the request waits but the load the instance has taken on: without it,
 //! an instance holding a hot conversation keeps winning on prefix until its decodes fill
 //! its KV and preempt (measured on the Mooncake trace: docs/KV-TIERS.md).
+//!
+//! `copy_s` is not time the request waits either: it is what placing the prompt away from
+//! its prefix costs the fleet later. L1 and L2 are per instance; a prompt sent where its
+//! prefix sits only in L3 (or nowhere) makes one more copy of it in that instance's GPU and
+//! host memory, so the fleet's per-instance tiers hold fewer distinct prefixes, later
+//! requests load more from L3 (longer steps) and KV fills sooner. Without it, the router
+//! spread a hot prefix over every instance whenever queues differed by a few hundred
+//! milliseconds (docs/KV-TIERS.md has the numbers).
 //!
 //! Guard against piling onto one hot instance: the prediction only sees prefill. An
 //! instance whose requests in flight exceed `HOT_FACTOR` × the fleet's mean plus
@@ -38,6 +47,9 @@ pub const HOT_FACTOR: f64 = 2.0;
 pub const HOT_SLACK: f64 = 8.0;
 /// Weight of the KV held by an instance's requests, in prefill-seconds per token.
 pub const KV_WEIGHT: f64 = 0.25;
+/// Weight of the prompt tokens an instance would newly hold (not in its L1 or L2), in
+/// prefill-seconds per token.
+pub const COPY_WEIGHT: f64 = 4.0;
 
 #[derive(Debug)]
 pub struct CacheAware {
@@ -56,12 +68,14 @@ struct Estimate {
     load_s: f64,
     /// The KV-held term: see the module doc.
     kv_s: f64,
+    /// The new-copy term: see the module doc.
+    copy_s: f64,
     uncached_tokens: u64,
 }
 
 impl Estimate {
     fn ttft_s(&self) -> f64 {
-        self.queue_s + self.prefill_s.max(self.load_s) + self.kv_s
+        self.queue_s + self.prefill_s.max(self.load_s) + self.kv_s + self.copy_s
     }
 }
 
@@ -87,6 +101,8 @@ impl CacheAware {
         // on (Dynamo counts them as decode blocks, beside prefill blocks), and what drives it
         // to preemption if it keeps winning on prefix.
         let kv_s = (u64::from(v.load.kv_used_blocks) * bs) as f64 / h.prefill_tokens_per_s * KV_WEIGHT;
+        let held = (u64::from(m.l1 + m.l2) * bs).min(prompt);
+        let copy_s = (prompt - held) as f64 / h.prefill_tokens_per_s * COPY_WEIGHT;
         Estimate {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
@@ -94,6 +110,7 @@ impl CacheAware {
             load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
                 + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
             kv_s,
+            copy_s,
             uncached_tokens,
         }
     }
@@ -153,6 +170,7 @@ impl Router for CacheAware {
                 prefill_ms: ms(e.prefill_s),
                 load_ms: ms(e.load_s),
                 kv_ms: ms(e.kv_s),
+                copy_ms: ms(e.copy_s),
                 predicted_ttft_ms: ms(e.ttft_s()),
                 all_guarded: guarded,
             },

@@ -108,7 +108,7 @@ pub enum Why {
         score: f64,
     },
     /// Lowest predicted time to first token: the cached prefix found on the instance by
-    /// tier, and the terms of the prediction (`queue + max(prefill, load) + kv`). `all_guarded`:
+    /// tier, and the terms of the prediction (`queue + max(prefill, load) + kv + copy`). `all_guarded`:
     /// every candidate was hot, so the guard was waived.
     CacheAware {
         l1_tokens: u32,
@@ -118,6 +118,7 @@ pub enum Why {
         prefill_ms: f64,
         load_ms: f64,
         kv_ms: f64,
+        copy_ms: f64,
         predicted_ttft_ms: f64,
         all_guarded: bool,
     },

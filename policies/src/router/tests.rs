@@ -409,17 +409,21 @@ fn cache_aware_weighs_a_cached_prefix_against_the_queue_in_predicted_seconds() {
     let prompt = chain(1, 250); // 4,000 tokens: 100 ms to compute from scratch
     store(&mut c, 0, Tier::L1, &prompt[..200]);
     store(&mut c, 1, Tier::L2, &prompt[..249]);
-    // 0 has 40 ms of queued prefill: 40 + 50 tokens × 16 / 40k = 40 + 20 = 60 ms.
+    // Every instance is charged 4 × the prefill time of the prompt tokens it does not hold in
+    // L1 or L2 (the new copy): 0 holds 3,200, so 800 tokens: 80 ms; 1 holds 3,984: 1.6 ms;
+    // 2 holds none: 400 ms.
+    // 0 has 40 ms of queued prefill: 40 + 50 tokens × 16 / 40k + 80 = 40 + 20 + 80 = 140 ms.
     report(&mut c, 0, 1_600);
-    // 1 loads 3,984 tokens from L2 (10 ms) while computing 16 (0.4 ms): 10 ms. 2: 100 ms.
+    // 1 loads 3,984 tokens from L2 (10 ms) while computing 16 (0.4 ms): 10 + 1.6 ms.
+    // 2: 100 + 400 ms.
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
-    assert_eq!(cache_aware_why(&route), (0, 3_984, 0, 10.0));
-    // The uncached 16 tokens now count as routed to 1; a bigger queue there tips it to 0.
-    report(&mut c, 1, 4_000);
+    assert_eq!(cache_aware_why(&route), (0, 3_984, 0, 11.6));
+    // The uncached 16 tokens now count as routed to 1; a queue of 200 ms there tips it to 0.
+    report(&mut c, 1, 8_000);
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
-    assert_eq!(cache_aware_why(&route), (3_200, 0, 0, 60.0));
+    assert_eq!(cache_aware_why(&route), (3_200, 0, 0, 140.0));
 }
 
 #[test]

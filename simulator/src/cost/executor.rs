@@ -20,6 +20,33 @@ use super::speculative::Drafter;
 pub struct CostModelExecutor {
     model: CostModel,
     spec: Option<Speculation>,
+    time: GpuTime,
+}
+
+/// Where an executor's GPU time went: every step's time, and the part of it that its prefill
+/// chunks added to the step its decodes alone would have taken. The prefill share bounds
+/// what saving prefill work (cache hits) can buy a busy fleet: at most `1 / (1 − share ×
+/// fraction saved)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuTime {
+    pub busy_s: f64,
+    pub prefill_s: f64,
+}
+
+impl GpuTime {
+    pub fn add(&mut self, other: GpuTime) {
+        self.busy_s += other.busy_s;
+        self.prefill_s += other.prefill_s;
+    }
+
+    /// The prefill part of the busy time (0 when idle).
+    pub fn prefill_share(&self) -> f64 {
+        if self.busy_s > 0.0 {
+            self.prefill_s / self.busy_s
+        } else {
+            0.0
+        }
+    }
 }
 
 /// A speculating executor's drafter, generator and tally.
@@ -57,7 +84,7 @@ impl SpeculationTally {
 
 impl CostModelExecutor {
     pub fn new(model: CostModel) -> CostModelExecutor {
-        CostModelExecutor { model, spec: None }
+        CostModelExecutor { model, spec: None, time: GpuTime::default() }
     }
 
     /// Speculates with `drafter`; acceptance draws derive from `seed` (the run's).
@@ -76,7 +103,7 @@ impl CostModelExecutor {
             tally: SpeculationTally::default(),
             ..s.clone()
         });
-        CostModelExecutor { model: self.model.clone(), spec }
+        CostModelExecutor { model: self.model.clone(), spec, time: GpuTime::default() }
     }
 
     pub fn cost_model(&self) -> &CostModel {
@@ -90,6 +117,23 @@ impl CostModelExecutor {
     /// What speculation did so far (`None` without a drafter).
     pub fn tally(&self) -> Option<SpeculationTally> {
         self.spec.as_ref().map(|s| s.tally)
+    }
+
+    /// The GPU time of the steps priced so far.
+    pub fn gpu_time(&self) -> GpuTime {
+        self.time
+    }
+
+    /// The part of a step of `total` that its prefill chunks add to the step its decodes
+    /// alone would take.
+    fn prefill_part(&self, batch: &Batch, total: Dur) -> f64 {
+        if batch.stats.prefill_tokens == 0 {
+            return 0.0;
+        }
+        let mut decodes = BatchStats::default();
+        batch.entries.iter().filter(|e| !e.is_prefill).for_each(|e| decodes.add(e));
+        let decodes_s = if decodes.is_empty() { 0.0 } else { self.model.step_time(&decodes).as_secs_f64() };
+        (total.as_secs_f64() - decodes_s).max(0.0)
     }
 }
 
@@ -105,7 +149,11 @@ impl Executor for CostModelExecutor {
 
     fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
         let Some(spec) = &mut self.spec else {
-            return Ok(self.model.step_time(&batch.stats));
+            let total = self.model.step_time(&batch.stats);
+            let prefill_s = self.prefill_part(batch, total);
+            self.time.busy_s += total.as_secs_f64();
+            self.time.prefill_s += prefill_s;
+            return Ok(total);
         };
         let (mut drafting, mut verifying) = (BatchStats::default(), BatchStats::default());
         for e in &batch.entries {
@@ -122,7 +170,12 @@ impl Executor for CostModelExecutor {
             out.accepted.push(accepted);
         }
         let p = spec.drafter.price(&self.model, &drafting, &verifying);
-        Ok(Dur::from_secs_f64(p.draft_s + p.verify_s))
+        let total = Dur::from_secs_f64(p.draft_s + p.verify_s);
+        // The prefill part as a plain step would price it: speculation changes the decodes.
+        let prefill_s = self.prefill_part(batch, self.model.step_time(&batch.stats));
+        self.time.busy_s += total.as_secs_f64();
+        self.time.prefill_s += prefill_s.min(total.as_secs_f64());
+        Ok(total)
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
 //! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark): one step's price ([`StepPrice`]) for both the engine and the TPOT calculation ([`SpeculativeStep`]), and acceptance sampling |
 //! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overheads fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
-//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]) |
+//! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]); where the GPU time went ([`GpuTime`]) |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
 //! **The layout.** An instance has `G = tp × dp_attention` GPUs of one node. Attention runs
@@ -85,7 +85,7 @@ mod speculative;
 
 pub use calibrate::{calibrate, Calibration, CalibrationError, SampleFit};
 pub use error::{CostError, UnknownName};
-pub use executor::{CostModelExecutor, SpeculationTally};
+pub use executor::{CostModelExecutor, GpuTime, SpeculationTally};
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, CpMode, Deployment};
