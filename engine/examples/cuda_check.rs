@@ -7,10 +7,13 @@
 //!                                                      # writes OUT_PREFIX.json + .f32 for the f32 check
 //! cuda-check graphs DIR                                # CUDA-graph decode vs eager
 //! cuda-check bench CONFIG                              # decode and prefill speed, random weights
+//! cuda-check prefill CONFIG                            # prefill speed only, each attention kernel
 //! cuda-check make-model CONFIG DIR                     # as `fleetplane make-model`
 //! ```
 
-use engine::cuda::{block_hashes, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LlamaConfig, ModelSource, Sampling};
+use engine::cuda::{
+    block_hashes, Attention, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LlamaConfig, ModelSource, Sampling,
+};
 use engine::{Batch, BatchEntry, BlockId, Dur, Executor, Finished, Instance, Request, RequestId, StepOutput, Time};
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,9 +29,10 @@ fn main() -> ExitCode {
         Some("chunked") if args.len() == 3 => chunked(&args[1], &args[2]),
         Some("graphs") if args.len() == 2 => graphs(&args[1]),
         Some("bench") if args.len() == 2 => bench(&args[1]),
+        Some("prefill") if args.len() == 2 => prefill_only(&args[1]),
         Some("make-model") if args.len() == 3 => make_model(&args[1], &args[2]),
         _ => Err("usage: cuda-check logits DIR OUT_PREFIX PROMPT_LEN DECODE | chunked DIR OUT_PREFIX | graphs DIR \
-                  | bench CONFIG | make-model CONFIG DIR"
+                  | bench CONFIG | prefill CONFIG | make-model CONFIG DIR"
             .into()),
     };
     match result {
@@ -321,26 +325,46 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Decode and prefill speed on random weights drawn on the GPU. Batches are built by hand
 /// (not by the scheduler) so that their shapes are exactly the ones measured; decode steps
 /// attend to `ctx` positions of KV that hold zeros (the bytes read are the same as real KV).
-fn bench(config: &str) -> Res {
+/// KV block size of the speed runs.
+const BENCH_BLOCK: u32 = 16;
+
+/// An executor over random weights of `config`'s shape, for the speed runs; prints the header.
+fn bench_executor(config: &str) -> Result<(LlamaConfig, CudaExecutor), String> {
     let cfg = LlamaConfig::preset(config).ok_or(format!("unknown config {config}"))?;
-    let block = 16u32;
     let mut ecfg = CudaExecutorConfig::new(ModelSource::Random { config: cfg.clone(), seed: 1 });
     ecfg.max_batch_tokens = 8192;
     ecfg.max_seqs = 256;
-    ecfg.block_size = block;
-    let mut exec = CudaExecutor::new(ecfg).map_err(|e| e.to_string())?;
+    ecfg.block_size = BENCH_BLOCK;
+    let exec = CudaExecutor::new(ecfg).map_err(|e| e.to_string())?;
+    println!(
+        "bench: {config}: {:.2} B params, {} KV blocks of {BENCH_BLOCK} tokens",
+        cfg.parameters() as f64 / 1e9,
+        exec.kv_blocks()
+    );
+    println!("| phase | batch | context | mode | step ms | tokens/s | ceiling tokens/s | share |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    Ok((cfg, exec))
+}
+
+/// The prefill rows of `bench` alone.
+fn prefill_only(config: &str) -> Res {
+    let (cfg, mut exec) = bench_executor(config)?;
+    let mut next_id = 0u64;
+    bench_prefill(&cfg, &mut exec, &mut next_id)
+}
+
+fn bench(config: &str) -> Res {
+    let (cfg, mut exec) = bench_executor(config)?;
+    let block = BENCH_BLOCK;
     let kv_blocks = exec.kv_blocks();
     let weight_bytes = cfg.parameters() as f64 * 2.0;
     let kv_token_bytes = (4 * cfg.num_hidden_layers * cfg.kv_dim()) as f64;
     let bw = 4.3e12;
-    let gemm_rate = 788e12;
-    println!("bench: {config}: {:.2} B params, {kv_blocks} KV blocks of {block} tokens", cfg.parameters() as f64 / 1e9);
-    println!("| phase | batch | context | mode | step ms | tokens/s | ceiling tokens/s | share |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut out = StepOutput::default();
     let mut next_id = 0u64;
     // `old`: eager launches and the simple attention kernel (the first version); `eager`:
-    // eager launches, split attention; `graphs`: the default (CUDA graphs, split attention).
+    // eager launches; `graphs`: the default (CUDA graphs). Decode tokens run the split
+    // attention kernel in both.
     let cases: [(u32, u32, Mode); 12] = [
         (128, 1, Mode::Old),
         (128, 1, Mode::Eager),
@@ -411,13 +435,29 @@ fn bench(config: &str) -> Res {
         "bench: CUDA graphs captured {captured}, replayed {replayed}{}",
         failure.map_or(String::new(), |f| format!("; capture failed: {f}"))
     );
-    for (n, mode) in [(2048u32, Mode::Old), (2048, Mode::Graphs), (8192, Mode::Graphs)] {
-        mode.set(&mut exec);
+    bench_prefill(&cfg, &mut exec, &mut next_id)
+}
+
+/// One-shot prefill of a 2K and an 8K prompt with each attention kernel for the chunk's
+/// tokens (median of 3 after a warm-up), against the GEMM-rate ceiling (every FLOP of the
+/// weights and of causal attention at 788 TFLOP/s); then how far the tiled kernel's logits
+/// are from the split kernel's for the same prompt.
+fn bench_prefill(cfg: &LlamaConfig, exec: &mut CudaExecutor, next_id: &mut u64) -> Res {
+    let gemm_rate = 788e12;
+    let block = BENCH_BLOCK;
+    let mut out = StepOutput::default();
+    exec.capture_logits(true);
+    let cases =
+        [(2048u32, Mode::Old), (2048, Mode::Split), (2048, Mode::Graphs), (8192, Mode::Split), (8192, Mode::Graphs)];
+    let mut last_logits: Vec<(u32, Mode, Vec<f32>)> = Vec::new();
+    for (n, mode) in cases {
+        mode.set(exec);
         let mut times = Vec::new();
+        let p = prompt(n, cfg.vocab_size, 7);
         for rep in 0..4 {
-            next_id += 1;
-            let id = RequestId(next_id);
-            exec.set_request(id, vec![3; n as usize], Sampling::GREEDY);
+            *next_id += 1;
+            let id = RequestId(*next_id);
+            exec.set_request(id, p.clone(), Sampling::GREEDY);
             let mut batch = Batch::default();
             batch.block_tables.extend((0..n.div_ceil(block)).map(BlockId));
             let mut e = BatchEntry::new(id, 0, n, true);
@@ -425,6 +465,10 @@ fn bench(config: &str) -> Res {
             batch.entries.push(e);
             out.tokens.clear();
             let d = exec.execute(&batch, &mut out).map_err(|e| e.to_string())?;
+            if rep == 0 {
+                let rows = exec.captured_logits(id).ok_or("no logits captured")?;
+                last_logits.push((n, mode, rows[0].clone()));
+            }
             exec.release(id);
             if rep > 0 {
                 times.push(d.as_secs_f64());
@@ -437,10 +481,22 @@ fn bench(config: &str) -> Res {
         let rate = f64::from(n) / t;
         println!(
             "| prefill | 1 | {n} | {} | {:.2} | {rate:.0} | {ceiling:.0} | {:.0}% |",
-            if matches!(mode, Mode::Old) { "simple attention" } else { "split attention" },
+            mode.prefill_name(),
             t * 1e3,
             100.0 * rate / ceiling
         );
+    }
+    exec.capture_logits(false);
+    for (n, mode, logits) in &last_logits {
+        if let Some((_, _, split)) = last_logits.iter().find(|(m, k, _)| m == n && matches!(k, Mode::Split)) {
+            if !matches!(mode, Mode::Split) {
+                println!(
+                    "prefill {n}: {} vs split attention: logits rel err {:.2e}",
+                    mode.prefill_name(),
+                    rel_err(logits, split)
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -448,15 +504,33 @@ fn bench(config: &str) -> Res {
 /// How a bench row runs.
 #[derive(Clone, Copy)]
 enum Mode {
+    /// The simple reference attention kernel, eager.
     Old,
+    /// The default kernels, eager.
     Eager,
+    /// The default kernels (tiled tensor-core attention for prompt chunks), CUDA graphs.
     Graphs,
+    /// As `Graphs` with the split kernel for prompt chunks too (the kernel before the tiled one).
+    Split,
 }
 
 impl Mode {
     fn set(self, exec: &mut CudaExecutor) {
-        exec.set_reference_attention(matches!(self, Mode::Old));
-        exec.set_decode_graphs(if matches!(self, Mode::Graphs) { DecodeGraphs::On } else { DecodeGraphs::Off });
+        exec.set_attention(match self {
+            Mode::Old => Attention::Reference,
+            Mode::Split => Attention::Split,
+            Mode::Eager | Mode::Graphs => Attention::Tiled,
+        });
+        let graphs = matches!(self, Mode::Graphs | Mode::Split);
+        exec.set_decode_graphs(if graphs { DecodeGraphs::On } else { DecodeGraphs::Off });
+    }
+
+    fn prefill_name(self) -> &'static str {
+        match self {
+            Mode::Old => "simple attention",
+            Mode::Split => "split attention",
+            Mode::Eager | Mode::Graphs => "tiled tensor-core attention",
+        }
     }
 
     fn name(self) -> &'static str {
@@ -464,6 +538,7 @@ impl Mode {
             Mode::Old => "old (eager, simple attention)",
             Mode::Eager => "eager, split attention",
             Mode::Graphs => "graphs, split attention",
+            Mode::Split => "graphs, split attention for chunks too",
         }
     }
 }

@@ -26,7 +26,7 @@ use super::error::CudaError;
 use super::graph::{DecodeGraphs, GraphCache};
 use super::kernels::{KernelShape, Kernels};
 use super::kv::{KvPool, StepLayout};
-use super::model::{random_weights, Llama, Scratch};
+use super::model::{random_weights, Attention, Llama, Scratch, StepShape};
 use super::sampling::Sampling;
 use super::weights::{ModelFiles, Weights};
 use crate::batch::Batch;
@@ -245,9 +245,9 @@ impl CudaExecutor {
         self.graphs.set_mode(mode);
     }
 
-    /// Runs attention with the simple reference kernel (true) or the split serving kernel.
-    pub fn set_reference_attention(&mut self, on: bool) {
-        self.model.reference_attention = on;
+    /// Switches the attention kernels (checks compare them; [`Attention::Tiled`] serves).
+    pub fn set_attention(&mut self, attention: Attention) {
+        self.model.attention = attention;
         // Captured graphs hold the other kernel.
         self.graphs.clear();
     }
@@ -274,7 +274,7 @@ impl CudaExecutor {
                 self.model.upload(&self.gpu, &mut self.scratch, &layout)?;
                 let gen = self.scratch.tables_gen;
                 if !self.graphs.replay(b, gen)? {
-                    self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, b, b, b)?;
+                    self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, StepShape::decode(b))?;
                     if self.graphs.replays() {
                         capture = Some((b, gen));
                     }
@@ -287,7 +287,7 @@ impl CudaExecutor {
             // After the eager run has finished (read_tokens waited for it): capture needs an
             // idle stream, and the eager run loaded every module and warmed cuBLAS.
             let (gpu, kernels, kv, scratch, model) = (&self.gpu, &self.kernels, &self.kv, &self.scratch, &self.model);
-            self.graphs.capture(gpu, b, gen, || model.launch(gpu, kernels, kv, scratch, b, b, b));
+            self.graphs.capture(gpu, b, gen, || model.launch(gpu, kernels, kv, scratch, StepShape::decode(b)));
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! | `prelude.cu` | bf16 helpers and reductions, prepended to every file |
 //! | `norm.cu` | `add_rmsnorm` |
 //! | `rope_kv.cu` | `rope_kv_write` |
-//! | `attention.cu` | `paged_attention_split` and `attention_combine` (serving), `paged_attention` (the simple reference) |
+//! | `attention.cu` | `paged_attention_split` and `attention_combine` (decode tokens), `prefill_attention_tc` (prompt chunks, tensor cores), `paged_attention` (the simple reference) |
 //! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
 //! | `sample.cu` | `sample_rows`: temperature and top-p sampling |
 
@@ -73,6 +73,8 @@ pub struct Kernels {
     pub paged_attention: CudaFunction,
     pub paged_attention_split: CudaFunction,
     pub attention_combine: CudaFunction,
+    /// Built for head_dim up to 128 only (see `attention.cu`).
+    pub prefill_attention_tc: Option<CudaFunction>,
     pub embed: CudaFunction,
     pub silu_mul: CudaFunction,
     pub gather_rows: CudaFunction,
@@ -101,6 +103,11 @@ impl Kernels {
             paged_attention: get("attention.cu", "paged_attention")?,
             paged_attention_split: get("attention.cu", "paged_attention_split")?,
             attention_combine: get("attention.cu", "attention_combine")?,
+            prefill_attention_tc: if shape.head_dim <= 128 {
+                Some(get("attention.cu", "prefill_attention_tc")?)
+            } else {
+                None
+            },
             embed: get("elementwise.cu", "embed")?,
             silu_mul: get("elementwise.cu", "silu_mul")?,
             gather_rows: get("elementwise.cu", "gather_rows")?,

@@ -75,6 +75,32 @@ pub struct StepLayout {
     /// first): attention splits their long contexts over the GPU even when a prefill chunk
     /// shares the step.
     pub leading_decodes: usize,
+    /// The query tiles of the tiled prefill attention kernel, as (first step token, rows)
+    /// pairs: every token after the leading decodes, each entry's tokens cut into runs of at
+    /// most [`PREFILL_TILE_ROWS`], heaviest first ([`plan_prefill_tiles`]).
+    pub prefill_tiles: Vec<i32>,
+}
+
+/// Query rows of one tile of the tiled prefill attention kernel (`prefill_attention_tc`:
+/// four warps of 16 rows).
+pub const PREFILL_TILE_ROWS: usize = 64;
+
+/// Cuts runs of step tokens into the tiled prefill attention kernel's query tiles. Each run is
+/// `(first, len, context)`: `len` consecutive step tokens of one sequence at positions
+/// `context ..  context + len`. A tile is at most [`PREFILL_TILE_ROWS`] tokens of one run;
+/// tiles come as flat (first, rows) pairs ordered by the keys they attend to, most first
+/// (ties by token order), so the GPU starts the longest blocks first and ends on short ones.
+pub fn plan_prefill_tiles(runs: &[(usize, usize, usize)]) -> Vec<i32> {
+    let mut tiles: Vec<(usize, usize, usize)> = Vec::new();
+    for &(first, len, context) in runs {
+        for start in (0..len).step_by(PREFILL_TILE_ROWS) {
+            let rows = PREFILL_TILE_ROWS.min(len - start);
+            // Keys the tile's last row attends to: its position + 1.
+            tiles.push((context + start + rows, first + start, rows));
+        }
+    }
+    tiles.sort_by_key(|&(keys, first, _)| (std::cmp::Reverse(keys), first));
+    tiles.iter().flat_map(|&(_, first, rows)| [first as i32, rows as i32]).collect()
 }
 
 impl StepLayout {
@@ -90,6 +116,7 @@ impl StepLayout {
     ) -> Result<StepLayout, String> {
         let mut l = StepLayout::default();
         let bs = block_size as usize;
+        let mut runs = Vec::new();
         for (s, e) in batch.entries.iter().enumerate() {
             let seq =
                 tokens(e.request).ok_or_else(|| format!("{} has no token ids (set_request not called)", e.request))?;
@@ -130,8 +157,11 @@ impl StepLayout {
             }
             if !e.is_prefill && l.leading_decodes + 1 == l.token_ids.len() {
                 l.leading_decodes += 1;
+            } else {
+                runs.push((l.token_ids.len() - new, new, ctx));
             }
         }
+        l.prefill_tiles = plan_prefill_tiles(&runs);
         Ok(l)
     }
 
@@ -209,6 +239,38 @@ mod tests {
         let l = StepLayout::build(&b, 2, 4, |_| Some(&seqs[0][..])).unwrap();
         assert!(l.logit_rows.is_empty());
         assert_eq!(l.slots, [0, 1, 2]);
+    }
+
+    #[test]
+    fn prefill_tiles_cover_every_token_after_the_leading_decodes_longest_first() {
+        // Two decodes lead; then a 150-token chunk over a 70-token cached prefix, a
+        // non-leading decode and a 5-token prompt.
+        let long: Vec<u32> = (0..220).collect();
+        let seqs = [vec![1, 2, 3], vec![4, 5], long, vec![6; 9], vec![7; 5]];
+        let b = batch(&[
+            (1, 2, 1, false, &[0]),
+            (2, 1, 1, false, &[1]),
+            (3, 70, 150, true, &[2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]),
+            (4, 8, 1, false, &[16]),
+            (5, 0, 5, true, &[17]),
+        ]);
+        let l = StepLayout::build(&b, 16, 32, |id| Some(&seqs[id.0 as usize - 1][..])).unwrap();
+        assert_eq!(l.leading_decodes, 2);
+        // Tokens 2..152 are the chunk (positions 70..220), 152 the decode (position 8),
+        // 153..158 the prompt. Keys per tile: 220, 198, 134, 9, 5.
+        assert_eq!(l.prefill_tiles, [130, 22, 66, 64, 2, 64, 152, 1, 153, 5]);
+        let rows: i32 = l.prefill_tiles.chunks(2).map(|t| t[1]).sum();
+        assert_eq!(rows as usize, l.tokens() - l.leading_decodes);
+        // A decode-only step has no prefill tiles.
+        let d = batch(&[(1, 2, 1, false, &[0])]);
+        assert!(StepLayout::build(&d, 16, 32, |_| Some(&seqs[0][..])).unwrap().prefill_tiles.is_empty());
+    }
+
+    #[test]
+    fn prefill_tiles_of_an_exact_multiple_are_full() {
+        assert_eq!(plan_prefill_tiles(&[(0, 128, 0)]), [64, 64, 0, 64]);
+        assert_eq!(plan_prefill_tiles(&[(3, 1, 40), (4, 64, 0)]), [4, 64, 3, 1]);
+        assert!(plan_prefill_tiles(&[]).is_empty());
     }
 
     #[test]

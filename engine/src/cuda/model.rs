@@ -12,7 +12,7 @@ use super::config::LlamaConfig;
 use super::context::Gpu;
 use super::error::CudaError;
 use super::kernels::Kernels;
-use super::kv::{KvPool, StepLayout};
+use super::kv::{KvPool, StepLayout, PREFILL_TILE_ROWS};
 use super::weights::Weights;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -48,6 +48,9 @@ pub struct Scratch {
     /// Per-split attention results (`[token][head][split][head_dim + 2]` f32) for steps few
     /// enough tokens to split their attention over the context.
     partial: CudaSlice<f32>,
+    /// The step's prefill attention tiles (`StepLayout::prefill_tiles`), `tiles_cap` pairs.
+    tiles: CudaSlice<i32>,
+    tiles_cap: usize,
 }
 
 impl Scratch {
@@ -56,7 +59,8 @@ impl Scratch {
         let per_token = 2 * (3 * cfg.hidden_size + cfg.qkv_dim() + cfg.q_dim() + 3 * cfg.intermediate_size) + 4 * 8;
         let per_row = 2 * cfg.hidden_size + 6 * cfg.vocab_size + 20;
         let partial = 4 * partial_elems(cfg, max_tokens, sms);
-        (max_tokens * per_token + max_rows * per_row + partial) as u64
+        let tiles = 8 * max_tiles(max_tokens, max_rows);
+        (max_tokens * per_token + max_rows * per_row + partial + tiles) as u64
     }
 
     pub fn new(
@@ -93,8 +97,16 @@ impl Scratch {
             tables_cap,
             tables_gen: 0,
             partial: gpu.zeros(partial_elems(cfg, max_tokens, sms), "split attention results")?,
+            tiles: gpu.zeros(2 * max_tiles(t, r), "prefill attention tiles")?,
+            tiles_cap: max_tiles(t, r),
         })
     }
+}
+
+/// The most prefill attention tiles a step of `max_tokens` tokens and `max_rows` entries
+/// can have: each entry's tokens make whole tiles and at most one partial one.
+fn max_tiles(max_tokens: usize, max_rows: usize) -> usize {
+    max_tokens / PREFILL_TILE_ROWS + max_rows
 }
 
 /// Into how many ranges of the context the split attention kernel cuts each token's keys,
@@ -119,13 +131,55 @@ fn partial_elems(cfg: &LlamaConfig, max_tokens: usize, sms: usize) -> usize {
     most * cfg.num_attention_heads * (cfg.head_dim + 2)
 }
 
+/// Which attention kernels a step runs (checks compare them on the same requests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    /// `paged_attention`, a block per token and query head: the simple reference.
+    Reference,
+    /// `paged_attention_split` for every token: decode tokens split over their contexts,
+    /// prompt-chunk tokens unsplit, a block per token and KV head, on CUDA cores.
+    Split,
+    /// The default: decode tokens as in `Split`, prompt-chunk tokens through the tiled
+    /// tensor-core kernel `prefill_attention_tc`, 64 query rows a block (as `Split` where
+    /// the kernel is not built: head_dim 256).
+    Tiled,
+}
+
+/// The sizes [`Llama::launch`] builds a step's grids from: everything a step's launches
+/// depend on besides the contents of the buffers [`Llama::upload`] fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepShape {
+    pub tokens: usize,
+    /// The leading decode tokens (attention splits their contexts).
+    pub decodes: usize,
+    /// Sampled rows.
+    pub rows: usize,
+    /// Prefill attention tiles, covering the tokens after the leading decodes.
+    pub tiles: usize,
+}
+
+impl StepShape {
+    pub fn of(layout: &StepLayout) -> StepShape {
+        StepShape {
+            tokens: layout.tokens(),
+            decodes: layout.leading_decodes,
+            rows: layout.logit_rows.len(),
+            tiles: layout.prefill_tiles.len() / 2,
+        }
+    }
+
+    /// A (padded) decode-only step of `rows` rows: every token decodes and samples.
+    pub fn decode(rows: usize) -> StepShape {
+        StepShape { tokens: rows, decodes: rows, rows, tiles: 0 }
+    }
+}
+
 /// The model on the GPU: weights and RoPE frequencies.
 pub struct Llama {
     pub cfg: LlamaConfig,
     pub weights: Weights,
     inv_freq: CudaSlice<f32>,
-    /// Run attention with the simple reference kernel instead of the split one (checks).
-    pub reference_attention: bool,
+    pub attention: Attention,
 }
 
 /// A grid of `x × y` blocks of `threads` threads.
@@ -154,7 +208,7 @@ impl Llama {
         let freqs = cfg.rope_inv_freq();
         let mut inv_freq = gpu.zeros::<f32>(freqs.len(), "RoPE frequencies")?;
         gpu.upload(&freqs, &mut inv_freq, "RoPE frequencies")?;
-        Ok(Llama { cfg, weights, inv_freq, reference_attention: false })
+        Ok(Llama { cfg, weights, inv_freq, attention: Attention::Tiled })
     }
 
     /// Runs the step described by `layout` (whose KV goes into `kv`), leaving bf16 logits of
@@ -169,7 +223,7 @@ impl Llama {
         layout: &StepLayout,
     ) -> Result<(), CudaError> {
         self.upload(gpu, s, layout)?;
-        self.launch(gpu, k, kv, s, layout.tokens(), layout.leading_decodes, layout.logit_rows.len())
+        self.launch(gpu, k, kv, s, StepShape::of(layout))
     }
 
     /// Checks `layout` against the buffers' limits and copies it into them: the host-to-device
@@ -181,7 +235,8 @@ impl Llama {
         if t == 0 {
             return Ok(());
         }
-        if t > s.max_tokens || r > s.max_rows || layout.table_start.len() > s.max_rows {
+        let tiles = layout.prefill_tiles.len() / 2;
+        if t > s.max_tokens || r > s.max_rows || layout.table_start.len() > s.max_rows || tiles > s.tiles_cap {
             return Err(CudaError::Batch(format!(
                 "{t} tokens and {r} sequences exceed the executor's limits ({} tokens, {} sequences)",
                 s.max_tokens, s.max_rows
@@ -201,31 +256,23 @@ impl Llama {
         gpu.upload(&layout.tok_seq, &mut s.tok_seq, "token sequences")?;
         gpu.upload(&layout.table_start, &mut s.table_start, "table starts")?;
         gpu.upload(&layout.block_tables, &mut s.tables, "block tables")?;
+        gpu.upload(&layout.prefill_tiles, &mut s.tiles, "prefill attention tiles")?;
         gpu.upload(&layout.logit_rows, &mut s.rows, "sampled rows")
     }
 
-    /// Enqueues the kernels and GEMMs of a step of `t` tokens and `r` sampled rows whose
-    /// inputs [`Llama::upload`] put in `s`. Touches only device memory whose addresses stay
-    /// fixed and reads every step-dependent value (ids, positions, tables) from it, so the
-    /// same calls can be captured into a CUDA graph and replayed for any step of that shape.
-    #[allow(clippy::too_many_arguments)] // The step's buffers and its three sizes.
-    pub fn launch(
-        &self,
-        gpu: &Gpu,
-        k: &Kernels,
-        kv: &KvPool,
-        s: &Scratch,
-        t: usize,
-        decodes: usize,
-        r: usize,
-    ) -> Result<(), CudaError> {
+    /// Enqueues the kernels and GEMMs of a step of `shape` whose inputs [`Llama::upload`]
+    /// put in `s`. Touches only device memory whose addresses stay fixed and reads every
+    /// step-dependent value (ids, positions, tables, tiles) from it, so the same calls can be
+    /// captured into a CUDA graph and replayed for any step of that shape.
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels, kv: &KvPool, s: &Scratch, shape: StepShape) -> Result<(), CudaError> {
         let cfg = &self.cfg;
+        let StepShape { tokens: t, decodes, rows: r, tiles } = shape;
         if t == 0 {
             return Ok(());
         }
-        // The launches below size their grids from t and r: keep them inside the buffers.
-        if t > s.max_tokens || r > s.max_rows || r > t {
-            return Err(CudaError::Batch(format!("a step of {t} tokens and {r} sampled rows exceeds the buffers")));
+        // The launches below size their grids from the shape: keep them inside the buffers.
+        if t > s.max_tokens || r > s.max_rows || r > t || decodes > t || tiles > s.tiles_cap {
+            return Err(CudaError::Batch(format!("a step of {shape:?} exceeds the buffers")));
         }
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
         let (nh, nkv) = (cfg.num_attention_heads as i32, cfg.num_key_value_heads as i32);
@@ -242,6 +289,11 @@ impl Llama {
         let w = &self.weights;
         let group = cfg.num_attention_heads / cfg.num_key_value_heads;
         let partial = gpu.ptr(&s.partial, 0);
+        let tiles_ptr = gpu.ptr(&s.tiles, 0);
+        let tiled = match self.attention {
+            Attention::Tiled => k.prefill_attention_tc.as_ref(),
+            Attention::Reference | Attention::Split => None,
+        };
 
         let embed = p(&w.embed);
         launch!(gpu, &k.embed, grid(t, 1, 256), "embed"; &ids, &embed, &residual, &hidden)?;
@@ -253,15 +305,26 @@ impl Llama {
             let (kc, vc) = kv.layer_ptrs(gpu, l);
             launch!(gpu, &k.rope_kv_write, grid(t, 1, 256), "rope_kv_write";
                 &qkv, &inv_freq, &pos, &slots, &kc, &vc, &nh, &nkv)?;
-            if self.reference_attention {
+            if self.attention == Attention::Reference {
                 launch!(gpu, &k.paged_attention, grid(t, cfg.num_attention_heads, 128), "paged_attention";
                     &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &attn, &nh, &nkv, &scale)?;
             } else {
                 // Decode tokens split their contexts over the GPU; in a step that also has a
                 // prefill chunk they get a launch of their own (the chunk's tokens are many
-                // enough to fill the GPU unsplit).
-                let split_at = if decodes > 0 { decodes } else { t };
-                for (first, end) in [(0, split_at), (split_at, t)] {
+                // enough to fill the GPU unsplit), and the chunk's tokens go to the tiled
+                // kernel where it is built (its tiles cover every token after the decodes).
+                let split_at = if decodes > 0 || tiled.is_some() { decodes } else { t };
+                let unsplit_end = if tiled.is_some() { split_at } else { t };
+                if let (Some(f), true) = (tiled, tiles > 0) {
+                    let tc_grid = LaunchConfig {
+                        grid_dim: (cfg.num_attention_heads as u32, tiles as u32, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    launch!(gpu, f, tc_grid, "prefill_attention_tc";
+                        &qkv, &kc, &vc, &pos, &tok_seq, &table_start, &tables, &tiles_ptr, &attn, &nh, &nkv, &scale)?;
+                }
+                for (first, end) in [(0, split_at), (split_at, unsplit_end)] {
                     let n = end - first;
                     if n == 0 {
                         continue;

@@ -142,10 +142,15 @@ fn greedy_decode_matches_recomputing_the_whole_sequence() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Serves `prompts` together (one batch) to `output` tokens with the executor's current
-/// settings; returns each request's output and captured logits rows.
-fn serve_capturing(exec: &mut CudaExecutor, prompts: &[Vec<u32>], output: u32) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
-    let outs = serve(exec, prompts, output, 512);
+/// Serves `prompts` together (steps of up to `max_batch_tokens`) to `output` tokens with the
+/// executor's current settings; returns each request's output and captured logits rows.
+fn serve_capturing(
+    exec: &mut CudaExecutor,
+    prompts: &[Vec<u32>],
+    output: u32,
+    max_batch_tokens: u32,
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let outs = serve(exec, prompts, output, max_batch_tokens);
     (0..prompts.len())
         .map(|i| {
             let id = RequestId(i as u64);
@@ -169,14 +174,14 @@ fn graph_replayed_decode_gives_the_eager_logits_bit_for_bit() {
     for prompts in [&three, &one] {
         exec.set_decode_graphs(DecodeGraphs::On);
         let (_, replayed_before, _) = exec.graph_stats();
-        let graphed = serve_capturing(&mut exec, prompts, 8);
+        let graphed = serve_capturing(&mut exec, prompts, 8, 512);
         let (_, replayed, failure) = exec.graph_stats();
         assert!(failure.is_none(), "graph capture failed: {failure:?}");
         assert!(replayed > replayed_before, "no decode step was replayed from a graph");
         exec.set_decode_graphs(DecodeGraphs::PaddedEager);
-        let padded = serve_capturing(&mut exec, prompts, 8);
+        let padded = serve_capturing(&mut exec, prompts, 8, 512);
         exec.set_decode_graphs(DecodeGraphs::Off);
-        let eager = serve_capturing(&mut exec, prompts, 8);
+        let eager = serve_capturing(&mut exec, prompts, 8, 512);
         for k in 0..prompts.len() {
             // Replay runs the very launches of the padded eager step: identical bits.
             assert_eq!(graphed[k], padded[k], "sequence {k}: graph replay differs from the same launches run eagerly");
@@ -202,16 +207,183 @@ fn split_attention_matches_the_reference_kernel() {
         .iter()
         .map(|&n| (0..n as u32).map(|i| (i * 41 + n as u32) % 512).collect())
         .collect();
-    let split = serve_capturing(&mut exec, &prompts, 6);
-    exec.set_reference_attention(true);
-    let reference = serve_capturing(&mut exec, &prompts, 6);
-    for (k, (s, r)) in split.iter().zip(&reference).enumerate() {
-        assert_eq!(s.0, r.0, "sequence {k}: tokens");
-        for (a, b) in s.1.iter().zip(&r.1) {
-            assert!(rel_err(a, b) < 1e-2, "sequence {k}: split vs reference attention {}", rel_err(a, b));
+    exec.set_attention(Attention::Split);
+    let split = serve_capturing(&mut exec, &prompts, 6, 512);
+    exec.set_attention(Attention::Reference);
+    let reference = serve_capturing(&mut exec, &prompts, 6, 512);
+    assert_eq!(compare_outputs("split", &split, &reference), 0, "split vs reference attention: tokens differ");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Logits within bf16 rounding of the reference's, request by request, up to and including
+/// the first token that differs (after it the two runs decode different sequences); returns
+/// how many requests' tokens differ. Kernels that round differently can flip a near-tie: the
+/// flipped row's logits are still compared, so a flip from a real error fails here.
+fn compare_outputs(what: &str, got: &[(Vec<u32>, Vec<Vec<f32>>)], reference: &[(Vec<u32>, Vec<Vec<f32>>)]) -> usize {
+    let mut differ = 0;
+    for (k, (s, r)) in got.iter().zip(reference).enumerate() {
+        let same = s.0.iter().zip(&r.0).take_while(|(a, b)| a == b).count();
+        differ += usize::from(same < s.0.len().max(r.0.len()));
+        let mut worst = 0.0f64;
+        for (a, b) in s.1.iter().zip(&r.1).take(same + 1) {
+            worst = worst.max(rel_err(a, b));
+        }
+        eprintln!("{what}: sequence {k}: tokens equal for {same} of {}, logits rel err {worst:.2e}", r.0.len());
+        assert!(worst < 1e-2, "sequence {k}: {what} vs reference attention: logits rel err {worst}");
+    }
+    differ
+}
+
+#[test]
+fn tiled_prefill_attention_matches_the_reference_kernel_in_mixed_steps() {
+    if skip("tiled_prefill_attention_matches_the_reference_kernel_in_mixed_steps") {
+        return;
+    }
+    let (dir, mut exec) = tiny_executor("tiled");
+    // Steps of at most 100 tokens: prompts of 1 to 15 tokens (tiles mostly empty), one and a
+    // half tiles, and long prompts chunked over their own earlier chunks, side by side with
+    // the short prompts' decodes and each other's chunks.
+    let prompts: Vec<Vec<u32>> = [1usize, 7, 15, 16, 17, 65, 230, 700]
+        .iter()
+        .map(|&n| (0..n as u32).map(|i| (i * 29 + 3 * n as u32) % 512).collect())
+        .collect();
+    exec.set_attention(Attention::Tiled);
+    let tiled = serve_capturing(&mut exec, &prompts, 5, 100);
+    exec.set_attention(Attention::Reference);
+    let reference = serve_capturing(&mut exec, &prompts, 5, 100);
+    compare_outputs("tiled", &tiled, &reference);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `prefill_attention_tc` against `paged_attention` on random queries and caches, for
+/// head_dim 64 and 128: one step of two leading decodes (not the tiled kernel's: their rows
+/// must stay untouched) and then prompt chunks of every kind: cold and over cached prefixes
+/// (block-aligned or not), tiny ones, exact and partial tiles, a decode after a chunk, with
+/// every sequence's blocks scattered over the pool.
+#[test]
+#[allow(unsafe_code)] // Two kernel launches with buffers sized for their grids.
+fn the_tensor_core_prefill_kernel_matches_the_reference_kernel() {
+    use crate::batch::{Batch, BatchEntry};
+    use crate::ids::{mix64, BlockId};
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    if skip("the_tensor_core_prefill_kernel_matches_the_reference_kernel") {
+        return;
+    }
+    let gpu = Gpu::open(0).unwrap();
+    let bs = 16usize;
+    // (cached context, new tokens, prefill?)
+    let entries: [(usize, usize, bool); 14] = [
+        (300, 1, false),
+        (17, 1, false),
+        (0, 200, true),
+        (37, 64, true),
+        (64, 130, true),
+        (1000, 77, true),
+        (5, 15, true),
+        (9, 1, false),
+        (0, 1, true),
+        (0, 64, true),
+        (3, 17, true),
+        (130, 3, true),
+        (0, 700, true),
+        (63, 1, true),
+    ];
+    let blocks: Vec<usize> = entries.iter().map(|&(c, n, _)| (c + n).div_ceil(bs)).collect();
+    let num_blocks: usize = blocks.iter().sum::<usize>() + 3;
+    // A fixed shuffle of the pool's blocks over the sequences.
+    let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, (mix64(i as u64) % (i as u64 + 1)) as usize);
+    }
+    let mut batch = Batch::default();
+    let mut next = 0;
+    for (i, (&(ctx, new, prefill), &nb)) in entries.iter().zip(&blocks).enumerate() {
+        let start = batch.block_tables.len() as u32;
+        batch.block_tables.extend(pool[next..next + nb].iter().map(|&b| BlockId(b)));
+        next += nb;
+        let mut e = BatchEntry::new(RequestId(i as u64), ctx as u32, new as u32, prefill);
+        e.blocks = (start, batch.block_tables.len() as u32);
+        batch.entries.push(e);
+    }
+    let seqs: Vec<Vec<u32>> = entries.iter().map(|&(c, n, _)| vec![0; c + n]).collect();
+    let layout = StepLayout::build(&batch, bs as u32, num_blocks as u32, |id| Some(&seqs[id.0 as usize][..])).unwrap();
+    assert_eq!(layout.leading_decodes, 2);
+    let t = layout.tokens();
+    let tiles = layout.prefill_tiles.len() / 2;
+    // Random bf16 in [-amp, amp).
+    let random = |n: usize, salt: u64, amp: f32| -> Vec<u16> {
+        (0..n as u64)
+            .map(|i| {
+                let u = (mix64(i ^ (salt << 40)) >> 40) as f32 / (1u64 << 24) as f32;
+                half::bf16::from_f32(amp * (2.0 * u - 1.0)).to_bits()
+            })
+            .collect()
+    };
+    for (head_dim, n_kv, group) in [(64usize, 2usize, 2usize), (128, 2, 4)] {
+        let n_heads = n_kv * group;
+        let kernels =
+            kernels::Kernels::load(&gpu.ctx, &gpu.arch, KernelShape { head_dim, block_size: bs, group }).unwrap();
+        let tc = kernels.prefill_attention_tc.as_ref().expect("built for head_dim <= 128");
+        let qkv_dim = (n_heads + 2 * n_kv) * head_dim;
+        let cache_elems = num_blocks * bs * n_kv * head_dim;
+        let up = |host: &[u16], what: &str| {
+            let mut d = gpu.zeros::<u16>(host.len(), what).unwrap();
+            gpu.upload(host, &mut d, what).unwrap();
+            d
+        };
+        let up_i32 = |host: &[i32], what: &str| {
+            let mut d = gpu.zeros::<i32>(host.len().max(1), what).unwrap();
+            gpu.upload(host, &mut d, what).unwrap();
+            d
+        };
+        // Queries up to ±3 so that some rows' softmax is peaked.
+        let qkv = up(&random(t * qkv_dim, 1, 3.0), "qkv");
+        let k_cache = up(&random(cache_elems, 2, 1.0), "k cache");
+        let v_cache = up(&random(cache_elems, 3, 1.0), "v cache");
+        let pos = up_i32(&layout.positions, "positions");
+        let tok_seq = up_i32(&layout.tok_seq, "token sequences");
+        let table_start = up_i32(&layout.table_start, "table starts");
+        let tables = up_i32(&layout.block_tables, "block tables");
+        let tile_buf = up_i32(&layout.prefill_tiles, "tiles");
+        // Outputs start as NaN bit patterns: a row the kernel should write and did not shows.
+        let nan = vec![0xffffu16; t * n_heads * head_dim];
+        let mut want = up(&nan, "reference output");
+        let mut got = up(&nan, "tiled output");
+        let (nh, nkv, scale) = (n_heads as i32, n_kv as i32, 1.0f32 / (head_dim as f32).sqrt());
+        let reference =
+            LaunchConfig { grid_dim: (t as u32, n_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = gpu.stream.launch_builder(&kernels.paged_attention);
+        b.arg(&qkv).arg(&k_cache).arg(&v_cache).arg(&pos).arg(&tok_seq).arg(&table_start).arg(&tables);
+        b.arg(&mut want).arg(&nh).arg(&nkv).arg(&scale);
+        unsafe { b.launch(reference) }.unwrap();
+        let tiled =
+            LaunchConfig { grid_dim: (n_heads as u32, tiles as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = gpu.stream.launch_builder(tc);
+        b.arg(&qkv).arg(&k_cache).arg(&v_cache).arg(&pos).arg(&tok_seq).arg(&table_start).arg(&tables);
+        b.arg(&tile_buf).arg(&mut got).arg(&nh).arg(&nkv).arg(&scale);
+        unsafe { b.launch(tiled) }.unwrap();
+        let (mut w, mut g) = (nan.clone(), nan.clone());
+        gpu.download(&want, &mut w, "reference output").unwrap();
+        gpu.download(&got, &mut g, "tiled output").unwrap();
+        let row = n_heads * head_dim;
+        let widen = |x: &[u16]| x.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect::<Vec<f32>>();
+        for tok in 0..t {
+            let (a, r) = (widen(&g[tok * row..(tok + 1) * row]), widen(&w[tok * row..(tok + 1) * row]));
+            if tok < layout.leading_decodes {
+                assert!(
+                    g[tok * row..(tok + 1) * row].iter().all(|&x| x == 0xffff),
+                    "head_dim {head_dim}: decode row {tok} written"
+                );
+                continue;
+            }
+            let e = rel_err(&a, &r);
+            assert!(
+                e < 1e-2,
+                "head_dim {head_dim}: token {tok} (position {}): relative error {e}",
+                layout.positions[tok]
+            );
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `sample_rows` on the GPU draws what the host rule ([`sample_with`]) draws for the same

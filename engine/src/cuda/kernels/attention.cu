@@ -201,3 +201,261 @@ extern "C" __global__ void attention_combine(const float* partial, bf16* out, in
     }
     out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = f2bf(num / den);
 }
+
+#if HEAD_DIM <= 128
+// Tiled prefill attention on the tensor cores, flash-attention style: the kernel for the
+// prompt-chunk tokens of a step (decode tokens keep paged_attention_split). Needs HEAD_DIM
+// (64 or 128), BLOCK_SIZE and GROUP defined.
+//
+// A tile is up to TC_ROWS consecutive tokens of one sequence's chunk (positions
+// pos0 .. pos0 + rows - 1), planned on the host (StepLayout::prefill_tiles: pairs of first
+// step token and row count, the heaviest first). Grid (query head, tile), 4 warps of 16
+// query rows each. The block walks the keys 0 .. pos0 + rows - 1 of the sequence TC_KEYS at a
+// time through its block table: K and V rows are copied into shared memory with cp.async
+// (the V copy of tile j and the K copy of tile j + 1 overlap the math of tile j), S = Q·Kᵀ and
+// O += P·V run as mma.sync m16n8k16 bf16 with f32 accumulators (K and V fragments through
+// ldmatrix, V transposed), and the softmax is online in f32, one max per row and tile. The
+// causal mask compares absolute positions, so a chunk over a cached prefix attends to the
+// prefix and to the chunk's earlier tokens. Rows past `rows` compute on zeros and are not
+// written; keys past the sequence's end are never read (their shared rows are zero-filled).
+// Not built for HEAD_DIM 256 (K and V tiles would not fit static shared memory, nor the
+// accumulators the registers): the split kernel serves those models' chunks.
+#define TC_ROWS 64
+#define TC_KEYS 64
+// Shared K and V rows are padded by 16 bytes: the 8 row addresses of each ldmatrix then fall
+// in 8 different 4-bank groups.
+#define TC_PAD (HEAD_DIM + 8)
+static_assert(TC_ROWS == 4 * 16, "four warps of 16 query rows (kv.rs PREFILL_TILE_ROWS)");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes from global to shared memory, asynchronously; bytes == 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// c (16×8 f32) += a (16×16 bf16, row-major) · b (16×8 bf16, column-major).
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2, lo in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// Copies keys kbase .. kbase + TC_KEYS - 1 of one KV head (K or V) into `dst`, zeros past kv_len.
+__device__ __forceinline__ void tc_load_tile(bf16* dst, const bf16* cache, const int* table, int kbase, int kv_len,
+                                             int n_kv, int kvh) {
+    const int chunks = HEAD_DIM / 8;
+    #pragma unroll
+    for (int i = 0; i < TC_KEYS * chunks / 128; i++) {
+        int c = threadIdx.x + 128 * i;
+        int r = c / chunks, col = (c % chunks) * 8;
+        int key = kbase + r;
+        const bf16* src = cache;
+        int bytes = 0;
+        if (key < kv_len) {
+            long long slot = (long long)table[key / BLOCK_SIZE] * BLOCK_SIZE + (key % BLOCK_SIZE);
+            src = cache + ((size_t)slot * n_kv + kvh) * HEAD_DIM + col;
+            bytes = 16;
+        }
+        cp_async16(smem_u32(dst + r * TC_PAD + col), src, bytes);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) prefill_attention_tc(
+        const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const int* pos, const int* tok_seq,
+        const int* table_start, const int* block_tables, const int* tiles, bf16* out, int n_heads, int n_kv,
+        float scale) {
+    __shared__ __align__(16) bf16 sk[TC_KEYS * TC_PAD];
+    __shared__ __align__(16) bf16 sv[TC_KEYS * TC_PAD];
+    const int head = blockIdx.x, kvh = head / GROUP;
+    const int first = tiles[2 * blockIdx.y], rows = tiles[2 * blockIdx.y + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair
+    const int pos0 = pos[first];
+    const int kv_len = pos0 + rows;
+    const int* table = block_tables + table_start[tok_seq[first]];
+    const int qkv_dim = (n_heads + 2 * n_kv) * HEAD_DIM;
+
+    // This warp's 16 query rows as A fragments (rows past the tile are zeros).
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    unsigned qf[HEAD_DIM / 16][4];
+    {
+        const bf16* q0 = qkv + (size_t)(first + r0) * qkv_dim + head * HEAD_DIM + 2 * tq;
+        const bf16* q1 = qkv + (size_t)(first + r1) * qkv_dim + head * HEAD_DIM + 2 * tq;
+        #pragma unroll
+        for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
+            qf[ks][0] = r0 < rows ? *(const unsigned*)(q0 + 16 * ks) : 0u;
+            qf[ks][1] = r1 < rows ? *(const unsigned*)(q1 + 16 * ks) : 0u;
+            qf[ks][2] = r0 < rows ? *(const unsigned*)(q0 + 16 * ks + 8) : 0u;
+            qf[ks][3] = r1 < rows ? *(const unsigned*)(q1 + 16 * ks + 8) : 0u;
+        }
+    }
+    // A row's last key: its own position, and never past the sequence's end (rows past the tile).
+    const int lim0 = min(pos0 + r0, kv_len - 1), lim1 = min(pos0 + r1, kv_len - 1);
+    // The warp has work in a key tile that starts at or before its last row's position.
+    const bool warp_live = warp * 16 < rows;
+    const int warp_last = pos0 + min(warp * 16 + 15, rows - 1);
+    const float sl = scale * 1.4426950408889634f;  // scores in log2 units: exp2 below
+
+    float o[HEAD_DIM / 8][4];
+    #pragma unroll
+    for (int i = 0; i < HEAD_DIM / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    // Per-lane ldmatrix offsets (bf16 elements): K non-transposed (key rows, 8-dim halves),
+    // V transposed (key rows, 8-dim column blocks).
+    const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * TC_PAD + (((lane >> 3) & 1) << 3);
+    const int v_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * TC_PAD + ((lane >> 4) << 3);
+    const unsigned sk_base = smem_u32(sk) + 2 * k_off, sv_base = smem_u32(sv) + 2 * v_off;
+
+    const int n_tiles = (kv_len + TC_KEYS - 1) / TC_KEYS;
+    tc_load_tile(sk, k_cache, table, 0, kv_len, n_kv, kvh);
+    cp_async_commit();
+    for (int it = 0; it < n_tiles; it++) {
+        const int kbase = it * TC_KEYS;
+        const bool active = warp_live && kbase <= warp_last;
+        cp_async_wait<0>();
+        __syncthreads();  // K(it) is in; every warp is done with V(it - 1)
+        tc_load_tile(sv, v_cache, table, kbase, kv_len, n_kv, kvh);
+        cp_async_commit();
+        float s[TC_KEYS / 8][4];
+        #pragma unroll
+        for (int i = 0; i < TC_KEYS / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        if (active) {
+            #pragma unroll
+            for (int ks = 0; ks < HEAD_DIM / 16; ks++) {
+                #pragma unroll
+                for (int np = 0; np < TC_KEYS / 16; np++) {
+                    unsigned b0, b1, b2, b3;
+                    ldsm_x4(sk_base + 2 * (np * 16 * TC_PAD + ks * 16), b0, b1, b2, b3);
+                    mma_bf16(s[2 * np], qf[ks], b0, b1);
+                    mma_bf16(s[2 * np + 1], qf[ks], b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with K(it)
+        if (it + 1 < n_tiles) tc_load_tile(sk, k_cache, table, kbase + TC_KEYS, kv_len, n_kv, kvh);
+        cp_async_commit();
+        unsigned pf[TC_KEYS / 16][4];
+        if (active) {
+            // Scale, mask (only tiles that reach past the first row's position need it), row max.
+            const bool mask = kbase + TC_KEYS - 1 > pos0;
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+            #pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                    float v = s[nt][e] * sl;
+                    if (mask && key > (e < 2 ? lim0 : lim1)) v = NEG_INF;
+                    s[nt][e] = v;
+                }
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // Key 0 is in every row's range and in the first tile, so the running max is
+            // finite from the first tile on (a row whose keys in a later tile are all masked
+            // keeps its max, and its p are 0).
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float c0 = fast_exp2(m0 - mn0), c1 = fast_exp2(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            float ps0 = 0.0f, ps1 = 0.0f;
+            #pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) {
+                s[nt][0] = fast_exp2(s[nt][0] - mn0);
+                s[nt][1] = fast_exp2(s[nt][1] - mn0);
+                s[nt][2] = fast_exp2(s[nt][2] - mn1);
+                s[nt][3] = fast_exp2(s[nt][3] - mn1);
+                ps0 += s[nt][0] + s[nt][1];
+                ps1 += s[nt][2] + s[nt][3];
+            }
+            // Per-lane partial sums: the quad's lanes share the max, so they add up at the end.
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+            #pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; i++) {
+                o[i][0] *= c0;
+                o[i][1] *= c0;
+                o[i][2] *= c1;
+                o[i][3] *= c1;
+            }
+            // The score fragments of key columns 16kk .. 16kk + 15 are the A fragment of P·V.
+            #pragma unroll
+            for (int kk = 0; kk < TC_KEYS / 16; kk++) {
+                pf[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        }
+        cp_async_wait<1>();
+        __syncthreads();  // V(it) is in (K(it + 1) may still be on its way)
+        if (active) {
+            #pragma unroll
+            for (int kk = 0; kk < TC_KEYS / 16; kk++) {
+                #pragma unroll
+                for (int dp = 0; dp < HEAD_DIM / 16; dp++) {
+                    unsigned b0, b1, b2, b3;
+                    ldsm_x4_t(sv_base + 2 * (kk * 16 * TC_PAD + dp * 16), b0, b1, b2, b3);
+                    mma_bf16(o[2 * dp], pf[kk], b0, b1);
+                    mma_bf16(o[2 * dp + 1], pf[kk], b2, b3);
+                }
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int out_stride = n_heads * HEAD_DIM;
+    if (r0 < rows) {
+        const float inv = 1.0f / l0;
+        unsigned* dst = (unsigned*)(out + (size_t)(first + r0) * out_stride + head * HEAD_DIM + 2 * tq);
+        #pragma unroll
+        for (int i = 0; i < HEAD_DIM / 8; i++) dst[4 * i] = pack_bf16(o[i][0] * inv, o[i][1] * inv);
+    }
+    if (r1 < rows) {
+        const float inv = 1.0f / l1;
+        unsigned* dst = (unsigned*)(out + (size_t)(first + r1) * out_stride + head * HEAD_DIM + 2 * tq);
+        #pragma unroll
+        for (int i = 0; i < HEAD_DIM / 8; i++) dst[4 * i] = pack_bf16(o[i][2] * inv, o[i][3] * inv);
+    }
+}
+#endif  // HEAD_DIM <= 128
