@@ -178,10 +178,6 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if !(args.parked_limit_s.is_finite() && args.parked_limit_s > 0.0) {
         return Err(Failure::Input(anyhow!("--parked-limit-s {} must be a positive number", args.parked_limit_s)));
     }
-    if args.executor == ExecutorKind::Cuda && args.role != RoleArg::Colocated {
-        // Its KV lives in GPU memory that the hand-off cannot export yet.
-        return Err(Failure::Input(anyhow!("--role prefill and decode need --executor sim")));
-    }
     if args.executor == ExecutorKind::Cuda && args.spec != NO_SPECULATION {
         return Err(Failure::Input(anyhow!(
             "--spec {} needs --executor sim: the CUDA engine has no drafter",
@@ -268,6 +264,26 @@ impl Backend for CudaBackend {
     fn release(&mut self, id: engine::RequestId) {
         self.0.release(id);
     }
+
+    fn export_kv(
+        &mut self,
+        _id: engine::RequestId,
+        blocks: &[engine::BlockId],
+        tokens: u32,
+    ) -> Result<Vec<u8>, String> {
+        self.0.export_kv(blocks, tokens).map_err(|e| e.to_string())
+    }
+
+    fn import(&mut self, r: &runner::Imported<'_>, blocks: &[engine::BlockId]) -> Result<(), String> {
+        if r.kv.is_empty() {
+            return Err(
+                "the hand-off carries no KV bytes (its prefill engine has none to send: a cost-model engine?)".into()
+            );
+        }
+        let s = r.sampling;
+        let sampling = engine::cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+        self.0.import_request(r.id, r.prompt.to_vec(), r.generated, sampling, blocks, r.kv).map_err(|e| e.to_string())
+    }
 }
 
 fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
@@ -323,7 +339,11 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     println!("engine {name} listening on {addr}");
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
     let server = tonic::transport::Server::builder()
-        .add_service(proto::engine_server::EngineServer::new(service))
+        .add_service(
+            proto::engine_server::EngineServer::new(service)
+                .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(proto::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal());
     if args.exit_with_parent {
         // Not a graceful stop: it would wait for every open stream, and other control planes

@@ -128,6 +128,9 @@ impl Engine for EngineService {
         let import = Import {
             request,
             sampling: sampling(i.temperature, i.top_p, i.seed)?,
+            prompt: h.prompt,
+            generated: h.generated,
+            kv: h.kv,
             transfer: std::time::Duration::from_micros(i.transfer_us),
             out,
         };
