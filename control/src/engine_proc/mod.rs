@@ -141,6 +141,12 @@ pub struct Args {
     /// The engine's name in the fleet [default: engine-PORT].
     #[arg(long)]
     pub name: Option<String>,
+
+    /// The model's tokenizer (a tokenizer.json, or a folder holding one), which control
+    /// planes fetch to tokenize this model's text prompts [default: tokenizer.json in the
+    /// `cuda` model folder, if there is one; otherwise none: the gateway's stand-in].
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// The cost model's step times, scaled by `--time-scale`.
@@ -188,8 +194,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         ExecutorKind::Sim => sim_backend(&args).map_err(Failure::Input)?,
         ExecutorKind::Cuda => cuda_backend(&args).map_err(Failure::Input)?,
     };
+    let tokenizer = match (&args.tokenizer, args.executor) {
+        (Some(path), _) => Some(path.clone()),
+        (None, ExecutorKind::Cuda) => crate::serve::tokenizer::in_model_dir(std::path::Path::new(&args.model)),
+        (None, ExecutorKind::Sim) => None,
+    };
+    let tokenizer = tokenizer.map(|p| crate::serve::tokenizer::load(&p)).transpose().map_err(Failure::Input)?;
     let runtime = crate::runtime()?;
-    runtime.block_on(serve(args, backend, config)).map_err(Failure::Run)
+    runtime.block_on(serve(args, backend, config, tokenizer)).map_err(Failure::Run)
 }
 
 fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
@@ -303,7 +315,12 @@ fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig
     Ok((Box::new(CudaBackend(exec)), instance))
 }
 
-async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) -> anyhow::Result<()> {
+async fn serve(
+    args: Args,
+    backend: Box<dyn Backend>,
+    config: InstanceConfig,
+    tokenizer: Option<crate::serve::tokenizer::Loaded>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -323,13 +340,19 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
         block_size: config.block_size,
         kv_blocks: config.total_blocks,
         capacity_tokens: instance.capacity_tokens(),
+        tokenizer_sha256: tokenizer.as_ref().map(|t| t.sha256.clone()).unwrap_or_default(),
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
     let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
-    let service = service::EngineService { commands: Mutex::new(tx), shared: shared.clone(), info: info.clone() };
+    let service = service::EngineService {
+        commands: Mutex::new(tx),
+        shared: shared.clone(),
+        info: info.clone(),
+        tokenizer: tokenizer.map(|t| t.json),
+    };
     let pool = policies::Role::from(args.role).name();
     for control in &args.control {
         let beat = register::keep_registered(control.clone(), addr, pool.to_string(), info.clone(), shared.clone());
