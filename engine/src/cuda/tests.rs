@@ -361,8 +361,11 @@ fn a_request_handed_off_between_executors_decodes_as_on_one() {
             d.receive_transfer(now, h.request.clone()).unwrap();
             let blocks = d.parked_blocks(id).unwrap().to_vec();
             // Refused before anything is written: another model's shape, a wrong length.
-            let mut other = payload.clone();
-            other[8] = 3;
+            let shape = transfer::KvShape { layers: 3, ..one.kv_shape() };
+            let header = transfer::KvHeader { shape, block_size: bs, tokens: h.kv_tokens };
+            let mut other = Vec::new();
+            header.encode(&mut other);
+            other.resize(header.payload_bytes(), 0);
             let err = two.import_request(id, prompt.to_vec(), &generated, s, &blocks, &other).unwrap_err();
             assert!(err.to_string().contains("layer count is 3, this model's is 2"), "{err}");
             let err = two.import_request(id, prompt[1..].to_vec(), &generated, s, &blocks, &payload).unwrap_err();
