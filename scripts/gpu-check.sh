@@ -7,6 +7,8 @@
 #   cuda-check           engine/examples/cuda_check.rs
 #   fleetplane           the control binary (make-model, engine)
 #   control-cuda-engine  control/tests/cuda_engine.rs (the engine process over gRPC)
+#   pg.tar.xz            optional, scripts/pg-bundle.sh: PostgreSQL for the P/D engine test
+#                        (fleetplane serve needs it; without it that test is skipped)
 # Build them with scripts/gpu-build.sh. Results and logs go to $OUT (default ./gpu-results).
 #
 # Usage: scripts/gpu-check.sh [correctness|speed|all]   (default all)
@@ -29,7 +31,10 @@ if [[ $MODE == correctness || $MODE == all ]]; then
   step "engine tests with the cuda feature (GPU tests run here)"
   "$BIN/engine-tests" --test-threads=1 cuda:: 2>&1 | tee "$OUT/engine-tests.log" | tail -30 || fail "engine tests"
 
-  step "the engine process over gRPC (control/tests/cuda_engine.rs)"
+  step "the engine process over gRPC, and P/D behind serve (control/tests/cuda_engine.rs)"
+  if [[ -f $BIN/pg.tar.xz ]]; then
+    "$(dirname "$0")/gpu-postgres.sh" "$BIN/pg.tar.xz" || fail "PostgreSQL"
+  fi
   FLEETPLANE_BIN="$BIN/fleetplane" "$BIN/control-cuda-engine" --nocapture 2>&1 | tee "$OUT/engine-process.log" | tail -15 \
     || fail "engine process test"
 

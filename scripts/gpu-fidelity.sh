@@ -43,17 +43,7 @@ step "PostgreSQL"
 if [[ ${DRY_RUN:-0} == 1 ]] && pg_isready -h 127.0.0.1 -p 5432 -q; then
   echo "using the local PostgreSQL"
 else
-mkdir -p /tmp/pgroot && tar -C /tmp/pgroot -xJf "$BIN/pg.tar.xz"
-pg=/tmp/pgroot/pg
-pgbin=$pg/usr/lib/postgresql/$(cat "$pg/VERSION")/bin
-id pgrun >/dev/null 2>&1 || useradd -M pgrun
-chmod -R a+rX /tmp/pgroot
-mkdir -p /tmp/pgdata && chown pgrun /tmp/pgdata
-pgenv=(env LD_LIBRARY_PATH="$pg/libs")
-runuser -u pgrun -- "${pgenv[@]}" "$pgbin/initdb" -D /tmp/pgdata -A trust -U postgres >/tmp/initdb.log 2>&1 \
-  || { cat /tmp/initdb.log; exit 1; }
-runuser -u pgrun -- "${pgenv[@]}" "$pgbin/pg_ctl" -D /tmp/pgdata -l /tmp/pg.log -w \
-  -o "-h 127.0.0.1 -p 5432 -k /tmp" start || { cat /tmp/pg.log; exit 1; }
+  "$(dirname "$0")/gpu-postgres.sh" "$BIN/pg.tar.xz" || exit 1
 fi
 
 step "serve and $gpus engines"

@@ -6,6 +6,11 @@
 tonic::include_proto!("fleetplane.v1");
 
 use anyhow::{anyhow, Result};
+
+/// The largest message engines and control planes take from each other: a P/D hand-off
+/// carries a prompt's whole KV in one message (a CUDA engine's: 32 KiB a token for a Llama
+/// 3.2 1B, 128 KiB for an 8B), and gRPC frames a message in at most 4 GiB.
+pub const MAX_MESSAGE_BYTES: usize = (4 << 30) - 1;
 use engine::kv::{KvEvent as EngineKvEvent, Tier as EngineTier};
 use engine::BlockHash;
 

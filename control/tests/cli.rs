@@ -328,7 +328,11 @@ fn kv_high_water_knobs_are_checked_and_runs_switch_protection_by_name() {
 #[test]
 fn engine_and_serve_name_what_is_wrong_with_their_flags() {
     fails_with(&["engine", "--role", "middle"], &["'middle'", "prefill, decode"]);
-    fails_with(&["engine", "--role", "prefill", "--executor", "cuda"], &["--executor sim"]);
+    // A CUDA engine takes the P/D roles: what stops this one is its model folder.
+    fails_with(
+        &["engine", "--role", "prefill", "--executor", "cuda", "--model", "/no/such/model"],
+        &["/no/such/model"],
+    );
     fails_with(&["engine", "--model", "gpt-9"], &["gpt-9", "llama-3.1-8b"]);
     fails_with(&["engine", "--block-size", "12"], &["--block-size 12"]);
     fails_with(&["engine", "--spec", "medusa"], &["medusa", "none, eagle3, dflash, dspark"]);

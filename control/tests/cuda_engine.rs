@@ -1,15 +1,20 @@
 //! The CUDA engine process end to end: `fleetplane make-model --config tiny`, then
-//! `fleetplane engine --executor cuda` on it, driven over its gRPC interface by a tonic client.
+//! `fleetplane engine --executor cuda` on it, driven over its gRPC interface by a tonic client;
+//! and a prefill and a decode CUDA engine behind `fleetplane serve`'s gateway.
 //!
-//! Needs a GPU and the CUDA libraries; without them it prints "skipped" and passes (CI). On the
-//! H200 `scripts/gpu-check.sh` runs it with `FLEETPLANE_BIN` pointing at the carried binary
-//! (the path cargo bakes in, `CARGO_BIN_EXE_fleetplane`, is this machine's).
+//! Needs a GPU and the CUDA libraries (the P/D test also PostgreSQL on 127.0.0.1:5432);
+//! without them it prints "skipped" and passes (CI). On the H200 `scripts/gpu-check.sh` runs
+//! it with `FLEETPLANE_BIN` pointing at the carried binary (the path cargo bakes in,
+//! `CARGO_BIN_EXE_fleetplane`, is this machine's).
+
+mod common;
 
 mod proto {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("fleetplane.v1");
 }
 
+use common::bin;
 use proto::engine_client::EngineClient;
 use proto::{GenerateChunk, GenerateRequest};
 use std::io::{BufRead, BufReader};
@@ -17,10 +22,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn bin() -> PathBuf {
-    std::env::var_os("FLEETPLANE_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleetplane")), PathBuf::from)
-}
 
 /// The engine process, killed when dropped (also when an assertion fails).
 struct Engine {
@@ -37,14 +38,16 @@ impl Drop for Engine {
 }
 
 impl Engine {
-    /// Starts `fleetplane engine` and returns it with the address from its
-    /// `engine NAME listening on ADDR` line.
-    fn start(model: &std::path::Path) -> (Engine, String) {
+    /// Starts `fleetplane engine --executor cuda` on `model` with `extra` flags and returns
+    /// it with the address from its `engine NAME listening on ADDR` line.
+    fn start(model: &std::path::Path, extra: &[&str]) -> (Engine, String) {
         let mut child = Command::new(bin())
             .args(["engine", "--executor", "cuda", "--model"])
             .arg(model)
             .args(["--gpu-memory-gib", "4", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .env("RUST_LOG", "warn")
+            .env("FLEETPLANE_ENGINE_TOKEN", common::ENGINE)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -87,7 +90,7 @@ impl Engine {
     }
 }
 
-/// Streams one greedy request to its end; returns its tokens and last chunk.
+/// Streams one greedy request of 16 tokens to its end; returns its tokens and last chunk.
 async fn generate(
     client: &mut EngineClient<tonic::transport::Channel>,
     id: u64,
@@ -119,16 +122,9 @@ async fn cuda_engine_streams_greedy_tokens_and_reuses_the_prefix_cache() {
         println!("skipped: no CUDA driver, libraries or GPU here");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("fleetplane-cuda-engine-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let made = Command::new(bin())
-        .args(["make-model", "--config", "tiny", "--out"])
-        .arg(&dir)
-        .output()
-        .expect("fleetplane make-model runs");
-    assert!(made.status.success(), "make-model failed: {}", String::from_utf8_lossy(&made.stderr));
+    let dir = tiny_model("cuda-engine", None);
 
-    let (engine, addr) = Engine::start(&dir);
+    let (engine, addr) = Engine::start(&dir, &[]);
     let run = async {
         let mut client =
             EngineClient::connect(format!("http://{addr}")).await.expect("the engine accepts a connection");
@@ -154,5 +150,114 @@ async fn cuda_engine_streams_greedy_tokens_and_reuses_the_prefix_cache() {
         &t1[..4]
     );
     drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes the tiny model (and, with `words`, a word-level tokenizer of that many words) to a
+/// fresh folder.
+fn tiny_model(tag: &str, words: Option<u32>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fleetplane-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let made = Command::new(bin())
+        .args(["make-model", "--config", "tiny", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("fleetplane make-model runs");
+    assert!(made.status.success(), "make-model failed: {}", String::from_utf8_lossy(&made.stderr));
+    if let Some(words) = words {
+        common::write_word_level_tokenizer(&dir, words);
+    }
+    dir
+}
+
+/// The ids of a word-level text (`w17 w3` is [17, 3]).
+fn ids_of(text: &str) -> Vec<u32> {
+    text.split_whitespace().map(|w| w.strip_prefix('w').and_then(|d| d.parse().ok()).expect("a word wN")).collect()
+}
+
+/// Prefill on one CUDA engine, decode on another, behind the gateway: a text prompt is
+/// tokenized with the tokenizer the model folder brings (reported by the engines, fetched by
+/// `serve`), the prompt's KV moves from the prefill engine's GPU memory to the decode
+/// engine's, and the output is exactly what one engine alone generates (greedy), as text;
+/// both engines hold no KV afterwards.
+#[test]
+fn cuda_prefill_and_decode_engines_behind_the_gateway_generate_as_one_engine() {
+    if !engine::cuda::gpu_available() {
+        println!("skipped: no CUDA driver, libraries or GPU here");
+        return;
+    }
+    if std::net::TcpStream::connect_timeout(&"127.0.0.1:5432".parse().expect("address"), Duration::from_secs(1))
+        .is_err()
+    {
+        println!("skipped: no PostgreSQL on 127.0.0.1:5432 for fleetplane serve");
+        return;
+    }
+    // The tiny model's vocabulary is 512 ids: a word for each.
+    let dir = tiny_model("cuda-pd", Some(512));
+    let prompt: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 500).collect();
+    let text: Vec<String> = prompt.iter().map(|t| format!("w{t}")).collect();
+    let text = text.join(" ");
+
+    // One engine doing everything: the reference.
+    let want = {
+        let (engine, addr) = Engine::start(&dir, &[]);
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let run = async {
+            let mut client = EngineClient::connect(format!("http://{addr}")).await.expect("the engine accepts");
+            generate(&mut client, 1, &prompt).await
+        };
+        let (tokens, last) = match runtime.block_on(async { tokio::time::timeout(Duration::from_secs(60), run).await })
+        {
+            Ok(r) => r,
+            Err(_) => panic!("the reference engine did not answer in 60 s; output:\n{}", engine.output()),
+        };
+        assert_eq!((tokens.len(), last.finish_reason.as_str()), (16, "length"));
+        tokens
+    };
+
+    let db = common::Db::fresh("cuda_pd");
+    let s = common::serve(&db, &["--mode", "pd"]);
+    let control = ["--control", s.grpc.as_str(), "--served-model-name", "tiny"];
+    let (p, _) = Engine::start(&dir, &[&["--role", "prefill", "--name", "p0"][..], &control].concat());
+    let (d, _) = Engine::start(&dir, &[&["--role", "decode", "--name", "d0"][..], &control].concat());
+    let serving = (0..300).any(|_| {
+        let (_, v) = common::get(&format!("{}/api/fleet", s.http), Some(common::ADMIN));
+        let both = v["instances"]["serving"].as_u64() == Some(2);
+        if !both {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        both
+    });
+    assert!(serving, "the engines did not both serve in 30 s; prefill:\n{}\ndecode:\n{}", p.output(), d.output());
+
+    let body = serde_json::json!({"model": "tiny", "prompt": text, "max_tokens": 16, "temperature": 0});
+    let (status, v) = common::post(&format!("{}/v1/completions", s.http), Some(common::ADMIN), &body);
+    assert_eq!(status, 200, "{v}; prefill:\n{}\ndecode:\n{}", p.output(), d.output());
+    assert_eq!(v["usage"]["prompt_tokens"], 150, "the model folder's tokenizer made the prompt's ids: {v}");
+    let got = ids_of(v["choices"][0]["text"].as_str().unwrap_or_default());
+    assert_eq!(got, want, "P/D through the gateway against one engine");
+
+    // Streamed, and the prompt's blocks now cached on the prefill engine: the same tokens.
+    let mut stream_body = body;
+    stream_body["stream"] = serde_json::json!(true);
+    let events = common::sse(common::open_stream(&s.http, "/v1/completions", &stream_body));
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(ids_of(&streamed), want, "streamed P/D against one engine");
+
+    common::eventually(5, "both engines hold no request and no KV", || {
+        let (_, v) = common::get(&format!("{}/api/instances", s.http), Some(common::ADMIN));
+        v["instances"].as_array().is_some_and(|all| {
+            all.len() == 2
+                && all.iter().all(|i| {
+                    (i["load"]["running"].as_u64(), i["load"]["kv_used_blocks"].as_u64()) == (Some(0), Some(0))
+                })
+        })
+    });
+    println!("cuda P/D: 16 greedy tokens through the gateway, as one engine: {:?}", &want[..4]);
+    drop((p, d, s));
     let _ = std::fs::remove_dir_all(&dir);
 }

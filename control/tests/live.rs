@@ -458,3 +458,64 @@ fn an_engine_drained_through_one_replica_stops_taking_requests_from_the_others()
     let metrics = common::client().get(format!("{}/metrics", b.http)).send().expect("metrics").text().expect("text");
     assert!(metrics.contains("fleetplane_requests_replaced_total 0"), "nothing sent to the draining engine: {metrics}");
 }
+
+/// Whether `text` is `n` words of the word-level test tokenizer, one space apart.
+fn is_words(text: &str, n: usize) -> bool {
+    let words: Vec<&str> = text.split(' ').collect();
+    words.len() == n && words.iter().all(|w| w.strip_prefix('w').is_some_and(|d| d.parse::<u32>().is_ok()))
+}
+
+#[test]
+fn an_engines_tokenizer_turns_text_into_ids_and_output_ids_into_text() {
+    let db = Db::fresh("tokenizer");
+    let dir = tests::scratch_dir("engine-tokenizer");
+    // The cost-model engine's made-up tokens are below 32,000: all of them are words here.
+    let file = write_word_level_tokenizer(&dir.join("a"), 32_000);
+    let s = serve(&db, &[]);
+    let _e0 = engine(&s.grpc, "e0", &["--tokenizer", file.to_str().expect("utf-8 path")]);
+    wait_serving(&s.http, 1);
+
+    // Two words of the tokenizer: two ids (the stand-in cuts each into two pieces).
+    let body = json!({"model": MODEL, "prompt": "w31999 w31998", "max_tokens": 12, "temperature": 0});
+    let (status, v) = completion(&s.http, ADMIN, body.clone());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 2, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap_or_default().to_string();
+    assert!(is_words(&text, 12), "the output reads as the tokenizer's words: {text:?}");
+
+    // Streamed, chunk by chunk: the chunks add up to words too.
+    let mut stream_body = body;
+    stream_body["stream"] = json!(true);
+    let chunks = streamed(&s.http, "/v1/completions", stream_body);
+    let streamed_text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert!(is_words(&streamed_text, 12), "{streamed_text:?}");
+
+    // An engine with another tokenizer for the same model is refused, naming both.
+    let other = write_word_level_tokenizer(&dir.join("b"), 100);
+    let mut e1 = engine(&s.grpc, "e1", &["--tokenizer", other.to_str().expect("utf-8 path")]);
+    let refused = (0..100).find_map(|_| {
+        let line = e1.lines.recv_timeout(Duration::from_millis(100)).ok()?;
+        line.contains("is not the fleet's").then_some(line)
+    });
+    assert!(refused.is_some(), "the second engine was not refused for its tokenizer");
+    e1.kill();
+    let (_, fleet) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+    assert_eq!(fleet["instances"]["serving"], 1, "{fleet}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tokenizer_given_to_serve_tokenizes_for_engines_that_bring_none() {
+    let db = Db::fresh("tokenizer_pin");
+    let dir = tests::scratch_dir("serve-tokenizer");
+    write_word_level_tokenizer(&dir, 32_000);
+    let pin = format!("{MODEL}={}", dir.display());
+    let s = serve(&db, &["--tokenizer", &pin]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let body = json!({"model": MODEL, "prompt": "w1 w2 w3 unknown", "max_tokens": 3});
+    let (status, v) = completion(&s.http, ADMIN, body);
+    assert_eq!((status, v["usage"]["prompt_tokens"].as_u64()), (200, Some(4)), "{v}");
+    assert!(is_words(v["choices"][0]["text"].as_str().unwrap_or_default(), 3), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,7 +27,7 @@ use crate::instance::{Instance, Rejected};
 use crate::request::{Request, Resume};
 use crate::sequence::{Parked, Seq};
 use crate::time::Time;
-use crate::RequestId;
+use crate::{BlockId, RequestId};
 
 /// A request whose prefill ended on a prefill-only instance, waiting for its KV to be sent.
 #[derive(Clone, Debug)]
@@ -86,16 +86,7 @@ impl Instance {
     /// The KV of handed-off request `id` has been sent: frees its blocks here. False when no
     /// such request is parked here.
     pub fn release_handoff(&mut self, now: Time, id: RequestId) -> bool {
-        let Some(pos) = self.parked_position(id, Parked::Sending) else { return false };
-        let s = self.parked.remove(pos);
-        let mut seq = self.slots[s as usize].take().expect("parked slot is empty");
-        self.kv.release(now, &mut seq.kv);
-        let mut table = std::mem::take(&mut seq.kv.blocks);
-        table.clear();
-        self.spare_tables.push(table);
-        self.free_slots.push(s);
-        self.debug_check_handoff();
-        true
+        self.unpark(now, id, Parked::Sending)
     }
 
     /// Reserves blocks for the KV of `request` (handed off by a prefill instance: its
@@ -143,6 +134,37 @@ impl Instance {
         self.running.push(s);
         self.debug_check_handoff();
         true
+    }
+
+    /// Gives back the blocks reserved for request `id`'s KV when its transfer failed (the
+    /// bytes never arrived, or did not fit this model): the request leaves this instance as if
+    /// it had never been received. False when no such transfer is being received here.
+    pub fn abort_transfer(&mut self, now: Time, id: RequestId) -> bool {
+        self.unpark(now, id, Parked::Receiving)
+    }
+
+    /// Drops request `id` parked here `how`, freeing its blocks and its slot.
+    fn unpark(&mut self, now: Time, id: RequestId, how: Parked) -> bool {
+        let Some(pos) = self.parked_position(id, how) else { return false };
+        let s = self.parked.remove(pos);
+        let mut seq = self.slots[s as usize].take().expect("parked slot is empty");
+        // A sending sequence's one token is out; a receiving one had its output to come.
+        self.decode_tokens_left -= u64::from(seq.decode_left());
+        self.kv.release(now, &mut seq.kv);
+        let mut table = std::mem::take(&mut seq.kv.blocks);
+        table.clear();
+        self.spare_tables.push(table);
+        self.free_slots.push(s);
+        self.debug_check_handoff();
+        true
+    }
+
+    /// The KV blocks of request `id`, parked here for a transfer in either direction, in
+    /// sequence order: those its KV is read from (sending), or those reserved for the KV that
+    /// arrives (receiving). A real executor copies the KV through them.
+    pub fn parked_blocks(&self, id: RequestId) -> Option<&[BlockId]> {
+        let &s = self.parked.iter().find(|&&s| self.seq(s).request.id == id)?;
+        Some(&self.seq(s).kv.blocks)
     }
 
     /// Requests parked here for a transfer, in either direction.
@@ -267,6 +289,32 @@ mod tests {
         assert_eq!(err, Rejected::NoKvRoom { needed_blocks: 8, available_blocks: 7 });
         assert_eq!(d.transfers_in_flight(), 0);
         assert!(matches!(d.receive_transfer(Time::ZERO, req(3, 8, 4)), Err((Rejected::NotPrefilled, _))));
+    }
+
+    #[test]
+    fn parked_blocks_name_the_kv_on_both_sides_and_an_aborted_transfer_frees_its_reservation() {
+        let (mut p, mut d) = (instance(64), instance(64));
+        p.enqueue_prefill_only(Time::ZERO, req(1, 30, 5)).unwrap();
+        let mut done = Vec::new();
+        let t = drain(&mut p, Time::ZERO, &mut done);
+        let mut handoffs = Vec::new();
+        p.take_handoffs(&mut handoffs);
+        let sent = p.parked_blocks(RequestId(1)).expect("parked for sending").to_vec();
+        assert_eq!(sent.len(), 8, "30 tokens of KV in 4-token blocks");
+        assert!(p.parked_blocks(RequestId(2)).is_none());
+        d.receive_transfer(t, handoffs[0].request.clone()).unwrap();
+        assert_eq!(d.parked_blocks(RequestId(1)).map(<[BlockId]>::len), Some(8));
+        assert!(!d.abort_transfer(t, RequestId(2)), "nothing to abort for an unknown request");
+        assert!(d.abort_transfer(t, RequestId(1)));
+        assert_eq!((d.transfers_in_flight(), d.kv().used_blocks(), d.load().decode_tokens_left), (0, 0, 0));
+        assert!(!d.finish_transfer(t, RequestId(1)), "an aborted transfer cannot land");
+        assert!(!p.abort_transfer(t, RequestId(1)), "a sending side releases, it does not abort");
+        // The same request can be received again, e.g. from a new export.
+        d.receive_transfer(t, handoffs[0].request.clone()).unwrap();
+        assert!(d.finish_transfer(t, RequestId(1)) && p.release_handoff(t, RequestId(1)));
+        drain(&mut d, t, &mut done);
+        assert_eq!(done.len(), 1);
+        assert_eq!(d.kv().used_blocks(), 0);
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //!   request parks here with its KV ([`Runner::park_handoffs`]). `Export` reads its state,
 //!   `Release` frees its KV once a decode engine has it.
 //! - A **decode** engine's `Import` reserves the KV at once (all or nothing: a full engine
-//!   says so before anything moves), waits for it to land (the transfer time the control
-//!   plane gives, since the cost model's KV has no bytes to copy), then decodes the rest of
-//!   the output on the import's stream.
+//!   says so before anything moves), then lets it land: a GPU executor copies the KV's bytes
+//!   (`Handoff::kv`, exported by the prefill engine's executor) into the reserved blocks at
+//!   once, a cost model waits the transfer time the control plane gives (its KV has no bytes);
+//!   then it decodes the rest of the output on the import's stream. An import the executor
+//!   refuses (KV of another model's shape, no bytes for a GPU) gives the blocks back.
 //!
 //! A parked or landing request counts as in flight: a draining engine stops only when it holds
 //! none (`DrainReply::in_flight`).
 
-use super::runner::{Import, Runner, Stream};
+use super::runner::{Import, Imported, Runner, Stream};
 use crate::proto::{self, GenerateChunk};
 use engine::{Handoff, Rejected, RequestId, Time};
 use std::sync::atomic::Ordering;
@@ -43,6 +45,7 @@ impl Runner {
                 // Nobody will ask for this hand-off: free its KV now.
                 let now = self.now();
                 self.instance.release_handoff(now, id);
+                self.backend.release(id);
                 self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
                 continue;
             };
@@ -57,8 +60,20 @@ impl Runner {
         }
     }
 
-    pub(super) fn export(&self, id: RequestId) -> Result<proto::Handoff, Status> {
+    pub(super) fn export(&mut self, id: RequestId) -> Result<proto::Handoff, Status> {
         let p = self.parked.get(&id).ok_or_else(|| Status::not_found(format!("{id} is not parked here")))?;
+        let blocks = self.instance.parked_blocks(id).expect("a parked request holds its blocks");
+        let kv = self
+            .backend
+            .export_kv(id, blocks, p.handoff.kv_tokens)
+            .map_err(|e| Status::internal(format!("cannot export the KV of {id}: {e}")))?;
+        if kv.len() > crate::proto::MAX_MESSAGE_BYTES - (1 << 20) {
+            return Err(Status::resource_exhausted(format!(
+                "the KV of {id} takes {} bytes, more than one gRPC message carries ({} bytes)",
+                kv.len(),
+                crate::proto::MAX_MESSAGE_BYTES
+            )));
+        }
         let r = &p.handoff.request;
         let cached_tokens = r.resume.as_ref().map_or([0; 3], |x| x.cached_tokens);
         Ok(proto::Handoff {
@@ -68,27 +83,35 @@ impl Runner {
             max_tokens: r.max_output_tokens,
             kv_tokens: u64::from(p.handoff.kv_tokens),
             cached_tokens: cached_tokens.to_vec(),
-            kv: Vec::new(),
+            kv,
         })
     }
 
     pub(super) fn import(&mut self, import: Import) -> Result<(), Status> {
-        let Import { request, sampling, transfer, out } = import;
+        let Import { request, sampling, prompt, generated, kv, transfer, out } = import;
         let id = request.id;
         if self.streams.contains_key(&id) {
             return Err(Status::already_exists(format!("{id} is already running here")));
         }
-        let generated = request.generated_before();
+        let produced = request.generated_before();
         let now = self.now();
         match self.instance.receive_transfer(now, request) {
             Ok(()) => {}
             Err((why @ Rejected::NoKvRoom { .. }, _)) => return Err(Status::resource_exhausted(why.to_string())),
             Err((why, _)) => return Err(Status::invalid_argument(why.to_string())),
         }
+        let blocks = self.instance.parked_blocks(id).expect("the transfer was just received");
+        let imported = Imported { id, prompt: &prompt, generated: &generated, sampling, kv: &kv };
+        if let Err(why) = self.backend.import(&imported, blocks) {
+            self.instance.abort_transfer(now, id);
+            return Err(Status::invalid_argument(format!("cannot import {id}: {why}")));
+        }
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-        let stream = Stream { out, seed: sampling.seed, produced: generated, prompt: Vec::new(), sent: Vec::new() };
+        let stream = Stream { out, seed: sampling.seed, produced, prompt: Vec::new(), sent: Vec::new() };
         self.streams.insert(id, stream);
-        self.landing.push((now + engine::Dur(transfer.as_micros() as u64), id));
+        // KV with bytes is in place now; a cost model's waits the link's modelled time.
+        let lands = if kv.is_empty() { now + engine::Dur(transfer.as_micros() as u64) } else { now };
+        self.landing.push((lands, id));
         Ok(())
     }
 
@@ -99,6 +122,7 @@ impl Runner {
         let now = self.now();
         let released = self.instance.release_handoff(now, id);
         debug_assert!(released, "{id} was parked here");
+        self.backend.release(id);
         self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         true
     }

@@ -141,6 +141,12 @@ pub struct Args {
     /// The engine's name in the fleet [default: engine-PORT].
     #[arg(long)]
     pub name: Option<String>,
+
+    /// The model's tokenizer (a tokenizer.json, or a folder holding one), which control
+    /// planes fetch to tokenize this model's text prompts [default: tokenizer.json in the
+    /// `cuda` model folder, if there is one; otherwise none: the gateway's stand-in].
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// The cost model's step times, scaled by `--time-scale`.
@@ -178,10 +184,6 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if !(args.parked_limit_s.is_finite() && args.parked_limit_s > 0.0) {
         return Err(Failure::Input(anyhow!("--parked-limit-s {} must be a positive number", args.parked_limit_s)));
     }
-    if args.executor == ExecutorKind::Cuda && args.role != RoleArg::Colocated {
-        // Its KV lives in GPU memory that the hand-off cannot export yet.
-        return Err(Failure::Input(anyhow!("--role prefill and decode need --executor sim")));
-    }
     if args.executor == ExecutorKind::Cuda && args.spec != NO_SPECULATION {
         return Err(Failure::Input(anyhow!(
             "--spec {} needs --executor sim: the CUDA engine has no drafter",
@@ -192,8 +194,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         ExecutorKind::Sim => sim_backend(&args).map_err(Failure::Input)?,
         ExecutorKind::Cuda => cuda_backend(&args).map_err(Failure::Input)?,
     };
+    let tokenizer = match (&args.tokenizer, args.executor) {
+        (Some(path), _) => Some(path.clone()),
+        (None, ExecutorKind::Cuda) => crate::serve::tokenizer::in_model_dir(std::path::Path::new(&args.model)),
+        (None, ExecutorKind::Sim) => None,
+    };
+    let tokenizer = tokenizer.map(|p| crate::serve::tokenizer::load(&p)).transpose().map_err(Failure::Input)?;
     let runtime = crate::runtime()?;
-    runtime.block_on(serve(args, backend, config)).map_err(Failure::Run)
+    runtime.block_on(serve(args, backend, config, tokenizer)).map_err(Failure::Run)
 }
 
 fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
@@ -268,6 +276,26 @@ impl Backend for CudaBackend {
     fn release(&mut self, id: engine::RequestId) {
         self.0.release(id);
     }
+
+    fn export_kv(
+        &mut self,
+        _id: engine::RequestId,
+        blocks: &[engine::BlockId],
+        tokens: u32,
+    ) -> Result<Vec<u8>, String> {
+        self.0.export_kv(blocks, tokens).map_err(|e| e.to_string())
+    }
+
+    fn import(&mut self, r: &runner::Imported<'_>, blocks: &[engine::BlockId]) -> Result<(), String> {
+        if r.kv.is_empty() {
+            return Err(
+                "the hand-off carries no KV bytes (its prefill engine has none to send: a cost-model engine?)".into()
+            );
+        }
+        let s = r.sampling;
+        let sampling = engine::cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+        self.0.import_request(r.id, r.prompt.to_vec(), r.generated, sampling, blocks, r.kv).map_err(|e| e.to_string())
+    }
 }
 
 fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
@@ -287,7 +315,12 @@ fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig
     Ok((Box::new(CudaBackend(exec)), instance))
 }
 
-async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) -> anyhow::Result<()> {
+async fn serve(
+    args: Args,
+    backend: Box<dyn Backend>,
+    config: InstanceConfig,
+    tokenizer: Option<crate::serve::tokenizer::Loaded>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -307,13 +340,19 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
         block_size: config.block_size,
         kv_blocks: config.total_blocks,
         capacity_tokens: instance.capacity_tokens(),
+        tokenizer_sha256: tokenizer.as_ref().map(|t| t.sha256.clone()).unwrap_or_default(),
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
     let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
-    let service = service::EngineService { commands: Mutex::new(tx), shared: shared.clone(), info: info.clone() };
+    let service = service::EngineService {
+        commands: Mutex::new(tx),
+        shared: shared.clone(),
+        info: info.clone(),
+        tokenizer: tokenizer.map(|t| t.json),
+    };
     let pool = policies::Role::from(args.role).name();
     for control in &args.control {
         let beat = register::keep_registered(control.clone(), addr, pool.to_string(), info.clone(), shared.clone());
@@ -323,7 +362,11 @@ async fn serve(args: Args, backend: Box<dyn Backend>, config: InstanceConfig) ->
     println!("engine {name} listening on {addr}");
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
     let server = tonic::transport::Server::builder()
-        .add_service(proto::engine_server::EngineServer::new(service))
+        .add_service(
+            proto::engine_server::EngineServer::new(service)
+                .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(proto::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal());
     if args.exit_with_parent {
         // Not a graceful stop: it would wait for every open stream, and other control planes

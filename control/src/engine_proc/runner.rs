@@ -6,7 +6,7 @@
 //! takes. Commands arrive on a channel; nothing else touches the [`Instance`].
 
 use crate::proto::{self, GenerateChunk};
-use engine::{Evicted, Executor, Finished, Instance, Request, RequestId, Time};
+use engine::{BlockId, Evicted, Executor, Finished, Instance, Request, RequestId, Time};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -34,6 +34,28 @@ pub trait Backend: Send {
     fn admit(&mut self, _id: RequestId, _prompt: &[u32], _sampling: Sampling) {}
     /// A request left the engine.
     fn release(&mut self, _id: RequestId) {}
+    /// The KV of parked request `id` (its first `tokens` tokens, in `blocks`) as bytes a decode
+    /// engine's [`Backend::import`] takes; empty when the KV has no bytes (a cost model's is
+    /// only accounted).
+    fn export_kv(&mut self, _id: RequestId, _blocks: &[BlockId], _tokens: u32) -> Result<Vec<u8>, String> {
+        Ok(Vec::new())
+    }
+    /// Takes a request prefilled elsewhere: its KV into `blocks` (reserved for it) and what
+    /// the executor keeps per request, so that it decodes on as it would have there.
+    fn import(&mut self, _request: &Imported<'_>, _blocks: &[BlockId]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A prefilled request arriving from a prefill engine, as a [`Backend`] takes it.
+pub struct Imported<'a> {
+    pub id: RequestId,
+    /// The prompt as the prefill engine computed it, and the tokens it generated.
+    pub prompt: &'a [u32],
+    pub generated: &'a [u32],
+    pub sampling: Sampling,
+    /// The prefill engine's [`Backend::export_kv`] bytes.
+    pub kv: &'a [u8],
 }
 
 /// Where a request's chunks go.
@@ -74,7 +96,13 @@ pub enum Command {
 pub struct Import {
     pub request: Request,
     pub sampling: Sampling,
-    /// When the KV will have arrived, from its start.
+    /// The prompt as the prefill engine computed it, and the tokens it generated there.
+    pub prompt: Vec<u32>,
+    pub generated: Vec<u32>,
+    /// The KV's bytes (empty from a cost-model engine, whose KV has none).
+    pub kv: Vec<u8>,
+    /// When the KV will have arrived, from its start: the link's modelled time for a KV
+    /// without bytes; one with bytes has arrived once it is copied in.
     pub transfer: Duration,
     pub out: ChunkSender,
 }
@@ -110,7 +138,7 @@ pub(super) struct Stream {
 
 pub struct Runner {
     pub(super) instance: Instance,
-    backend: Box<dyn Backend>,
+    pub(super) backend: Box<dyn Backend>,
     pub(super) shared: Arc<Shared>,
     pub(super) streams: BTreeMap<RequestId, Stream>,
     /// A prefill engine: requests stop after their first token and park with their KV.

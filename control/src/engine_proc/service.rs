@@ -16,6 +16,8 @@ pub struct EngineService {
     pub commands: Mutex<Sender<Command>>,
     pub shared: Arc<Shared>,
     pub info: proto::EngineInfo,
+    /// The model's tokenizer.json, if it has one.
+    pub tokenizer: Option<Arc<Vec<u8>>>,
 }
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -128,6 +130,9 @@ impl Engine for EngineService {
         let import = Import {
             request,
             sampling: sampling(i.temperature, i.top_p, i.seed)?,
+            prompt: h.prompt,
+            generated: h.generated,
+            kv: h.kv,
             transfer: std::time::Duration::from_micros(i.transfer_us),
             out,
         };
@@ -168,5 +173,13 @@ impl Engine for EngineService {
 
     async fn info(&self, _req: GrpcRequest<proto::InfoRequest>) -> Result<Response<proto::EngineInfo>, Status> {
         Ok(Response::new(self.info.clone()))
+    }
+
+    async fn tokenizer(
+        &self,
+        _req: GrpcRequest<proto::TokenizerRequest>,
+    ) -> Result<Response<proto::TokenizerReply>, Status> {
+        let json = self.tokenizer.as_ref().ok_or_else(|| Status::not_found("this engine's model has no tokenizer"))?;
+        Ok(Response::new(proto::TokenizerReply { json: json.to_vec() }))
     }
 }

@@ -6,7 +6,7 @@ use super::auth::Role;
 use super::history::Finished;
 use super::hub::PlaceError;
 use super::live_fleet::{Delta, MemberState, Payload};
-use super::tokenizer;
+use super::tokenizer::{stand_in, TextDecoder, Tokenizer, Tokenizers};
 use super::App;
 use crate::engine_proc::Sampling;
 use axum::body::Bytes;
@@ -178,13 +178,17 @@ struct Parsed {
     kind: Kind,
     model: String,
     prompt: Vec<u32>,
+    /// The model's tokenizer (or the stand-in): it made `prompt` from text, and turns the
+    /// output into text.
+    tokenizer: Tokenizer,
     max_tokens: u32,
     sampling: Sampling,
     stream: bool,
     include_usage: bool,
 }
 
-fn parse(bytes: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
+/// Reads a request; text prompts are tokenized with the tokenizer of the model asked for.
+fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, ApiError> {
     let body: Body = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not a valid request: {e}"))
     })?;
@@ -202,12 +206,14 @@ fn parse(bytes: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
     if body.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
+    let tokenizer = tokenizers.get(&model);
+    let encode = |text: &str| tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e));
     let prompt = match kind {
         Kind::Completion => match body.prompt {
             None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
-            Some(Prompt::Text(t)) => tokenizer::encode(&t),
+            Some(Prompt::Text(t)) => encode(&t)?,
             Some(Prompt::Tokens(t)) => t,
-            Some(Prompt::Texts(mut v)) if v.len() == 1 => tokenizer::encode(&v.remove(0)),
+            Some(Prompt::Texts(v)) if v.len() == 1 => encode(&v[0])?,
             Some(Prompt::TokenLists(mut v)) if v.len() == 1 => v.remove(0),
             Some(_) => return Err(ApiError::invalid("prompt", "give one prompt per request")),
         },
@@ -232,7 +238,9 @@ fn parse(bytes: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
                 };
                 texts.push((m.role.as_str(), text));
             }
-            tokenizer::encode(&tokenizer::chat_prompt(texts.iter().map(|(r, t)| (*r, t.as_str()))))
+            // The stand-in's role markers, also with a model's tokenizer: its chat template
+            // (tokenizer_config.json, Jinja) is not applied.
+            encode(&stand_in::chat_prompt(texts.iter().map(|(r, t)| (*r, t.as_str()))))?
         }
     };
     if prompt.is_empty() {
@@ -255,6 +263,7 @@ fn parse(bytes: &[u8], kind: Kind) -> Result<Parsed, ApiError> {
         kind,
         model,
         prompt,
+        tokenizer,
         max_tokens,
         sampling: Sampling { temperature, top_p, seed: body.seed.unwrap_or(0) },
         stream: body.stream,
@@ -273,7 +282,7 @@ async fn serve(
         app.metrics.request("rejected");
         ApiError::new(e.status(), "invalid_body", format!("cannot read the body: {}", e.body_text()))
     })?;
-    let parsed = parse(&bytes, kind).inspect_err(|_| app.metrics.request("rejected"))?;
+    let parsed = parse(&bytes, kind, &app.tokenizers).inspect_err(|_| app.metrics.request("rejected"))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = parsed.prompt.len() as u32;
     let id = {
@@ -345,6 +354,8 @@ struct Run {
     /// When the first token reached the gateway: TTFT, and the start of TPOT.
     first_token_at: Option<Instant>,
     completion_tokens: u32,
+    /// The output's text so far, as it streams.
+    text: TextDecoder,
 }
 
 impl Run {
@@ -352,6 +363,7 @@ impl Run {
         app.metrics.in_flight.inc();
         let prefix = if parsed.kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let text = parsed.tokenizer.decoder();
         Run {
             app,
             parsed,
@@ -361,6 +373,7 @@ impl Run {
             started: Instant::now(),
             first_token_at: None,
             completion_tokens: 0,
+            text,
         }
     }
 
@@ -438,7 +451,8 @@ impl Run {
                 }
                 Delta::Done { finish_reason, cached_tokens, instance } => {
                     self.note_done(cached_tokens, instance);
-                    let choice = self.choice(&tokenizer::decode(&tokens), Some(finish_label(&finish_reason)), false);
+                    let text = self.text.push(&tokens) + &self.text.finish();
+                    let choice = self.choice(&text, Some(finish_label(&finish_reason)), false);
                     let mut body = self.envelope(vec![choice], false);
                     body["usage"] = self.usage(cached_tokens);
                     return Json(body).into_response();
@@ -462,13 +476,16 @@ impl Run {
             let (event, done) = match run.rx.recv().await {
                 Some(Delta::Tokens(t)) => {
                     run.note_tokens(t.len());
-                    let body = run.envelope(vec![run.choice(&tokenizer::decode(&t), None, true)], true);
+                    let text = run.text.push(&t);
+                    let body = run.envelope(vec![run.choice(&text, None, true)], true);
                     (vec![Event::default().data(body.to_string())], false)
                 }
                 Some(Delta::Done { finish_reason, cached_tokens, instance }) => {
                     run.note_done(cached_tokens, instance);
                     let mut events = vec![];
-                    let last = run.envelope(vec![run.choice("", Some(finish_label(&finish_reason)), true)], true);
+                    // Text held back for a character the last tokens left incomplete.
+                    let rest = run.text.finish();
+                    let last = run.envelope(vec![run.choice(&rest, Some(finish_label(&finish_reason)), true)], true);
                     events.push(Event::default().data(last.to_string()));
                     if run.parsed.include_usage {
                         let mut usage = run.envelope(vec![], true);

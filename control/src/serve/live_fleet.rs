@@ -285,7 +285,9 @@ impl LiveFleet {
             tracing::warn!("engine pool `{pool}` is not a role");
             return false;
         };
-        let client = EngineClient::new(endpoint.connect_lazy());
+        let client = EngineClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
         let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news())).abort_handle());
         let capacity_tokens = info.capacity_tokens;
         let member = Member {

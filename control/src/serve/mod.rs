@@ -76,6 +76,12 @@ pub struct Args {
     #[arg(long)]
     pub replica: Option<String>,
 
+    /// The tokenizer of a model, as MODEL=PATH (PATH: a tokenizer.json or a folder holding
+    /// one); repeat for several models. Engines report their model's own tokenizer, which is
+    /// fetched from them when they register; a model without one gets the stand-in.
+    #[arg(long, value_name = "MODEL=PATH")]
+    pub tokenizer: Vec<String>,
+
     #[command(flatten)]
     pub pools: pools::PoolArgs,
 }
@@ -98,6 +104,8 @@ pub struct App {
     pub recorder: history::Recorder,
     /// The console's time series: one sample a second, the last fifteen minutes.
     pub history: history::History,
+    /// Each model's tokenizer, where the fleet has one.
+    pub tokenizers: tokenizer::Tokenizers,
 }
 
 impl App {
@@ -153,13 +161,21 @@ fn default_slo() -> simulator::metrics::Slo {
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let router: RouterConfig = args.router.parse().map_err(|e| Failure::Input(anyhow::Error::from(e)))?;
+    let tokenizers = tokenizer::Tokenizers::default();
+    for pin in &args.tokenizer {
+        let (model, path) =
+            tokenizer::parse_pin(pin).map_err(|e| Failure::Input(anyhow::anyhow!("--tokenizer {e}")))?;
+        let loaded = tokenizer::load(&path).map_err(Failure::Input)?;
+        let source = path.display().to_string();
+        tokenizers.insert(&model, loaded, source).map_err(|e| Failure::Input(anyhow::anyhow!("--tokenizer: {e}")))?;
+    }
     // Checked before anything starts; the stored SLO targets replace the defaults.
     args.pools.pd_config(default_slo()).map_err(Failure::Input)?;
     let runtime = crate::runtime()?;
-    runtime.block_on(serve(args, router)).map_err(Failure::Run)
+    runtime.block_on(serve(args, router, tokenizers)).map_err(Failure::Run)
 }
 
-async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
+async fn serve(args: Args, router: RouterConfig, tokenizers: tokenizer::Tokenizers) -> anyhow::Result<()> {
     let store = Store::open(&args.database_url).await?;
     let admin_token = token_from_env("FLEETPLANE_ADMIN_TOKEN", "admin token")?;
     let engine_token = token_from_env("FLEETPLANE_ENGINE_TOKEN", "engine token")?;
@@ -191,6 +207,7 @@ async fn serve(args: Args, router: RouterConfig) -> anyhow::Result<()> {
         pool_args: pd.is_some().then(|| args.pools.clone()),
         recorder: history::Recorder::default(),
         history: history::History::default(),
+        tokenizers,
     });
     if let Some((version, policy, _, _)) = store.policy().await? {
         match policy::Policy::stored(policy, app.pool_args.as_ref()) {
@@ -439,6 +456,10 @@ async fn recover_instances(app: &Arc<App>) {
         };
         match tokio::time::timeout(Duration::from_secs(1), probe).await {
             Ok(Some(info)) => {
+                if let Err(e) = registry::ensure_tokenizer(app, &row.address, &info).await {
+                    tracing::warn!(instance = row.id, "engine not recovered: {}", e.message());
+                    continue;
+                }
                 let mut hub = app.lock_hub();
                 hub.fleet.join(engine::InstanceId(row.id as u32), row.address.clone(), row.pool.clone(), info);
                 hub.pump();

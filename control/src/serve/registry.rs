@@ -3,10 +3,12 @@
 
 use super::live_fleet::MemberState;
 use super::store::Write;
+use super::tokenizer::{self, Check};
 use super::App;
-use crate::proto::{self, control_server::Control};
+use crate::proto::{self, control_server::Control, engine_client::EngineClient};
 use engine::InstanceId;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 /// How often engines re-register.
@@ -33,6 +35,7 @@ impl Control for Registry {
         if info.block_size == 0 || info.capacity_tokens == 0 {
             return Err(Status::invalid_argument("engine reports no KV capacity"));
         }
+        ensure_tokenizer(&self.app, &r.address, &info).await?;
         // Known engines (re-)register without the database; a new one needs it for its id.
         let known = {
             let hub = self.app.lock_hub();
@@ -70,4 +73,46 @@ impl Control for Registry {
         hub.pump();
         Ok(Response::new(proto::RegisterReply { instance_id: id.0, heartbeat_ms: HEARTBEAT_MS }))
     }
+}
+
+/// How long fetching a tokenizer from an engine may take.
+const TOKENIZER_FETCH: Duration = Duration::from_secs(10);
+
+/// Makes sure the gateway can tokenize an engine's model before the engine serves: fetches
+/// the tokenizer the engine reports unless the fleet has it already, and refuses an engine
+/// whose tokenizer is not the fleet's for its model (the engine's next heartbeat tries
+/// again).
+pub(super) async fn ensure_tokenizer(app: &App, address: &str, info: &proto::EngineInfo) -> Result<(), Status> {
+    let name = &info.name;
+    match app.tokenizers.check(&info.model, &info.tokenizer_sha256) {
+        Ok(Check::Known) => return Ok(()),
+        Ok(Check::Fetch) => {}
+        Err(why) => return Err(Status::failed_precondition(format!("engine {name}: {why}"))),
+    }
+    let fetch = async {
+        let client = EngineClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
+        let mut client = client.max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+        let reply = client.tokenizer(proto::TokenizerRequest {}).await.map_err(|s| s.message().to_string())?;
+        Ok::<_, String>(reply.into_inner().json)
+    };
+    let json = match tokio::time::timeout(TOKENIZER_FETCH, fetch).await {
+        Ok(Ok(json)) => json,
+        Ok(Err(e)) => return Err(Status::unavailable(format!("cannot fetch engine {name}'s tokenizer: {e}"))),
+        Err(_) => return Err(Status::unavailable(format!("engine {name} sent no tokenizer in {TOKENIZER_FETCH:?}"))),
+    };
+    // Parsing a large vocabulary takes a while: off the async threads.
+    let loaded = tokio::task::spawn_blocking(move || tokenizer::parse(json))
+        .await
+        .map_err(|e| Status::internal(format!("reading engine {name}'s tokenizer: {e}")))?
+        .map_err(|e| Status::invalid_argument(format!("engine {name}'s tokenizer: {e}")))?;
+    if loaded.sha256 != info.tokenizer_sha256 {
+        return Err(Status::invalid_argument(format!(
+            "engine {name} sent a tokenizer whose SHA-256 is {}, not the {} it reported",
+            loaded.sha256, info.tokenizer_sha256
+        )));
+    }
+    let source = format!("engine {name} at {address}");
+    app.tokenizers
+        .insert(&info.model, loaded, source)
+        .map_err(|e| Status::failed_precondition(format!("engine {name}: {e}")))
 }

@@ -14,8 +14,11 @@ pub const ADMIN: &str = "test-admin-token";
 pub const ENGINE: &str = "test-engine-token";
 pub const MODEL: &str = "llama-3.1-8b";
 
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_fleetplane")
+/// The binary under test: `FLEETPLANE_BIN` where the tests run away from the build (the GPU
+/// machine, with carried binaries), else the one cargo built.
+pub fn bin() -> std::path::PathBuf {
+    std::env::var_os("FLEETPLANE_BIN")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_fleetplane")), std::path::PathBuf::from)
 }
 
 /// A database of its own for one test, dropped at the end.
@@ -239,4 +242,19 @@ pub fn run_demo(db: &Db, extra: &[&str]) -> String {
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     l.local_addr().expect("address").to_string()
+}
+
+/// Writes a word-level tokenizer of `words` words to `DIR/tokenizer.json`: id N is the word
+/// `wN`, words are split on whitespace and joined by spaces (unknown words are `[UNK]`, id
+/// `words`). A real Hugging Face tokenizer small enough to make in a test.
+pub fn write_word_level_tokenizer(dir: &std::path::Path, words: u32) -> std::path::PathBuf {
+    use tokenizers::models::wordlevel::WordLevel;
+    let vocab = (0..words).map(|i| (format!("w{i}"), i)).chain([("[UNK]".to_string(), words)]).collect();
+    let model = WordLevel::builder().vocab(vocab).unk_token("[UNK]".into()).build().expect("a word-level model");
+    let mut t = tokenizers::Tokenizer::new(model);
+    t.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
+    std::fs::create_dir_all(dir).expect("tokenizer folder");
+    let path = dir.join("tokenizer.json");
+    t.save(&path, false).expect("tokenizer.json written");
+    path
 }

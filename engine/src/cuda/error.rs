@@ -34,6 +34,9 @@ pub enum CudaError {
     /// many tokens, KV that is not on the GPU).
     #[error("batch: {0}")]
     Batch(String),
+    /// A KV hand-off payload is malformed or was made for another model's KV shape.
+    #[error("KV hand-off: {0}")]
+    Transfer(#[from] super::transfer::KvPayloadError),
 }
 
 impl CudaError {

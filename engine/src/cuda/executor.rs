@@ -17,6 +17,12 @@
 //! 4. once the instance reports the request finished (or evicted), call
 //!    [`CudaExecutor::release`].
 //!
+//! P/D hand-offs (between steps): a prefill engine reads a parked request's KV with
+//! [`CudaExecutor::export_kv`] (its block table from `Instance::parked_blocks`); a decode
+//! engine writes it into the blocks `Instance::receive_transfer` reserved with
+//! [`CudaExecutor::import_request`], which also registers the request's tokens and sampling in
+//! place of `set_request`, then calls `Instance::finish_transfer`.
+//!
 //! Every step synchronises with the GPU before returning, so the returned duration is the
 //! measured wall time of the step, host work included.
 
@@ -25,15 +31,17 @@ use super::context::Gpu;
 use super::error::CudaError;
 use super::graph::{DecodeGraphs, GraphCache};
 use super::kernels::{KernelShape, Kernels};
-use super::kv::{KvPool, StepLayout};
+use super::kv::{KvCopy, KvPool, StepLayout};
 use super::model::{random_weights, Attention, Llama, Scratch, StepShape};
 use super::sampling::Sampling;
+use super::transfer::{chunks, row_offset, KvDtype, KvHeader, KvShape};
 use super::weights::{ModelFiles, Weights};
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::ids::RequestId;
+use crate::ids::{BlockId, RequestId};
 use crate::instance::InstanceConfig;
 use crate::time::Dur;
+use cudarc::driver::CudaSlice;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -84,6 +92,10 @@ impl CudaExecutorConfig {
 /// Device memory kept out of the budget for the CUDA context's and cuBLAS's own use.
 const RESERVED_BYTES: u64 = 1 << 30;
 
+/// The device buffer KV hand-offs move through, a chunk of tokens at a time (at least one
+/// token's KV of every layer).
+const STAGING_BYTES: usize = 16 << 20;
+
 /// A request's token ids and how to sample it.
 struct Sequence {
     tokens: Vec<u32>,
@@ -108,6 +120,9 @@ pub struct CudaExecutor {
     argmax_host: Vec<u32>,
     logits_host: Vec<f32>,
     sample_params: Vec<f32>,
+    /// KV hand-offs go through this buffer, `staging_tokens` tokens at a time.
+    staging: CudaSlice<u8>,
+    staging_tokens: u32,
 }
 
 impl CudaExecutor {
@@ -128,7 +143,13 @@ impl CudaExecutor {
         let (free, _) = gpu.memory()?;
         let budget = config.gpu_memory_bytes.unwrap_or(free as u64 / 10 * 9);
         let (max_tokens, max_rows) = (config.max_batch_tokens as usize, config.max_seqs as usize);
-        let fixed = Weights::bytes(&cfg) + Scratch::bytes(&cfg, max_tokens, max_rows, gpu.sms) + RESERVED_BYTES;
+        let token_bytes = kv_shape(&cfg).token_bytes();
+        let staging_tokens = (STAGING_BYTES / token_bytes).max(1);
+        let staging_bytes = staging_tokens * token_bytes;
+        let fixed = Weights::bytes(&cfg)
+            + Scratch::bytes(&cfg, max_tokens, max_rows, gpu.sms)
+            + staging_bytes as u64
+            + RESERVED_BYTES;
         let per_block = KvPool::bytes_per_block(&cfg, config.block_size);
         // One block of the pool is the padding rows' (KvPool::pad_block), not the engine's.
         let blocks = (budget.saturating_sub(fixed) / per_block).saturating_sub(1);
@@ -155,6 +176,7 @@ impl CudaExecutor {
         let num_blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
         let kv = KvPool::new(&gpu, &cfg, num_blocks, config.block_size)?;
         let scratch = Scratch::new(&gpu, &cfg, max_tokens, max_rows, gpu.sms)?;
+        let staging = gpu.zeros(staging_bytes, "the KV hand-off buffer")?;
         let model = Llama::new(&gpu, cfg, weights)?;
         gpu.sync()?;
         Ok(CudaExecutor {
@@ -171,6 +193,8 @@ impl CudaExecutor {
             argmax_host: Vec::new(),
             logits_host: Vec::new(),
             sample_params: Vec::new(),
+            staging,
+            staging_tokens: u32::try_from(staging_tokens).unwrap_or(u32::MAX),
         })
     }
 
@@ -226,6 +250,117 @@ impl CudaExecutor {
     /// Request `id`'s sequence so far: prompt, then generated tokens.
     pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
         self.seqs.get(&id).map(|s| &s.tokens[..])
+    }
+
+    /// The shape of this model's KV, as hand-off payloads state it.
+    pub fn kv_shape(&self) -> KvShape {
+        kv_shape(&self.model.cfg)
+    }
+
+    /// The KV of the first `tokens` tokens of a sequence whose block table is `table` (a
+    /// parked request's, `Instance::parked_blocks`), every layer's K and V, as a hand-off
+    /// payload ([`super::transfer`]: a header naming the KV's shape, then the KV token by
+    /// token) for [`CudaExecutor::import_request`] on another executor of the same model.
+    /// Between steps only.
+    pub fn export_kv(&mut self, table: &[BlockId], tokens: u32) -> Result<Vec<u8>, CudaError> {
+        let table_dev = self.upload_table(table, tokens)?;
+        let shape = self.kv_shape();
+        let header = KvHeader { shape, block_size: self.kv.block_size, tokens };
+        let mut out = Vec::new();
+        out.try_reserve_exact(header.payload_bytes()).map_err(|_| {
+            CudaError::Batch(format!("no host memory for a KV payload of {} bytes", header.payload_bytes()))
+        })?;
+        header.encode(&mut out);
+        out.resize(header.payload_bytes(), 0);
+        for chunk in chunks(tokens, self.staging_tokens) {
+            let copy = KvCopy { table: &table_dev, first: chunk.start, tokens: chunk.len() as u32 };
+            self.kv.gather(&self.gpu, &self.kernels, &copy, &mut self.staging)?;
+            let at = row_offset(&shape, chunk.start, 0, false);
+            let bytes = chunk.len() * shape.token_bytes();
+            self.gpu.download(&self.staging, &mut out[at..at + bytes], "the KV being exported")?;
+        }
+        Ok(out)
+    }
+
+    /// Takes request `id`, prefilled on another executor of the same model: writes the KV of
+    /// `payload` (made by [`CudaExecutor::export_kv`]) into the blocks of `table` (reserved by
+    /// `Instance::receive_transfer`) and registers the request as `set_request` would, with
+    /// `generated` (the tokens sampled there) after its prompt, so its next decode step feeds
+    /// the last of them and its draws continue where they stopped. The payload must hold the
+    /// KV of every token but the last generated one, in this model's shape: otherwise nothing
+    /// is written or registered and the error names the mismatch. Between steps only.
+    pub fn import_request(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        generated: &[u32],
+        sampling: Sampling,
+        table: &[BlockId],
+        payload: &[u8],
+    ) -> Result<(), CudaError> {
+        if prompt.is_empty() || generated.is_empty() {
+            return Err(CudaError::Batch(format!(
+                "{id}: a hand-off needs a prompt and a generated token (got {} and {})",
+                prompt.len(),
+                generated.len()
+            )));
+        }
+        let needed = u32::try_from(prompt.len() + generated.len() - 1)
+            .map_err(|_| CudaError::Batch(format!("{id}: the sequence is too long")))?;
+        let header = KvHeader::decode(payload)?;
+        header.check(&self.kv_shape(), needed)?;
+        let vocab = self.model.cfg.vocab_size;
+        if let Some(bad) = prompt.iter().chain(generated).find(|&&t| t as usize >= vocab) {
+            return Err(CudaError::Batch(format!("{id}: token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        let table_dev = self.upload_table(table, needed)?;
+        let shape = header.shape;
+        for chunk in chunks(needed, self.staging_tokens) {
+            let at = row_offset(&shape, chunk.start, 0, false);
+            let bytes = chunk.len() * shape.token_bytes();
+            self.gpu.upload(&payload[at..at + bytes], &mut self.staging, "the imported KV")?;
+            let copy = KvCopy { table: &table_dev, first: chunk.start, tokens: chunk.len() as u32 };
+            self.kv.scatter(&self.gpu, &self.kernels, &copy, &self.staging)?;
+            // The next chunk reuses the staging buffer.
+            self.gpu.sync()?;
+        }
+        let prompt_len = prompt.len();
+        let mut tokens = prompt;
+        tokens.extend_from_slice(generated);
+        self.seqs.insert(id, Sequence { tokens, prompt_len, sampling });
+        Ok(())
+    }
+
+    /// Moves hand-offs `tokens` tokens at a time (fewer than the staging buffer holds), so
+    /// that tests of a small model cross chunk boundaries.
+    #[cfg(test)]
+    pub(crate) fn set_staging_tokens(&mut self, tokens: u32) {
+        self.staging_tokens = tokens.clamp(1, self.staging_tokens);
+    }
+
+    /// The KV pool on the host: K, V, elements per layer.
+    #[cfg(test)]
+    pub(crate) fn kv_to_host(&self) -> Result<(Vec<u16>, Vec<u16>, usize), CudaError> {
+        self.kv.to_host(&self.gpu)
+    }
+
+    /// `table` on the device, after checking that it holds `tokens` tokens in this pool.
+    fn upload_table(&self, table: &[BlockId], tokens: u32) -> Result<CudaSlice<i32>, CudaError> {
+        let bs = self.kv.block_size;
+        if tokens == 0 || (table.len() as u64) < u64::from(tokens.div_ceil(bs)) {
+            return Err(CudaError::Batch(format!(
+                "a KV hand-off of {tokens} tokens needs {} blocks of {bs} tokens; the table has {}",
+                tokens.div_ceil(bs).max(1),
+                table.len()
+            )));
+        }
+        if let Some(b) = table.iter().find(|b| b.0 >= self.kv.num_blocks) {
+            return Err(CudaError::Batch(format!("block {} is outside the pool of {}", b.0, self.kv.num_blocks)));
+        }
+        let host: Vec<i32> = table.iter().map(|b| b.0 as i32).collect();
+        let mut dev = self.gpu.zeros::<i32>(host.len(), "a hand-off block table")?;
+        self.gpu.upload(&host, &mut dev, "a hand-off block table")?;
+        Ok(dev)
     }
 
     /// Keeps (or stops keeping) the f32 logits of every sampled row, per request: for
@@ -340,6 +475,16 @@ impl CudaExecutor {
             out.tokens.push(token);
         }
         Ok(())
+    }
+}
+
+/// The KV shape of a model: what two executors must share to hand a request over.
+fn kv_shape(cfg: &LlamaConfig) -> KvShape {
+    KvShape {
+        layers: cfg.num_hidden_layers as u32,
+        kv_heads: cfg.num_key_value_heads as u32,
+        head_dim: cfg.head_dim as u32,
+        dtype: KvDtype::Bf16,
     }
 }
 

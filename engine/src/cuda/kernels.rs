@@ -10,6 +10,7 @@
 //! | `attention.cu` | `paged_attention_split` and `attention_combine` (decode tokens), `prefill_attention_tc` (prompt chunks, tensor cores), `paged_attention` (the simple reference) |
 //! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
 //! | `sample.cu` | `sample_rows`: temperature and top-p sampling |
+//! | `kv_copy.cu` | `kv_gather`, `kv_scatter`: a sequence's KV to and from a hand-off buffer |
 
 use super::error::CudaError;
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -19,12 +20,13 @@ use std::sync::Arc;
 const PRELUDE: &str = include_str!("kernels/prelude.cu");
 
 /// Every kernel source, by file name.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope_kv.cu", include_str!("kernels/rope_kv.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("sample.cu", include_str!("kernels/sample.cu")),
+    ("kv_copy.cu", include_str!("kernels/kv_copy.cu")),
 ];
 
 /// What the sources are specialised for.
@@ -82,6 +84,8 @@ pub struct Kernels {
     pub sample_rows: CudaFunction,
     pub widen: CudaFunction,
     pub fill_uniform: CudaFunction,
+    pub kv_gather: CudaFunction,
+    pub kv_scatter: CudaFunction,
 }
 
 impl Kernels {
@@ -115,6 +119,8 @@ impl Kernels {
             sample_rows: get("sample.cu", "sample_rows")?,
             widen: get("elementwise.cu", "widen")?,
             fill_uniform: get("elementwise.cu", "fill_uniform")?,
+            kv_gather: get("kv_copy.cu", "kv_gather")?,
+            kv_scatter: get("kv_copy.cu", "kv_scatter")?,
         })
     }
 }

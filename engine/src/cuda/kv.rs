@@ -10,9 +10,10 @@
 use super::config::LlamaConfig;
 use super::context::Gpu;
 use super::error::CudaError;
+use super::kernels::Kernels;
 use crate::batch::Batch;
 use crate::ids::RequestId;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 /// The KV cache of every layer.
 pub struct KvPool {
@@ -20,6 +21,9 @@ pub struct KvPool {
     v: CudaSlice<u16>,
     /// Elements of one layer's K (or V) cache.
     layer_elems: usize,
+    /// Layers, and KV heads per slot row (a row is `n_kv * head_dim` elements).
+    layers: usize,
+    n_kv: usize,
     pub num_blocks: u32,
     pub block_size: u32,
 }
@@ -39,6 +43,8 @@ impl KvPool {
             k: gpu.zeros(total, "the K cache")?,
             v: gpu.zeros(total, "the V cache")?,
             layer_elems,
+            layers: cfg.num_hidden_layers,
+            n_kv: cfg.num_key_value_heads,
             num_blocks,
             block_size,
         })
@@ -52,6 +58,76 @@ impl KvPool {
     /// Device addresses of layer `layer`'s K and V caches.
     pub fn layer_ptrs(&self, gpu: &Gpu, layer: usize) -> (u64, u64) {
         (gpu.ptr(&self.k, layer * self.layer_elems), gpu.ptr(&self.v, layer * self.layer_elems))
+    }
+
+    /// The whole K and V caches on the host, and the elements per layer (tests compare the
+    /// copy kernels with the host layout).
+    #[cfg(test)]
+    pub(crate) fn to_host(&self, gpu: &Gpu) -> Result<(Vec<u16>, Vec<u16>, usize), CudaError> {
+        let (mut k, mut v) = (vec![0; self.k.len()], vec![0; self.v.len()]);
+        gpu.download(&self.k, &mut k, "the K cache")?;
+        gpu.download(&self.v, &mut v, "the V cache")?;
+        Ok((k, v, self.layer_elems))
+    }
+
+    /// Copies the KV of tokens `first..first + tokens` of a sequence whose block table (on the
+    /// device) is `table`, every layer's K and V, into `buf` as hand-off rows
+    /// ([`super::transfer`]'s body layout, from the chunk's first token). Queued on the stream;
+    /// the caller checked the table against the pool and `buf`'s size.
+    pub fn gather(
+        &self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        copy: &KvCopy,
+        buf: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let (cfg, args) = copy.launch(self)?;
+        let mut b = gpu.stream.launch_builder(&kernels.kv_gather);
+        b.arg(&self.k).arg(&self.v).arg(copy.table).arg(&args.0).arg(&args.1).arg(&args.2).arg(buf);
+        // SAFETY: every slot the grid reads is in the pool (the tables were checked against
+        // `num_blocks`) and `buf` holds the chunk's rows (checked by the caller).
+        #[allow(unsafe_code)]
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::call("launching kv_gather", e))
+    }
+
+    /// The reverse of [`KvPool::gather`]: writes hand-off rows from `buf` into the slots of
+    /// tokens `first..first + tokens` of the sequence whose block table is `table`.
+    pub fn scatter(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        copy: &KvCopy,
+        buf: &CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let (cfg, args) = copy.launch(self)?;
+        let mut b = gpu.stream.launch_builder(&kernels.kv_scatter);
+        b.arg(&mut self.k).arg(&mut self.v).arg(copy.table).arg(&args.0).arg(&args.1).arg(&args.2).arg(buf);
+        // SAFETY: as for `gather`; the slots written are the sequence's own blocks.
+        #[allow(unsafe_code)]
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::call("launching kv_scatter", e))
+    }
+}
+
+/// One chunk of a KV hand-off copy: tokens `first..first + tokens` of the sequence whose
+/// block table (on the device) is `table`.
+pub struct KvCopy<'a> {
+    pub table: &'a CudaSlice<i32>,
+    pub first: u32,
+    pub tokens: u32,
+}
+
+impl KvCopy<'_> {
+    /// The grid (a block per token, layer and K or V; a thread per 16 bytes of a row, up to
+    /// 256) and the kernels' scalar arguments: first token, elements per layer, KV heads.
+    fn launch(&self, pool: &KvPool) -> Result<(LaunchConfig, (i32, i64, i32)), CudaError> {
+        let first = i32::try_from(self.first)
+            .map_err(|_| CudaError::Batch(format!("token {} is too far for a KV copy", self.first)))?;
+        let layers = u32::try_from(pool.layers).ok().filter(|&l| l <= 65_535);
+        let layers = layers.ok_or_else(|| CudaError::Batch(format!("{} layers exceed a grid", pool.layers)))?;
+        let row_elems = pool.layer_elems / ((pool.num_blocks as usize + 1) * pool.block_size as usize);
+        let threads = ((row_elems / 8).div_ceil(32) * 32).clamp(32, 256) as u32;
+        let cfg = LaunchConfig { grid_dim: (self.tokens, layers, 2), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        Ok((cfg, (first, pool.layer_elems as i64, pool.n_kv as i32)))
     }
 }
 

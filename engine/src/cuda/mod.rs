@@ -18,9 +18,11 @@
 //! | `graph.rs` | CUDA graphs of decode steps, one per batch-size bucket |
 //! | `profile.rs` | the step profile: measured times over a grid of batch shapes ([`sweep`]) |
 //! | `sampling.rs` | greedy, temperature and top-p sampling |
+//! | `transfer.rs` | the bytes of a KV hand-off (P/D): header, token-major body, checks |
 //! | `executor.rs` | [`CudaExecutor`] and its contract with the engine process |
 //!
-//! Guardrails: KV lives on the GPU only (the instance must have no L2 tier); everything runs
+//! Guardrails: KV lives on the GPU only (the instance must have no L2 tier; a P/D hand-off
+//! copies it out through host memory between steps); everything runs
 //! on one stream; a step synchronises before it returns, so buffers are reused safely;
 //! CUDA graphs capture only device addresses that never change (a reallocated buffer drops
 //! them).
@@ -36,6 +38,7 @@ mod model;
 mod profile;
 mod sampling;
 pub mod synth;
+pub mod transfer;
 mod weights;
 
 pub use crate::ids::block_hashes;
@@ -44,10 +47,11 @@ pub use context::{gpu_available, libraries_present, Gpu};
 pub use error::CudaError;
 pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
 pub use graph::DecodeGraphs;
-pub use kv::{plan_prefill_tiles, KvPool, StepLayout, PREFILL_TILE_ROWS};
+pub use kv::{plan_prefill_tiles, KvCopy, KvPool, StepLayout, PREFILL_TILE_ROWS};
 pub use model::Attention;
 pub use profile::{serving_shapes, sweep, Shape, RUNS};
 pub use sampling::{sample, sample_with, Sampling};
+pub use transfer::{KvDtype, KvHeader, KvPayloadError, KvShape};
 pub use weights::{safetensors_files, tensor_shapes, ModelFiles};
 
 #[cfg(test)]

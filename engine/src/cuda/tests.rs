@@ -433,3 +433,129 @@ fn the_sampling_kernel_draws_as_the_host_rule() {
         assert!(distinct > 20, "draws spread over the distribution: {distinct}");
     }
 }
+
+/// Steps `inst` over `exec` until it has nothing to run; returns the time it went idle.
+fn run_idle(inst: &mut Instance, exec: &mut CudaExecutor, mut now: Time) -> Time {
+    let (mut fin, mut ev) = (Vec::new(), Vec::new());
+    while inst.has_work() {
+        let d = inst.begin_step(now, exec).unwrap().expect("work to do");
+        now += d + crate::Dur(1);
+        inst.end_step(now, &mut fin, &mut ev);
+    }
+    assert!(ev.is_empty(), "nothing is evicted");
+    now
+}
+
+fn request(id: u64, prompt: &[u32], output: u32, block_size: u32) -> Request {
+    Request {
+        id: RequestId(id),
+        arrival: Time::ZERO,
+        prompt_tokens: prompt.len() as u32,
+        max_output_tokens: output,
+        block_hashes: block_hashes(prompt, block_size),
+        resume: None,
+    }
+}
+
+/// P/D between two executors of one model: requests prefilled on one (a prefix-cache hit
+/// among them), their KV exported through host memory and imported into blocks the other's
+/// instance reserved, decode there to exactly the tokens one executor serving them alone
+/// gives: greedy and sampled, in hand-offs of several chunks. A payload exported again from
+/// the receiver is the same bytes; a mismatched payload is refused before anything is written.
+#[test]
+fn a_request_handed_off_between_executors_decodes_as_on_one() {
+    if skip("a_request_handed_off_between_executors_decodes_as_on_one") {
+        return;
+    }
+    let (dir, mut one) = tiny_executor("handoff");
+    let mut cfg = CudaExecutorConfig::new(ModelSource::Dir(dir.clone()));
+    cfg.gpu_memory_bytes = Some(2 << 30);
+    cfg.max_batch_tokens = 512;
+    cfg.max_seqs = 8;
+    let mut two = CudaExecutor::new(cfg).unwrap();
+    one.set_staging_tokens(7);
+    two.set_staging_tokens(5);
+    let bs = one.block_size();
+    let a: Vec<u32> = (0..100).map(|i| (i * 37 + 11) % 512).collect();
+    let c: Vec<u32> = (0..37).map(|i| (i * 13 + 5) % 512).collect();
+    // b shares a's first 64 tokens (4 full blocks): a prefix-cache hit where a was prefilled.
+    let b: Vec<u32> = a[..64].iter().copied().chain((0..40).map(|i| (i * 7 + 300) % 512)).collect();
+    let sampled = Sampling { temperature: 0.8, top_p: 0.9, seed: 5 };
+    // Two rounds: a and c together, then b alone.
+    let rounds: [Vec<(u64, &[u32], Sampling)>; 2] =
+        [vec![(1, &a, Sampling::GREEDY), (2, &c, sampled)], vec![(3, &b, Sampling::GREEDY)]];
+    let output = 8;
+
+    // One executor doing everything, the rounds in turn on one instance.
+    let mut alone = Instance::new(one.instance_config());
+    let mut now = Time::ZERO;
+    let mut want = std::collections::BTreeMap::new();
+    for round in &rounds {
+        for &(id, prompt, s) in round {
+            one.set_request(RequestId(id), prompt.to_vec(), s);
+            alone.enqueue(now, request(id, prompt, output, bs)).unwrap();
+        }
+        now = run_idle(&mut alone, &mut one, now);
+        for &(id, _, _) in round {
+            want.insert(id, one.release(RequestId(id)).unwrap());
+        }
+    }
+    assert!(want.values().all(|t| t.len() == output as usize));
+
+    // Prefill on `one`, decode on `two`.
+    let mut p = Instance::new(one.instance_config());
+    let mut d = Instance::new(two.instance_config());
+    for round in &rounds {
+        for &(id, prompt, s) in round {
+            one.set_request(RequestId(id), prompt.to_vec(), s);
+            p.enqueue_prefill_only(now, request(id, prompt, output, bs)).unwrap();
+        }
+        now = run_idle(&mut p, &mut one, now);
+        let mut handoffs = Vec::new();
+        p.take_handoffs(&mut handoffs);
+        assert_eq!(handoffs.len(), round.len());
+        for h in handoffs {
+            let id = h.request.id;
+            let &(_, prompt, s) = round.iter().find(|r| r.0 == id.0).unwrap();
+            if id.0 == 3 {
+                let cached = h.request.resume.as_deref().map_or(0, |r| r.cached_tokens[0]);
+                assert_eq!(cached, 64, "b found a's prefix cached on the prefill side");
+            }
+            let payload = one.export_kv(p.parked_blocks(id).unwrap(), h.kv_tokens).unwrap();
+            assert_eq!(payload.len(), 32 + h.kv_tokens as usize * one.kv_shape().token_bytes());
+            // The body is the pool's rows in the documented order.
+            let (k, v, layer_elems) = one.kv_to_host().unwrap();
+            let table: Vec<u32> = p.parked_blocks(id).unwrap().iter().map(|b| b.0).collect();
+            let host = transfer::gather_host(&one.kv_shape(), &k, &v, layer_elems, &table, bs, h.kv_tokens);
+            assert!(payload[32..] == host[..], "{id}: the gather kernel's body differs from the host layout");
+            let generated = one.release(id).unwrap();
+            assert_eq!(generated.len(), 1, "the prefill samples the first token");
+            d.receive_transfer(now, h.request.clone()).unwrap();
+            let blocks = d.parked_blocks(id).unwrap().to_vec();
+            // Refused before anything is written: another model's shape, a wrong length.
+            let shape = transfer::KvShape { layers: 3, ..one.kv_shape() };
+            let header = transfer::KvHeader { shape, block_size: bs, tokens: h.kv_tokens };
+            let mut other = Vec::new();
+            header.encode(&mut other);
+            other.resize(header.payload_bytes(), 0);
+            let err = two.import_request(id, prompt.to_vec(), &generated, s, &blocks, &other).unwrap_err();
+            assert!(err.to_string().contains("layer count is 3, this model's is 2"), "{err}");
+            let err = two.import_request(id, prompt[1..].to_vec(), &generated, s, &blocks, &payload).unwrap_err();
+            assert!(err.to_string().contains("needs the KV of"), "{err}");
+            assert!(two.tokens(id).is_none(), "a refused import registers nothing");
+            two.import_request(id, prompt.to_vec(), &generated, s, &blocks, &payload).unwrap();
+            assert_eq!(two.export_kv(&blocks, h.kv_tokens).unwrap(), payload, "{id}: the KV landed bit for bit");
+            assert!(d.finish_transfer(now, id));
+            assert!(p.release_handoff(now, id));
+        }
+        now = run_idle(&mut d, &mut two, now);
+        for &(id, prompt, _) in round {
+            // The first token came from `one`, the other seven from `two`.
+            let got = two.release(RequestId(id)).unwrap();
+            assert_eq!(got, want[&id], "request {id} ({} prompt tokens): P/D against one executor", prompt.len());
+        }
+    }
+    assert_eq!((p.kv().used_blocks(), d.kv().used_blocks()), (0, 0));
+    assert_eq!(p.in_flight() + d.in_flight(), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,5 +1,5 @@
-//! The gateway's stand-in tokenizer for engines that bring none (the cost-model engine, and
-//! the CUDA engine with random weights).
+//! The gateway's stand-in tokenizer, for models whose engines bring none (the cost-model
+//! engine, and the CUDA engine on random weights without a `tokenizer.json`).
 //!
 //! Text is cut into pieces the way byte-pair encodings cut English (a word of up to four
 //! characters with its leading space, longer words in four-character pieces, each punctuation
