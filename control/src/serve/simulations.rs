@@ -48,7 +48,7 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 15] = [
+const EXAMPLES: [(&str, &str); 16] = [
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
@@ -60,6 +60,7 @@ const EXAMPLES: [(&str, &str); 15] = [
     ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
     ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
+    ("mooncake-tiers-h200.toml", include_str!("../../../examples/mooncake-tiers-h200.toml")),
     ("pd-servegen.toml", include_str!("../../../examples/pd-servegen.toml")),
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
     ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
