@@ -331,7 +331,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// KV block size of the speed runs.
 const BENCH_BLOCK: u32 = 16;
 
-/// An executor over random weights of `config`'s shape, for the speed runs; prints the header.
+/// An executor over random weights of `config`'s shape, for the speed runs; prints its size.
 fn bench_executor(config: &str) -> Result<(LlamaConfig, CudaExecutor), String> {
     let cfg = LlamaConfig::preset(config).ok_or(format!("unknown config {config}"))?;
     let mut ecfg = CudaExecutorConfig::new(ModelSource::Random { config: cfg.clone(), seed: 1 });
@@ -344,20 +344,26 @@ fn bench_executor(config: &str) -> Result<(LlamaConfig, CudaExecutor), String> {
         cfg.parameters() as f64 / 1e9,
         exec.kv_blocks()
     );
+    Ok((cfg, exec))
+}
+
+/// The header of the speed table `bench` and `prefill` print.
+fn speed_header() {
     println!("| phase | batch | context | mode | step ms | tokens/s | ceiling tokens/s | share |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    Ok((cfg, exec))
 }
 
 /// The prefill rows of `bench` alone.
 fn prefill_only(config: &str) -> Res {
     let (cfg, mut exec) = bench_executor(config)?;
+    speed_header();
     let mut next_id = 0u64;
     bench_prefill(&cfg, &mut exec, &mut next_id)
 }
 
 fn bench(config: &str) -> Res {
     let (cfg, mut exec) = bench_executor(config)?;
+    speed_header();
     let block = BENCH_BLOCK;
     let kv_blocks = exec.kv_blocks();
     let weight_bytes = cfg.parameters() as f64 * 2.0;

@@ -9,7 +9,7 @@
 //! | `rope_kv.cu` | `rope_kv_write` |
 //! | `attention.cu` | `paged_attention_split` (decode tokens; its last block per token and KV head merges the splits), `prefill_attention_tc` (prompt chunks, tensor cores), `paged_attention` (the simple reference) |
 //! | `gemv.cu` | `gemv_*_mN`: the projections of steps of a few tokens, with RMSNorm, the residual add, SiLU-mul, RoPE and the KV write, and the greedy argmax fused in; `argmax_finalize` |
-//! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform` |
+//! | `elementwise.cu` | `embed`, `silu_mul`, `gather_rows`, `argmax_rows`, `widen`, `fill_uniform`, `delay` |
 //! | `sample.cu` | `sample_rows`: temperature and top-p sampling |
 //! | `kv_copy.cu` | `kv_gather`, `kv_scatter`: a sequence's KV to and from a hand-off buffer |
 
