@@ -8,11 +8,13 @@
 //! cuda-check graphs DIR                                # CUDA-graph decode vs eager
 //! cuda-check bench CONFIG                              # decode and prefill speed, random weights
 //! cuda-check prefill CONFIG                            # prefill speed only, each attention kernel
+//! cuda-check profile CONFIG                            # small decode steps: each launch timed, GEMV vs cuBLAS
 //! cuda-check make-model CONFIG DIR                     # as `fleetplane make-model`
 //! ```
 
 use engine::cuda::{
-    block_hashes, Attention, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LlamaConfig, ModelSource, Sampling,
+    block_hashes, Attention, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LaunchTimes, LlamaConfig, ModelSource,
+    Sampling, SMALL_STEP_ROWS,
 };
 use engine::{Batch, BatchEntry, BlockId, Dur, Executor, Finished, Instance, Request, RequestId, StepOutput, Time};
 use std::io::Write;
@@ -30,9 +32,10 @@ fn main() -> ExitCode {
         Some("graphs") if args.len() == 2 => graphs(&args[1]),
         Some("bench") if args.len() == 2 => bench(&args[1]),
         Some("prefill") if args.len() == 2 => prefill_only(&args[1]),
+        Some("profile") if args.len() == 2 => profile(&args[1]),
         Some("make-model") if args.len() == 3 => make_model(&args[1], &args[2]),
         _ => Err("usage: cuda-check logits DIR OUT_PREFIX PROMPT_LEN DECODE | chunked DIR OUT_PREFIX | graphs DIR \
-                  | bench CONFIG | prefill CONFIG | make-model CONFIG DIR"
+                  | bench CONFIG | prefill CONFIG | profile CONFIG | make-model CONFIG DIR"
             .into()),
     };
     match result {
@@ -328,7 +331,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// KV block size of the speed runs.
 const BENCH_BLOCK: u32 = 16;
 
-/// An executor over random weights of `config`'s shape, for the speed runs; prints the header.
+/// An executor over random weights of `config`'s shape, for the speed runs; prints its size.
 fn bench_executor(config: &str) -> Result<(LlamaConfig, CudaExecutor), String> {
     let cfg = LlamaConfig::preset(config).ok_or(format!("unknown config {config}"))?;
     let mut ecfg = CudaExecutorConfig::new(ModelSource::Random { config: cfg.clone(), seed: 1 });
@@ -341,20 +344,26 @@ fn bench_executor(config: &str) -> Result<(LlamaConfig, CudaExecutor), String> {
         cfg.parameters() as f64 / 1e9,
         exec.kv_blocks()
     );
+    Ok((cfg, exec))
+}
+
+/// The header of the speed table `bench` and `prefill` print.
+fn speed_header() {
     println!("| phase | batch | context | mode | step ms | tokens/s | ceiling tokens/s | share |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    Ok((cfg, exec))
 }
 
 /// The prefill rows of `bench` alone.
 fn prefill_only(config: &str) -> Res {
     let (cfg, mut exec) = bench_executor(config)?;
+    speed_header();
     let mut next_id = 0u64;
     bench_prefill(&cfg, &mut exec, &mut next_id)
 }
 
 fn bench(config: &str) -> Res {
     let (cfg, mut exec) = bench_executor(config)?;
+    speed_header();
     let block = BENCH_BLOCK;
     let kv_blocks = exec.kv_blocks();
     let weight_bytes = cfg.parameters() as f64 * 2.0;
@@ -365,9 +374,10 @@ fn bench(config: &str) -> Res {
     // `old`: eager launches and the simple attention kernel (the first version); `eager`:
     // eager launches; `graphs`: the default (CUDA graphs). Decode tokens run the split
     // attention kernel in both.
-    let cases: [(u32, u32, Mode); 12] = [
+    let cases: [(u32, u32, Mode); 13] = [
         (128, 1, Mode::Old),
         (128, 1, Mode::Eager),
+        (128, 1, Mode::GraphsCublas),
         (128, 1, Mode::Graphs),
         (128, 16, Mode::Graphs),
         (128, 64, Mode::Eager),
@@ -388,27 +398,10 @@ fn bench(config: &str) -> Res {
                 println!("| decode | {b} | {ctx} | {} | does not fit ({kv_blocks} blocks) | | | |", mode.name());
                 continue;
             }
-            let ids: Vec<RequestId> = (0..b)
-                .map(|_| {
-                    next_id += 1;
-                    RequestId(next_id)
-                })
-                .collect();
-            for &id in &ids {
-                exec.set_request(id, vec![7; ctx as usize + 1], Sampling::GREEDY);
-            }
+            let ids = decode_requests(&mut exec, &mut next_id, b, ctx);
             let mut times = Vec::new();
             for step in 0..steps {
-                let mut batch = Batch::default();
-                for (k, &id) in ids.iter().enumerate() {
-                    let len = exec.tokens(id).map_or(0, |t| t.len()) as u32;
-                    let start = batch.block_tables.len() as u32;
-                    let first = k as u32 * blocks_per_seq;
-                    batch.block_tables.extend((first..first + blocks_per_seq).map(BlockId));
-                    let mut e = BatchEntry::new(id, len - 1, 1, false);
-                    e.blocks = (start, batch.block_tables.len() as u32);
-                    batch.entries.push(e);
-                }
+                let batch = decode_batch(&exec, &ids, blocks_per_seq);
                 out.tokens.clear();
                 let d = exec.execute(&batch, &mut out).map_err(|e| e.to_string())?;
                 if step >= 3 {
@@ -436,6 +429,102 @@ fn bench(config: &str) -> Res {
         failure.map_or(String::new(), |f| format!("; capture failed: {f}"))
     );
     bench_prefill(&cfg, &mut exec, &mut next_id)
+}
+
+/// `b` requests of a `ctx`-token prompt (of one repeated id) for hand-built decode steps.
+fn decode_requests(exec: &mut CudaExecutor, next_id: &mut u64, b: u32, ctx: u32) -> Vec<RequestId> {
+    let ids: Vec<RequestId> = (0..b)
+        .map(|_| {
+            *next_id += 1;
+            RequestId(*next_id)
+        })
+        .collect();
+    for &id in &ids {
+        exec.set_request(id, vec![7; ctx as usize + 1], Sampling::GREEDY);
+    }
+    ids
+}
+
+/// A decode step of every request in `ids` (request k on blocks k·n .. (k+1)·n, n =
+/// `blocks_per_seq`), each feeding its last token.
+fn decode_batch(exec: &CudaExecutor, ids: &[RequestId], blocks_per_seq: u32) -> Batch {
+    let mut batch = Batch::default();
+    for (k, &id) in ids.iter().enumerate() {
+        let len = exec.tokens(id).map_or(0, |t| t.len()) as u32;
+        let start = batch.block_tables.len() as u32;
+        let first = k as u32 * blocks_per_seq;
+        batch.block_tables.extend((first..first + blocks_per_seq).map(BlockId));
+        let mut e = BatchEntry::new(id, len - 1, 1, false);
+        e.blocks = (start, batch.block_tables.len() as u32);
+        batch.entries.push(e);
+    }
+    batch
+}
+
+/// Where small decode steps spend their time, on the cuBLAS path (cuBLAS GEMMs and the
+/// separate norm, RoPE and SiLU kernels) and on the fused GEMV path, in one process: per
+/// shape the step's wall time (median of 15 after 5 warm-ups, graphs on), its graph's GPU
+/// time (replays back to back) and its launches timed one by one; then the launches of a
+/// batch-1 step by name, both paths side by side.
+fn profile(config: &str) -> Res {
+    let (cfg, mut exec) = bench_executor(config)?;
+    let weight_bytes = cfg.parameters() as f64 * 2.0;
+    let kv_token_bytes = (4 * cfg.num_hidden_layers * cfg.kv_dim()) as f64;
+    let mut next_id = 0u64;
+    let mut out = StepOutput::default();
+    let mut breakdowns: Vec<(&str, u32, LaunchTimes)> = Vec::new();
+    println!();
+    println!("| path | batch | context | step ms | graph GPU ms | launches one by one ms | launches | weights+KV at 4.3 TB/s ms |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (path, rows) in [("cuBLAS", 0), ("GEMV", SMALL_STEP_ROWS)] {
+        exec.set_small_step_rows(rows);
+        for (ctx, b) in [(128u32, 1u32), (128, 2), (128, 4), (4096, 1)] {
+            let blocks_per_seq = (ctx + 32).div_ceil(BENCH_BLOCK);
+            let ids = decode_requests(&mut exec, &mut next_id, b, ctx);
+            let mut times = Vec::new();
+            for step in 0..20 {
+                let batch = decode_batch(&exec, &ids, blocks_per_seq);
+                out.tokens.clear();
+                let d = exec.execute(&batch, &mut out).map_err(|e| e.to_string())?;
+                if step >= 5 {
+                    times.push(d.as_secs_f64());
+                }
+            }
+            let batch = decode_batch(&exec, &ids, blocks_per_seq);
+            let t = exec.time_decode_launches(&batch, 50).map_err(|e| e.to_string())?;
+            for &id in &ids {
+                exec.release(id);
+            }
+            let floor = (weight_bytes + kv_token_bytes * f64::from(b) * f64::from(ctx)) / 4.3e12;
+            println!(
+                "| {path} | {b} | {ctx} | {:.3} | {} | {:.3} | {} | {:.3} |",
+                median(times) * 1e3,
+                t.graph_us.map_or("-".into(), |us| format!("{:.3}", us / 1e3)),
+                t.total_us() / 1e3,
+                t.launches.len(),
+                floor * 1e3
+            );
+            if ctx == 128 && b == 1 {
+                breakdowns.push((path, b, t));
+            }
+        }
+    }
+    for (path, b, t) in &breakdowns {
+        println!();
+        println!("launches of a batch-{b} step, context 128, {path} path (µs, one by one):");
+        println!("| launch | count | total µs | per launch µs |");
+        println!("| --- | --- | --- | --- |");
+        for n in t.by_name() {
+            println!("| {} | {} | {:.1} | {:.2} |", n.name, n.launches, n.total_us, n.total_us / n.launches as f64);
+        }
+        println!("| all | {} | {:.1} | |", t.launches.len(), t.total_us());
+    }
+    let (captured, replayed, failure) = exec.graph_stats();
+    println!(
+        "profile: CUDA graphs captured {captured}, replayed {replayed}{}",
+        failure.map_or(String::new(), |f| format!("; capture failed: {f}"))
+    );
+    Ok(())
 }
 
 /// One-shot prefill of a 2K and an 8K prompt with each attention kernel for the chunk's
@@ -504,12 +593,14 @@ fn bench_prefill(cfg: &LlamaConfig, exec: &mut CudaExecutor, next_id: &mut u64) 
 /// How a bench row runs.
 #[derive(Clone, Copy)]
 enum Mode {
-    /// The simple reference attention kernel, eager.
+    /// The simple reference attention kernel, eager, cuBLAS for every step.
     Old,
     /// The default kernels, eager.
     Eager,
     /// The default kernels (tiled tensor-core attention for prompt chunks), CUDA graphs.
     Graphs,
+    /// As `Graphs` without the GEMV path: small steps through cuBLAS and the separate kernels.
+    GraphsCublas,
     /// As `Graphs` with the split kernel for prompt chunks too (the kernel before the tiled one).
     Split,
 }
@@ -519,9 +610,11 @@ impl Mode {
         exec.set_attention(match self {
             Mode::Old => Attention::Reference,
             Mode::Split => Attention::Split,
-            Mode::Eager | Mode::Graphs => Attention::Tiled,
+            Mode::Eager | Mode::Graphs | Mode::GraphsCublas => Attention::Tiled,
         });
-        let graphs = matches!(self, Mode::Graphs | Mode::Split);
+        // `Old` is the first version: no GEMV path either.
+        exec.set_small_step_rows(if matches!(self, Mode::GraphsCublas | Mode::Old) { 0 } else { SMALL_STEP_ROWS });
+        let graphs = matches!(self, Mode::Graphs | Mode::Split | Mode::GraphsCublas);
         exec.set_decode_graphs(if graphs { DecodeGraphs::On } else { DecodeGraphs::Off });
     }
 
@@ -529,7 +622,7 @@ impl Mode {
         match self {
             Mode::Old => "simple attention",
             Mode::Split => "split attention",
-            Mode::Eager | Mode::Graphs => "tiled tensor-core attention",
+            Mode::Eager | Mode::Graphs | Mode::GraphsCublas => "tiled tensor-core attention",
         }
     }
 
@@ -538,6 +631,7 @@ impl Mode {
             Mode::Old => "old (eager, simple attention)",
             Mode::Eager => "eager, split attention",
             Mode::Graphs => "graphs, split attention",
+            Mode::GraphsCublas => "graphs, split attention, cuBLAS (no GEMV path)",
             Mode::Split => "graphs, split attention for chunks too",
         }
     }

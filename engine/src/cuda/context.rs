@@ -6,7 +6,9 @@
 
 use super::error::CudaError;
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// Names the first CUDA library that cannot be loaded, or `Ok` when all four can.
@@ -47,6 +49,10 @@ pub struct Gpu {
     /// graph use the same memory and so the same algorithms (bit-identical results); without
     /// one cuBLAS would manage its own, which capture does not see.
     _blas_workspace: CudaSlice<u8>,
+    /// While a kernel timeline is taken ([`Gpu::start_timeline`]): a timing event recorded
+    /// after each launch, with the launch's name. `None` otherwise (and always during graph
+    /// capture), so marking costs nothing in serving.
+    timeline: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
 }
 
 /// cuBLAS workspace: NVIDIA's recommendation for Hopper.
@@ -89,6 +95,7 @@ impl Gpu {
             arch: format!("compute_{major}{minor}"),
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             _blas_workspace: workspace,
+            timeline: RefCell::new(None),
         })
     }
 
@@ -150,10 +157,46 @@ impl Gpu {
         p + (offset * std::mem::size_of::<T>()) as u64
     }
 
+    /// Starts a kernel timeline: from now on every launch through the model records an event
+    /// after it ([`Gpu::mark`]), beginning with one recorded here.
+    pub fn start_timeline(&self) -> Result<(), CudaError> {
+        *self.timeline.borrow_mut() = Some(Vec::new());
+        self.mark("start")
+    }
+
+    /// Ends the timeline: the events in launch order, each after the launch it names.
+    pub fn take_timeline(&self) -> Vec<(&'static str, CudaEvent)> {
+        self.timeline.borrow_mut().take().unwrap_or_default()
+    }
+
+    /// Records a timing event named `what` when a timeline is being taken.
+    pub fn mark(&self, what: &'static str) -> Result<(), CudaError> {
+        let mut timeline = self.timeline.borrow_mut();
+        if let Some(events) = timeline.as_mut() {
+            let event = self
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| CudaError::call("recording a timing event", e))?;
+            events.push((what, event));
+        }
+        Ok(())
+    }
+
     /// Row-major `Y[m, n] = X[m, k] · W[n, k]^T` in bf16 with f32 accumulation (a linear
     /// layer with PyTorch's weight layout). cuBLAS is column-major, where the row-major Y is
-    /// Y^T = W · X^T: so W goes first, transposed, with the roles of m and n swapped.
-    pub fn linear(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> Result<(), CudaError> {
+    /// Y^T = W · X^T: so W goes first, transposed, with the roles of m and n swapped. `what`
+    /// names the product in kernel timelines.
+    #[allow(clippy::too_many_arguments)] // A GEMM's shape and operands, and its name.
+    pub fn linear(
+        &self,
+        what: &'static str,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let dims = |v: usize| i32::try_from(v).map_err(|_| CudaError::Batch(format!("GEMM dimension {v} exceeds i32")));
         let (mi, ni, ki) = (dims(m)?, dims(n)?, dims(k)?);
@@ -183,6 +226,7 @@ impl Gpu {
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| CudaError::call(format!("cuBLAS GEMM {m}x{n}x{k}"), e))
+        .map_err(|e| CudaError::call(format!("cuBLAS GEMM {m}x{n}x{k}"), e))?;
+        self.mark(what)
     }
 }

@@ -32,8 +32,9 @@ use super::error::CudaError;
 use super::graph::{DecodeGraphs, GraphCache};
 use super::kernels::{KernelShape, Kernels};
 use super::kv::{KvCopy, KvPool, StepLayout};
-use super::model::{random_weights, Attention, Llama, Scratch, StepShape};
+use super::model::{delay_gpu, random_weights, Attention, Llama, Scratch, StepShape};
 use super::sampling::Sampling;
+use super::timeline::LaunchTimes;
 use super::transfer::{chunks, row_offset, KvDtype, KvHeader, KvShape};
 use super::weights::{ModelFiles, Weights};
 use crate::batch::Batch;
@@ -41,6 +42,7 @@ use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::ids::{BlockId, RequestId};
 use crate::instance::InstanceConfig;
 use crate::time::Dur;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaSlice;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -385,6 +387,73 @@ impl CudaExecutor {
         self.model.attention = attention;
         // Captured graphs hold the other kernel.
         self.graphs.clear();
+    }
+
+    /// Steps of at most `rows` tokens run the fused GEMV path (`gemv.cu`; 0: none, every step
+    /// through cuBLAS and the separate small kernels). Checks and speed runs compare the two.
+    pub fn set_small_step_rows(&mut self, rows: usize) {
+        self.model.small_step_rows = rows;
+        // Captured graphs hold the other path's launches.
+        self.graphs.clear();
+    }
+
+    /// Times the launches of one decode step of `batch` (every entry decoding one token) one
+    /// by one, then the replay of the step's CUDA graph where its bucket has one (`replays`
+    /// times back to back). The step's inputs are uploaded as for a real step, padded to the
+    /// bucket when graphs are on; it writes the step's KV as a real step would and samples
+    /// nothing, so the requests are unchanged. See `timeline.rs`.
+    pub fn time_decode_launches(&mut self, batch: &Batch, replays: usize) -> Result<LaunchTimes, CudaError> {
+        if batch.entries.is_empty() || batch.entries.iter().any(|e| e.is_prefill) {
+            return Err(CudaError::Batch("timing launches needs a decode-only step".into()));
+        }
+        let seqs = &self.seqs;
+        let mut layout =
+            StepLayout::build(batch, self.kv.block_size, self.kv.num_blocks, |id| seqs.get(&id).map(|s| &s.tokens[..]))
+                .map_err(CudaError::Batch)?;
+        let bucket = self.graphs.bucket(layout.tokens());
+        let shape = match bucket {
+            Some(b) => {
+                layout.pad_decode(b, self.kv.pad_block(), self.kv.block_size).map_err(CudaError::Batch)?;
+                StepShape::decode(b)
+            }
+            None => StepShape::of(&layout),
+        };
+        self.model.upload(&self.gpu, &mut self.scratch, &layout)?;
+        self.gpu.sync()?;
+        // Holds the GPU while the host queues the step's launches (a few ms of host calls).
+        self.delay_gpu(20_000_000)?;
+        self.gpu.start_timeline()?;
+        let launched = self.model.launch(&self.gpu, &self.kernels, &self.kv, &self.scratch, shape);
+        let marks = self.gpu.take_timeline();
+        launched?;
+        self.gpu.sync()?;
+        let mut times = LaunchTimes::default();
+        for pair in marks.windows(2) {
+            let ms = pair[0].1.elapsed_ms(&pair[1].1).map_err(|e| CudaError::call("reading a timing event", e))?;
+            times.launches.push((pair[1].0, f64::from(ms) * 1e3));
+        }
+        let gen = self.scratch.tables_gen;
+        if let Some(b) = bucket.filter(|&b| replays > 0 && self.graphs.get(b, gen).is_some()) {
+            self.delay_gpu(5_000_000)?;
+            let event = || {
+                self.gpu
+                    .stream
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| CudaError::call("recording a timing event", e))
+            };
+            let start = event()?;
+            for _ in 0..replays {
+                self.graphs.replay(b, gen)?;
+            }
+            let end = event()?;
+            let ms = start.elapsed_ms(&end).map_err(|e| CudaError::call("reading a timing event", e))?;
+            times.graph_us = Some(f64::from(ms) * 1e3 / replays as f64);
+        }
+        Ok(times)
+    }
+
+    fn delay_gpu(&self, ns: i64) -> Result<(), CudaError> {
+        delay_gpu(&self.gpu, &self.kernels, ns)
     }
 
     /// CUDA graphs captured and replayed so far, and why capture failed if it did (graphs

@@ -16,6 +16,7 @@
 //! | `kv.rs` | the paged KV pool, and a batch flattened into kernel arguments |
 //! | `model.rs` | the forward pass |
 //! | `graph.rs` | CUDA graphs of decode steps, one per batch-size bucket |
+//! | `timeline.rs` | a decode step's launches timed one by one ([`LaunchTimes`]) |
 //! | `profile.rs` | the step profile: measured times over a grid of batch shapes ([`sweep`]) |
 //! | `sampling.rs` | greedy, temperature and top-p sampling |
 //! | `transfer.rs` | the bytes of a KV hand-off (P/D): header, token-major body, checks |
@@ -38,6 +39,7 @@ mod model;
 mod profile;
 mod sampling;
 pub mod synth;
+mod timeline;
 pub mod transfer;
 mod weights;
 
@@ -48,9 +50,10 @@ pub use error::CudaError;
 pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
 pub use graph::DecodeGraphs;
 pub use kv::{plan_prefill_tiles, KvCopy, KvPool, StepLayout, PREFILL_TILE_ROWS};
-pub use model::Attention;
+pub use model::{gemv_bound, Attention, SMALL_STEP_ROWS};
 pub use profile::{serving_shapes, sweep, Shape, RUNS};
 pub use sampling::{sample, sample_with, Sampling};
+pub use timeline::{LaunchTimes, NameTotal};
 pub use transfer::{KvDtype, KvHeader, KvPayloadError, KvShape};
 pub use weights::{safetensors_files, tensor_shapes, ModelFiles};
 

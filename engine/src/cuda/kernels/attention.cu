@@ -85,7 +85,8 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention(
 // context keeps the whole GPU busy through the splits.
 //
 // With splits == 1 the block normalises and writes its output. Otherwise it writes
-// (unnormalised acc[HEAD_DIM], m, l) to `partial` and attention_combine merges the splits.
+// (unnormalised acc[HEAD_DIM], m, l) to `partial`, and the last block of the token's KV head
+// to finish (a ticket counter in `split_done`) merges the splits: no second launch.
 // The split count depends on the step's token count only, so a CUDA graph captured for a
 // batch size replays correctly for any context lengths.
 #define TILE 32
@@ -95,8 +96,8 @@ extern "C" __global__ void __launch_bounds__(128) paged_attention(
 
 extern "C" __global__ void __launch_bounds__(32 * GROUP) paged_attention_split(
         const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const int* pos, const int* tok_seq,
-        const int* table_start, const int* block_tables, bf16* out, float* partial, int n_heads, int n_kv,
-        float scale, int splits, int first) {
+        const int* table_start, const int* block_tables, bf16* out, float* partial, unsigned* split_done,
+        int n_heads, int n_kv, float scale, int splits, int first) {
     __shared__ __align__(16) float sq[GROUP][HEAD_DIM];
     __shared__ __align__(16) bf16 sk[TILE][KPAD];
     __shared__ __align__(16) bf16 sv[TILE][HEAD_DIM];
@@ -175,31 +176,47 @@ extern "C" __global__ void __launch_bounds__(32 * GROUP) paged_attention_split(
         bf16* o = out + (size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + lane * EPL;
         #pragma unroll
         for (int e = 0; e < EPL; e++) o[e] = f2bf(acc[e] * inv);
-    } else {
-        // A split past the end of a short context saw no key: m = -inf, l = 0, acc = 0.
-        float* pp = partial + (((size_t)t * n_heads + head) * splits + split) * (HEAD_DIM + 2);
+        return;
+    }
+    // The splits that saw keys (begin < len) are the first `active`: they write their
+    // unnormalised (acc, m, l); a split past the end of a short context writes nothing.
+    int active = (len + per - 1) / per;
+    const size_t stride = HEAD_DIM + 2;
+    float* ph = partial + ((size_t)t * n_heads + head) * splits * stride;
+    if (split < active) {
+        float* pp = ph + split * stride;
         #pragma unroll
         for (int e = 0; e < EPL; e++) pp[lane * EPL + e] = acc[e];
         if (lane == 0) { pp[HEAD_DIM] = m; pp[HEAD_DIM + 1] = l; }
     }
-}
-
-// Merges the splits of paged_attention_split: grid (token, query head), HEAD_DIM threads.
-extern "C" __global__ void attention_combine(const float* partial, bf16* out, int n_heads, int splits) {
-    int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    const float* p = partial + ((size_t)t * n_heads + head) * splits * (HEAD_DIM + 2);
+    // The last block of (token, KV head) to finish merges the splits: the others' writes are
+    // visible to it once it has seen their tickets (fence, then ticket; ticket, then fence).
+    // It puts the counter back to zero for the next launch (graph replays included).
+    __shared__ unsigned ticket;
+    __threadfence();
+    __syncthreads();
+    unsigned* done = split_done + (size_t)t * n_kv + kvh;
+    if (threadIdx.x == 0) ticket = atomicAdd(done, 1u);
+    __syncthreads();
+    if (ticket != (unsigned)splits - 1) return;
+    __threadfence();
+    // The merge, split by split in order: every active split has a finite max.
     float mm = NEG_INF;
-    for (int s = 0; s < splits; s++) mm = fmaxf(mm, p[s * (HEAD_DIM + 2) + HEAD_DIM]);
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        const float* ps = p + s * (HEAD_DIM + 2);
-        float ms = ps[HEAD_DIM];
-        if (ms == NEG_INF) continue;
-        float w = __expf(ms - mm);
-        num += w * ps[d];
-        den += w * ps[HEAD_DIM + 1];
+    for (int s = 0; s < active; s++) mm = fmaxf(mm, __ldcg(ph + s * stride + HEAD_DIM));
+    float num[EPL], den = 0.0f;
+    #pragma unroll
+    for (int e = 0; e < EPL; e++) num[e] = 0.0f;
+    for (int s = 0; s < active; s++) {
+        const float* ps = ph + s * stride;
+        float w = __expf(__ldcg(ps + HEAD_DIM) - mm);
+        #pragma unroll
+        for (int e = 0; e < EPL; e++) num[e] += w * __ldcg(ps + lane * EPL + e);
+        den += w * __ldcg(ps + HEAD_DIM + 1);
     }
-    out[(size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + d] = f2bf(num / den);
+    bf16* o = out + (size_t)t * n_heads * HEAD_DIM + head * HEAD_DIM + lane * EPL;
+    #pragma unroll
+    for (int e = 0; e < EPL; e++) o[e] = f2bf(num[e] / den);
+    if (threadIdx.x == 0) *done = 0u;
 }
 
 #if HEAD_DIM <= 128

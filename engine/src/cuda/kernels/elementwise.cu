@@ -1,9 +1,16 @@
 // Small per-token kernels: embedding lookup, SiLU-gated product, row gather, greedy argmax.
 
-// out[t] = table[ids[t]], one block per token.
-extern "C" __global__ void embed(const u32* ids, const bf16* table, bf16* out, int hidden) {
+// out[t] = table[ids[t]], one block per token; 16-byte copies where rows allow (a copy of
+// 2-byte elements, one dependent load and store after another, took 7 us at hidden 4096).
+extern "C" __global__ void embed(const u32* ids, const bf16* __restrict__ table, bf16* __restrict__ out, int hidden) {
     size_t t = blockIdx.x;
     const bf16* src = table + (size_t)ids[t] * hidden;
+    if (hidden % 8 == 0) {
+        const uint4* s = (const uint4*)src;
+        uint4* o = (uint4*)(out + t * hidden);
+        for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) o[i] = s[i];
+        return;
+    }
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = src[i];
 }
 
@@ -78,4 +85,16 @@ extern "C" __global__ void fill_uniform(bf16* dst, long long n, unsigned long lo
     z ^= z >> 31;
     float u = (float)(z >> 40) * (1.0f / 16777216.0f);
     dst[i] = f2bf((2.0f * u - 1.0f) * scale);
+}
+
+// Spins for `ns` nanoseconds of the GPU's global timer (one thread): queued behind it, a
+// step's launches start back to back, so the events between them time the kernels and not
+// the host's launch calls.
+extern "C" __global__ void delay(long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while ((long long)(now - start) < ns);
 }
