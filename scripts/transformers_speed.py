@@ -2,14 +2,16 @@
 """transformers' speed on the shapes `cuda-check bench llama-8b` measures, for a side-by-side
 table in one GPU session (docs/BENCHMARKS.md).
 
-Usage: transformers_speed.py [--compile]
+Usage: transformers_speed.py [--compile] [--prefill-only]
 
 LlamaForCausalLM in the Llama 3.1 8B shape with random bf16 weights made on the GPU (no
 download). Decode: tokens/s at batch 1, 16, 64 (256 where memory allows) after a 128- or
 4096-token context, greedy, one token per sequence per step, timed over 16 steps after 3 warm
 ones, with the dynamic cache (eager) and, with --compile, the static cache and
 torch.compile (mode reduce-overhead). Prefill: one 2048- and one 8192-token prompt, median of
-3 after a warm-up. Prints a markdown table.
+3 after a warm-up, eager and, with --compile, through torch.compile's default mode (no CUDA
+graphs: a forward pass, not generate). --prefill-only skips the decode rows. Prints a
+markdown table.
 """
 import sys
 import time
@@ -55,6 +57,7 @@ def decode_rate(model, batch, ctx, static):
 
 def main():
     compile_too = "--compile" in sys.argv
+    prefill_only = "--prefill-only" in sys.argv
     torch.manual_seed(0)
     cfg = LlamaConfig(**CONFIG)
     with torch.device("cuda"):
@@ -65,11 +68,11 @@ def main():
     print("| phase | batch | context | mode | step ms | tokens/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     modes = [("eager, dynamic cache", False)]
-    if compile_too:
+    if compile_too and not prefill_only:
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
         modes.append(("static cache + torch.compile", True))
     with torch.inference_mode():
-        for mode, static in modes:
+        for mode, static in [] if prefill_only else modes:
             for ctx in (128, 4096):
                 for batch in (1, 16, 64, 256):
                     try:
@@ -78,10 +81,14 @@ def main():
                     except torch.OutOfMemoryError:
                         torch.cuda.empty_cache()
                         print(f"| decode | {batch} | {ctx} | {mode} | out of memory | |", flush=True)
-        for n in (2048, 8192):
-            ids = torch.randint(0, 32000, (1, n), device="cuda")
-            t = timed(lambda: model(ids, use_cache=False, logits_to_keep=1), runs=3, warm=1)
-            print(f"| prefill | 1 | {n} | eager | {t * 1e3:.2f} | {n / t:.0f} |", flush=True)
+        forwards = [("eager", model)]
+        if compile_too and prefill_only:
+            forwards.append(("torch.compile", torch.compile(model)))
+        for mode, fwd in forwards:
+            for n in (2048, 8192):
+                ids = torch.randint(0, 32000, (1, n), device="cuda")
+                t = timed(lambda: fwd(ids, use_cache=False, logits_to_keep=1), runs=3, warm=1)
+                print(f"| prefill | 1 | {n} | {mode} | {t * 1e3:.2f} | {n / t:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
