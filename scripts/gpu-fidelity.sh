@@ -8,7 +8,8 @@
 #   3. `fleetplane simulate` of the same scenario with the profile.
 # Binaries come from $BIN (default gpu-out/, built by scripts/gpu-build.sh); results go to
 # $OUT (default ./gpu-results). The scenario is examples/cuda-fidelity.toml unless $SCENARIO.
-# MAX_REQUESTS=N replays only the first N requests. DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
+# MAX_REQUESTS=N replays only the first N requests; RATE_SCALE=X scales the arrival rate in both
+# (e.g. 0.5 on a machine with one GPU: one engine for a scenario sized for two). DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
 # executor, no profile, the local PostgreSQL left alone if one answers on port 5432.
 set -uo pipefail
 BIN=$(realpath "${BIN:-gpu-out}")
@@ -51,6 +52,7 @@ export FLEETPLANE_ADMIN_TOKEN=fidelity-admin FLEETPLANE_ENGINE_TOKEN=fidelity-en
 export DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleetplane_fidelity_$(date +%s)
 slice=()
 [[ -n ${MAX_REQUESTS:-} ]] && slice=(--max-requests "$MAX_REQUESTS")
+[[ -n ${RATE_SCALE:-} ]] && slice+=(--rate-scale "$RATE_SCALE")
 router=$(python3 -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))['routers'][0])" "$SCENARIO")
 "$BIN/fleetplane" serve --router "$router" >"$OUT/serve.log" 2>&1 &
 pids+=($!)
