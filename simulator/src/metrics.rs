@@ -183,8 +183,8 @@ pub struct Summary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationReport>,
     /// Seconds instances spent computing steps, summed over instances, and the share of it
-    /// that prefill chunks added to the steps their decodes alone would take: the most that
-    /// cache hits can save is this share times the prefill work they remove.
+    /// that prefill chunks added to the steps their decodes alone would take (what cache hits
+    /// can save, with decode work held fixed; see `cost::GpuTime`).
     #[serde(default)]
     pub gpu_busy_s: f64,
     #[serde(default)]

@@ -24,9 +24,10 @@ pub struct CostModelExecutor {
 }
 
 /// Where an executor's GPU time went: every step's time, and the part of it that its prefill
-/// chunks added to the step its decodes alone would have taken. The prefill share bounds
-/// what saving prefill work (cache hits) can buy a busy fleet: at most `1 / (1 − share ×
-/// fraction saved)`.
+/// chunks added to the step its decodes alone would have taken. With decode work held
+/// fixed, saving a fraction of the prefill work (cache hits) buys a busy fleet `1 / (1 −
+/// share × fraction saved)`; decode work is not fixed (shared prefix blocks let an instance
+/// decode larger batches), so this is an estimate, not a bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GpuTime {
     pub busy_s: f64,
@@ -124,16 +125,22 @@ impl CostModelExecutor {
         self.time
     }
 
-    /// The part of a step of `total` that its prefill chunks add to the step its decodes
-    /// alone would take.
-    fn prefill_part(&self, batch: &Batch, total: Dur) -> f64 {
-        if batch.stats.prefill_tokens == 0 {
-            return 0.0;
+    /// Adds a step of `total` to the GPU time; `plain` is the step priced without speculation,
+    /// whose prefill part is what its prefill chunks add to the step its decodes alone would
+    /// take (the decode aggregates come only from decode entries, so they are that step's).
+    fn account(&mut self, stats: &BatchStats, total: Dur, plain: Dur) {
+        let total_s = total.as_secs_f64();
+        self.time.busy_s += total_s;
+        if stats.prefill_tokens == 0 {
+            return;
         }
-        let mut decodes = BatchStats::default();
-        batch.entries.iter().filter(|e| !e.is_prefill).for_each(|e| decodes.add(e));
-        let decodes_s = if decodes.is_empty() { 0.0 } else { self.model.step_time(&decodes).as_secs_f64() };
-        (total.as_secs_f64() - decodes_s).max(0.0)
+        let decodes = BatchStats {
+            decode_seqs: stats.decode_seqs,
+            decode_context_tokens: stats.decode_context_tokens,
+            ..BatchStats::default()
+        };
+        let decodes_s = self.model.step_time(&decodes).as_secs_f64();
+        self.time.prefill_s += (plain.as_secs_f64() - decodes_s).clamp(0.0, total_s);
     }
 }
 
@@ -150,9 +157,7 @@ impl Executor for CostModelExecutor {
     fn execute(&mut self, batch: &Batch, out: &mut StepOutput) -> Result<Dur, ExecutorError> {
         let Some(spec) = &mut self.spec else {
             let total = self.model.step_time(&batch.stats);
-            let prefill_s = self.prefill_part(batch, total);
-            self.time.busy_s += total.as_secs_f64();
-            self.time.prefill_s += prefill_s;
+            self.account(&batch.stats, total, total);
             return Ok(total);
         };
         let (mut drafting, mut verifying) = (BatchStats::default(), BatchStats::default());
@@ -172,9 +177,7 @@ impl Executor for CostModelExecutor {
         let p = spec.drafter.price(&self.model, &drafting, &verifying);
         let total = Dur::from_secs_f64(p.draft_s + p.verify_s);
         // The prefill part as a plain step would price it: speculation changes the decodes.
-        let prefill_s = self.prefill_part(batch, self.model.step_time(&batch.stats));
-        self.time.busy_s += total.as_secs_f64();
-        self.time.prefill_s += prefill_s.min(total.as_secs_f64());
+        self.account(&batch.stats, total, self.model.step_time(&batch.stats));
         Ok(total)
     }
 }
