@@ -5,7 +5,9 @@
 #   2. the live fleet: PostgreSQL (unpacked from $BIN/pg.tar.xz, see scripts/pg-bundle.sh),
 #      `fleetplane serve`, one CUDA engine process per GPU, and `fleetplane replay` of the
 #      scenario's trace slice through the gateway;
-#   3. `fleetplane simulate` of the same scenario with the profile.
+#   3. `fleetplane latency`: what the live path adds to a request beyond the engine's step
+#      (isolated requests of the profile's lone prompt lengths), the simulation's dispatch_ms;
+#   4. `fleetplane simulate` of the same scenario with the profile and that dispatch latency.
 # Binaries come from $BIN (default gpu-out/, built by scripts/gpu-build.sh); results go to
 # $OUT (default ./gpu-results). The scenario is examples/cuda-fidelity.toml unless $SCENARIO.
 # MAX_REQUESTS=N replays only the first N requests; RATE_SCALE=X scales the arrival rate in both
@@ -30,11 +32,13 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
   # With PROFILE=FILE the engines' cost model is calibrated on it, as the simulation's is.
   engine_model=(--executor sim --model llama-3.1-8b --gpu h200 ${PROFILE:+--profile "$PROFILE"})
   profile=(${PROFILE:+--profile "$PROFILE"})
+  profile_file=${PROFILE:-}
 else
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
   gpus=$(nvidia-smi -L | wc -l)
   engine_model=(--executor cuda --model random:llama-8b --served-model-name llama-3.1-8b --gpu-memory-gib "$GPU_MEMORY_GIB")
   profile=(--profile "$OUT/profile.json")
+  profile_file=$OUT/profile.json
   step "profile (GPU 0)"
   "$BIN/fleetplane" profile --model random:llama-8b --gpu-memory-gib "$GPU_MEMORY_GIB" --out "$OUT/profile.json" \
     | tee "$OUT/profile.txt" || exit 1
@@ -76,11 +80,21 @@ done
 echo "engines serving: ${n:-0} of $gpus"
 [[ ${n:-0} -ge $gpus ]] || { tail -20 /tmp/engine-*.log "$OUT/serve.log"; exit 1; }
 
+dispatch=()
+if [[ -n $profile_file ]]; then
+  step "latency of the live path (isolated requests)"
+  "$BIN/fleetplane" latency --profile "$profile_file" --served-model llama-3.1-8b --json "$OUT/latency.json" \
+    | tee "$OUT/latency.txt" || exit 1
+  dispatch=(--dispatch-ms "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dispatch_ms'])" "$OUT/latency.json")")
+fi
+
 step "replay through the gateway"
 "$BIN/fleetplane" replay --scenario "$SCENARIO" "${slice[@]}" --gateway http://127.0.0.1:8080 --json "$OUT/live.json" \
   | tee "$OUT/live.txt" || exit 1
 
 step "simulate with the profile"
 "$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$gpus" --kv-blocks "$KV_BLOCKS" \
-  "${profile[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
-tail -5 /tmp/engine-0.log
+  "${profile[@]}" "${dispatch[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
+step "engine step timing (executor vs whole iteration)"
+grep -h "step timing" /tmp/engine-*.log | tail -8
+tail -3 /tmp/engine-0.log

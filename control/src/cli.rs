@@ -117,6 +117,12 @@ pub struct SimFlags {
     #[arg(long, value_name = "FILE.json")]
     pub profile: Option<PathBuf>,
 
+    /// The live path's latency per request outside the engines' steps (gateway, routing,
+    /// gRPC, streaming), in ms: requests reach the router this much after they arrive.
+    /// `fleetplane latency` measures it on a live fleet [default: 0].
+    #[arg(long, value_name = "MS")]
+    pub dispatch_ms: Option<f64>,
+
     /// KV tiers: l1 (GPU memory only), l1,l2 (plus host memory per instance) or l1,l2,l3
     /// (plus a store shared by the fleet) [default: l1].
     #[arg(long, value_name = "TIERS")]
@@ -210,6 +216,7 @@ impl SimFlags {
                 max_seqs: None,
                 kv_blocks: self.kv_blocks,
                 profile: self.profile.clone(),
+                dispatch_ms: self.dispatch_ms,
             },
             workload: WorkloadSection {
                 trace: self.trace.clone(),
@@ -275,16 +282,19 @@ pub fn describe(s: &Settings) -> String {
     }
     let calibrated = match &s.calibration {
         Some(c) => format!(
-            " | calibrated on {} samples ({}): GEMM {:.0}%, attention {:.1}%, HBM {:.0}% of peak, {:.0} us/step \
-             (+{:.0} us with prefill); \
+            " | calibrated on {} samples ({}): GEMM {:.0}%, attention {:.1}%{}, HBM {:.0}% of peak (KV {:.0}%), {:.0} us/step \
+             (+{:.0} us with prefill, +{:.1} us per sequence); \
              step time error median {:.1}% (uncalibrated {:.1}%), p90 {:.1}%, max {:.1}%",
             c.samples,
             c.source,
             100.0 * c.compute_efficiency,
             100.0 * c.attention_efficiency,
+            if c.serial_attention { " after the GEMMs" } else { "" },
             100.0 * c.memory_efficiency,
+            100.0 * c.kv_memory_efficiency,
             c.step_overhead_us,
             c.prefill_step_overhead_us,
+            c.sequence_overhead_us,
             100.0 * c.median_error,
             100.0 * c.uncalibrated_median_error,
             100.0 * c.p90_error,
@@ -293,8 +303,10 @@ pub fn describe(s: &Settings) -> String {
         None => String::new(),
     };
     let spec = s.drafter.map(|d| format!(", drafter {}", d.name)).unwrap_or_default();
+    let dispatch =
+        if s.dispatch.0 > 0 { format!(", dispatch {:.2} ms", s.dispatch.as_secs_f64() * 1e3) } else { String::new() };
     format!(
-        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers} | {} at rate x{}{}{calibrated}",
+        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch} | {} at rate x{}{}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,

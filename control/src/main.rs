@@ -28,6 +28,7 @@ mod capacity;
 mod cli;
 mod demo;
 mod engine_proc;
+mod latency;
 mod make_model;
 mod max_rate;
 mod profile;
@@ -89,6 +90,9 @@ enum Command {
     /// Send a workload (a trace or a synthetic mix, with the simulate flags) through a running
     /// gateway at its arrival times and report what the clients saw.
     Replay(replay::Args),
+    /// Measure what a live fleet's path adds to each request beyond its engines' steps
+    /// (gateway, routing, gRPC, streaming): the simulator's --dispatch-ms.
+    Latency(latency::Args),
 }
 
 /// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
@@ -164,6 +168,7 @@ fn main() -> ExitCode {
         Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),
         Command::BenchGateway(args) => bench_gateway::run(args),
+        Command::Latency(args) => latency::run(args),
         Command::MakeModel(args) => make_model::run(args),
         Command::Profile(args) => profile::run(args),
         Command::Serve(args) => serve::run(args),

@@ -26,10 +26,10 @@ pub struct Options {
 
 /// One request's outcome as the client saw it.
 #[derive(Debug, Default)]
-struct Outcome {
-    ok: bool,
-    error: Option<String>,
-    ttft: Option<Duration>,
+pub(crate) struct Outcome {
+    pub(crate) ok: bool,
+    pub(crate) error: Option<String>,
+    pub(crate) ttft: Option<Duration>,
     tpot: Option<Duration>,
     prompt_tokens: u64,
     cached_tokens: u64,
@@ -172,7 +172,7 @@ impl Summary {
 }
 
 /// Sends one streaming request and reads its events.
-async fn one(request: reqwest::RequestBuilder) -> Outcome {
+pub(crate) async fn one(request: reqwest::RequestBuilder) -> Outcome {
     let sent = Instant::now();
     let mut out = Outcome::default();
     let response = match request.send().await {

@@ -519,3 +519,40 @@ fn a_tokenizer_given_to_serve_tokenizes_for_engines_that_bring_none() {
     assert!(is_words(v["choices"][0]["text"].as_str().unwrap_or_default(), 3), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn latency_probes_the_path_with_the_profiles_lone_prompts() {
+    let db = Db::fresh("latency");
+    let s = serve(&db, &[]);
+    let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/profile-h200-llama-8b-2026-12-01.json");
+    let _e = engine(&s.grpc, "probed", &["--gpu", "h200", "--profile", profile]);
+    wait_serving(&s.http, 1);
+    let json = std::env::temp_dir().join(format!("fleetplane-latency-{}.json", std::process::id()));
+    let run = |extra: &[&str]| {
+        let mut args = vec!["latency", "--profile", profile, "--gateway", &s.http, "--requests", "3"];
+        args.extend_from_slice(extra);
+        std::process::Command::new(bin()).args(&args).env("FLEETPLANE_ADMIN_TOKEN", ADMIN).output().expect("runs")
+    };
+    let out = run(&["--max-prompt-tokens", "256", "--json", json.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("dispatch_ms = "), "{stdout}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
+    let _ = std::fs::remove_file(&json);
+    let lengths: Vec<(u64, u64)> = v["lengths"]
+        .as_array()
+        .expect("lengths")
+        .iter()
+        .map(|l| (l["prompt_tokens"].as_u64().unwrap_or(0), l["requests"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(lengths, [(64, 3), (256, 3)], "{v}");
+    // The engine's steps take the calibrated model's time, near the profile's: what is left is
+    // the path, a few ms on this machine, not a prefill.
+    let dispatch = v["dispatch_ms"].as_f64().expect("dispatch_ms");
+    assert!(dispatch.is_finite() && dispatch.abs() < 50.0, "{v}");
+
+    let out = run(&["--served-model", "no-such-model"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("64-token probe failed") && stderr.contains("no-such-model"), "{stderr}");
+}

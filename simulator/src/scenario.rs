@@ -293,6 +293,10 @@ pub struct FleetSection {
     /// replacing those of `[cost]`. Relative to the scenario file.
     #[serde(default)]
     pub profile: Option<PathBuf>,
+    /// The live path's latency per request outside the engines' steps, in milliseconds
+    /// (see [`SimConfig::dispatch`]; `fleetplane latency` measures it) [default: 0].
+    #[serde(default)]
+    pub dispatch_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -556,6 +560,8 @@ pub struct Settings {
     pub calibration: Option<Calibration>,
     /// The scenario's drafter (`[fleet] spec`); runs may override it (`name@dspark`).
     pub drafter: Option<&'static Drafter>,
+    /// `[fleet] dispatch_ms` (see [`SimConfig::dispatch`]).
+    pub dispatch: Dur,
 }
 
 impl Scenario {
@@ -612,6 +618,7 @@ impl Scenario {
                 max_seqs: f.max_seqs.or(self.fleet.max_seqs),
                 kv_blocks: f.kv_blocks.or(self.fleet.kv_blocks),
                 profile: f.profile.or(self.fleet.profile),
+                dispatch_ms: f.dispatch_ms.or(self.fleet.dispatch_ms),
             },
             workload: WorkloadSection {
                 trace,
@@ -800,6 +807,10 @@ impl Scenario {
             }
             (None, Some(cfg), None) => WorkloadSource::Synthetic(Box::new(cfg.clone())),
         };
+        let dispatch_ms = f.dispatch_ms.unwrap_or(0.0);
+        if !(dispatch_ms.is_finite() && dispatch_ms >= 0.0) {
+            return Err(invalid("fleet.dispatch_ms", format!("{dispatch_ms} is not a number of milliseconds >= 0")));
+        }
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
             return Err(invalid("workload.rate_scale", format!("{rate_scale} is not a positive number")));
@@ -826,6 +837,7 @@ impl Scenario {
             tiers,
             calibration,
             drafter,
+            dispatch: Dur::from_secs_f64(dispatch_ms / 1e3),
         })
     }
 }
@@ -877,6 +889,7 @@ impl Settings {
                 _ => Vec::new(),
             },
             drafter: run.drafter,
+            dispatch: self.dispatch,
         }
     }
 
@@ -993,6 +1006,11 @@ mod tests {
             "invalid setting `pools.gpu_budget`: 8 GPUs cannot hold the 12 starting instances of 1 GPUs"
         );
         assert!(toml::from_str::<Scenario>("[pools]\nprefil_instances = 2").is_err(), "unknown keys are refused");
+        assert_eq!(
+            err("[fleet]\ndispatch_ms = -1.0"),
+            "invalid setting `fleet.dispatch_ms`: -1 is not a number of milliseconds >= 0"
+        );
+        assert_eq!(resolve("[fleet]\ndispatch_ms = 2.5").expect("valid").dispatch, Dur(2_500));
     }
 
     #[test]

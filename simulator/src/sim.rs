@@ -48,6 +48,11 @@ pub struct SimConfig {
     pub shifts_s: Vec<f64>,
     /// Speculative decoding's drafter (`None`: one token per decode step).
     pub drafter: Option<&'static Drafter>,
+    /// The live path's latency per request outside the engines' steps (gateway, routing,
+    /// gRPC both ways, streaming): a request reaches the router this long after it arrives,
+    /// and its latencies count from its arrival. Measured on a live fleet by `fleetplane
+    /// latency`; zero models an ideal path.
+    pub dispatch: Dur,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -167,7 +172,8 @@ pub fn run(
     }
     let mut next = workload.next_arrival(Vec::new())?;
     loop {
-        let t_arrival = next.as_ref().map(|a| a.at);
+        // A request is routed `dispatch` after it arrives: a constant, so arrivals keep their order.
+        let t_arrival = next.as_ref().map(|a| a.at + config.dispatch);
         let t_fleet = fleet.next_time();
         let t_tick = controller.next_deadline();
         let earliest = [t_arrival, t_fleet].into_iter().flatten().min();
@@ -190,7 +196,7 @@ pub fn run(
             }
         } else if t_arrival.is_some_and(|a| t_fleet.is_none_or(|f| a <= f)) {
             let a = next.take().expect("an arrival is due");
-            now = a.at;
+            now = a.at + config.dispatch;
             let request = Request {
                 id: RequestId(arrivals),
                 arrival: a.at,

@@ -266,3 +266,35 @@ fn runaways_ended_by_policy_are_counted_and_never_meet_the_slo() {
     assert!(x.ended_runaway > 0);
     assert!(x.slo_met + x.ended_runaway <= x.requests);
 }
+
+#[test]
+fn a_dispatch_latency_adds_itself_to_every_first_token_and_nothing_else() {
+    let run = |dispatch_ms: f64| {
+        let mut synthetic = SyntheticConfig::bench_default();
+        synthetic.requests = 200;
+        let s = Scenario {
+            routers: Some(vec!["round-robin".into()]),
+            fleet: FleetSection { instances: Some(2), dispatch_ms: Some(dispatch_ms), ..FleetSection::default() },
+            workload: WorkloadSection {
+                synthetic: Some(synthetic),
+                rate_scale: Some(0.002),
+                ..WorkloadSection::default()
+            },
+            ..Scenario::default()
+        }
+        .resolve()
+        .expect("valid scenario");
+        let w = s.open_workload(s.rate_scale).expect("workload");
+        sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run").summary
+    };
+    let (ideal, live) = (run(0.0), run(3.5));
+    assert_eq!(ideal.requests, live.requests);
+    // A constant latency before routing shifts the whole run in time: queueing is unchanged.
+    let (a, b) = (ideal.ttft_ms.mean, live.ttft_ms.mean);
+    assert!((b - a - 3.5).abs() < 1e-6, "mean TTFT {a} ms without the latency, {b} ms with it");
+    // Percentiles come from histogram buckets (about 1% wide).
+    for (a, b) in [(ideal.ttft_ms.p50, live.ttft_ms.p50), (ideal.ttft_ms.p99, live.ttft_ms.p99)] {
+        assert!((b - (a + 3.5)).abs() < 0.01 * b, "TTFT percentile {a} ms without the latency, {b} ms with it");
+    }
+    assert_eq!(ideal.tpot_ms, live.tpot_ms, "the latency is the path's, not the steps'");
+}

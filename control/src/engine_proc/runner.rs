@@ -151,6 +151,44 @@ pub struct Runner {
     parked_limit: Duration,
     clock: Instant,
     last_report: Instant,
+    timing: StepTiming,
+}
+
+/// What the engine's steps cost, logged every [`StepTiming::EVERY`] while busy: the
+/// executor's own time against the whole iteration's (the scheduler, streaming tokens, load
+/// reports and KV events around it), which a profile measured on the executor alone
+/// does not include.
+struct StepTiming {
+    since: Instant,
+    steps: u32,
+    executor_s: f64,
+    iteration_s: f64,
+}
+
+impl StepTiming {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn new() -> StepTiming {
+        StepTiming { since: Instant::now(), steps: 0, executor_s: 0.0, iteration_s: 0.0 }
+    }
+
+    fn record(&mut self, executor: engine::Dur, iteration: Duration) {
+        self.steps += 1;
+        self.executor_s += executor.as_secs_f64();
+        self.iteration_s += iteration.as_secs_f64();
+        if self.since.elapsed() >= Self::EVERY {
+            let n = f64::from(self.steps);
+            let (executor_ms, iteration_ms) = (self.executor_s / n * 1e3, self.iteration_s / n * 1e3);
+            tracing::info!(
+                steps = self.steps,
+                executor_ms = format!("{executor_ms:.3}"),
+                iteration_ms = format!("{iteration_ms:.3}"),
+                host_ms = format!("{:.3}", iteration_ms - executor_ms),
+                "step timing (means)"
+            );
+            *self = StepTiming::new();
+        }
+    }
 }
 
 impl Runner {
@@ -176,6 +214,7 @@ impl Runner {
             parked_limit,
             clock,
             last_report: clock,
+            timing: StepTiming::new(),
         }
     }
 
@@ -188,10 +227,13 @@ impl Runner {
         let mut finished = Vec::new();
         let mut evicted = Vec::new();
         let mut kv = Vec::new();
+        // When the last step ended: an iteration runs from there to the next step's end.
+        let mut last_end: Option<Instant> = None;
         loop {
             self.land_transfers();
             self.expire_parked(self.parked_limit);
             if !self.instance.has_work() {
+                last_end = None;
                 match commands.recv_timeout(self.idle_wait(IDLE_REPORT)) {
                     Ok(c) => self.handle(c),
                     Err(RecvTimeoutError::Timeout) => {
@@ -215,6 +257,11 @@ impl Runner {
                         self.now()
                     };
                     self.instance.end_step(end, &mut finished, &mut evicted);
+                    let ended = Instant::now();
+                    if let Some(previous) = last_end {
+                        self.timing.record(d, ended - previous);
+                    }
+                    last_end = Some(ended);
                     self.stream_tokens();
                     self.retire(&mut finished, &mut evicted);
                     self.park_handoffs();

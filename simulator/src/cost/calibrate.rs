@@ -2,15 +2,17 @@
 //!
 //! The roofline's shape (what each step reads and computes) comes from the model and the
 //! GPU; how close an engine gets to the peaks does not. Given a [`StepProfile`] measured on
-//! that engine, [`calibrate`] picks the five numbers that turn peaks into times —
-//! `compute_efficiency` (GEMMs), `attention_efficiency`, `memory_efficiency`,
-//! `step_overhead_us` and `prefill_step_overhead_us` — that minimise the squared log error of the predicted step times over
-//! the samples (so a 1 ms decode step weighs as much as a 1 s prefill). The fit is a
-//! deterministic pattern search in log space: five parameters, a few dozen samples, a few
-//! thousand cheap evaluations; the loss is not smooth (the roofline takes a max of compute
-//! and memory), which rules out gradient methods and costs a pattern search nothing.
-//! Parameters the profile says nothing about (memory utilization, collectives) keep the
-//! values they had.
+//! that engine, [`calibrate`] picks the seven numbers that turn peaks into times —
+//! `compute_efficiency` (GEMMs), `attention_efficiency`, `memory_efficiency` (weights),
+//! `kv_memory_efficiency`,
+//! `step_overhead_us`, `prefill_step_overhead_us` and `sequence_overhead_us` — and the
+//! roofline's form (`serial_attention`: attention under the GEMMs or after them) that
+//! minimise the squared log error of the predicted step times over the samples (so a 1 ms
+//! decode step weighs as much as a 1 s prefill). The fit is a deterministic pattern search in
+//! log space: seven parameters, a few dozen samples, a few thousand cheap evaluations per form;
+//! the loss is not smooth (the roofline takes a max of compute and memory), which rules out
+//! gradient methods and costs a pattern search nothing. Parameters the profile says nothing
+//! about (memory utilization, collectives) keep the values they had.
 
 use engine::{StepProfile, PROFILE_FORMAT};
 
@@ -26,6 +28,10 @@ const MIN_EFFICIENCY: f64 = 1e-3;
 const MAX_OVERHEAD_US: f64 = 1e6;
 /// The search stops when its step in log space is this small (0.01%).
 const TOLERANCE: f64 = 1e-4;
+/// Per-sequence overhead is kept below this (10 ms).
+const MAX_SEQUENCE_OVERHEAD_US: f64 = 1e4;
+/// Where the searches start per sequence, in µs.
+const START_SEQUENCE_OVERHEAD_US: f64 = 1.0;
 /// Where the searches start: (step overhead, prefill step overhead) in µs.
 const START_OVERHEADS_US: [(f64, f64); 4] = [(10.0, 10.0), (10.0, 3000.0), (1000.0, 10.0), (1000.0, 3000.0)];
 
@@ -40,6 +46,14 @@ pub struct Calibration {
     pub memory_efficiency: f64,
     pub step_overhead_us: f64,
     pub prefill_step_overhead_us: f64,
+    #[serde(default)]
+    pub sequence_overhead_us: f64,
+    #[serde(default)]
+    pub kv_memory_efficiency: f64,
+    /// Whether the profile fits better with attention after the GEMMs than under them
+    /// ([`CostParams::serial_attention`]).
+    #[serde(default)]
+    pub serial_attention: bool,
     /// `|predicted / measured − 1|` over the samples, with the fitted parameters.
     pub median_error: f64,
     pub p90_error: f64,
@@ -106,13 +120,17 @@ pub fn calibrate(
         Ok(samples.iter().zip(&predicted).map(|((_, measured), t)| (t / measured).ln().powi(2)).sum())
     };
 
-    // Coordinates: ln of each efficiency (≤ 0) and ln(1 + µs) of each overhead.
-    let to_params = |x: &[f64; 5]| CostParams {
+    // Coordinates: ln of each efficiency (≤ 0) and ln(1 + µs) of each overhead; and the
+    // roofline's form (attention under the GEMMs or after them).
+    let to_params = |x: &[f64; 7], serial_attention: bool| CostParams {
         compute_efficiency: x[0].exp(),
         attention_efficiency: Some(x[1].exp()),
         memory_efficiency: x[2].exp(),
         step_overhead_us: x[3].exp() - 1.0,
         prefill_step_overhead_us: x[4].exp() - 1.0,
+        sequence_overhead_us: x[5].exp() - 1.0,
+        kv_memory_efficiency: Some(x[6].exp()),
+        serial_attention,
         ..base.clone()
     };
     let max_overhead = (1.0 + MAX_OVERHEAD_US).ln();
@@ -122,49 +140,61 @@ pub fn calibrate(
         (MIN_EFFICIENCY.ln(), 0.0),
         (0.0, max_overhead),
         (0.0, max_overhead),
+        (0.0, (1.0 + MAX_SEQUENCE_OVERHEAD_US).ln()),
+        (MIN_EFFICIENCY.ln(), 0.0),
     ];
-    let clamp = |x: &mut [f64; 5]| {
+    let clamp = |x: &mut [f64; 7]| {
         for (v, (lo, hi)) in x.iter_mut().zip(bounds) {
             *v = v.clamp(lo, hi);
         }
     };
     // The loss has kinks (compute against memory), so the search starts from several
-    // overheads — none, small, large — and keeps the best end point.
-    let mut found: Option<([f64; 5], f64)> = None;
-    for (step_us, prefill_us) in START_OVERHEADS_US {
+    // overheads — none, small, large — in each form, and keeps the best end point.
+    let mut found: Option<([f64; 7], bool, f64)> = None;
+    for ((step_us, prefill_us), serial) in START_OVERHEADS_US.into_iter().flat_map(|o| [(o, false), (o, true)]) {
         let mut x = [
             base.compute_efficiency.ln(),
             base.attention_efficiency().ln(),
             base.memory_efficiency.ln(),
             (1.0 + step_us).ln(),
             (1.0 + prefill_us).ln(),
+            (1.0 + START_SEQUENCE_OVERHEAD_US).ln(),
+            base.kv_memory_efficiency().ln(),
         ];
         clamp(&mut x);
-        let mut best = loss(&to_params(&x))?;
+        let f = |x: &[f64; 7]| loss(&to_params(x, serial));
+        let mut best = f(&x)?;
+        // Hooke and Jeeves: coordinate moves find a better point; a pattern move then
+        // follows the direction they took, so the search runs along a valley that no
+        // coordinate points down (memory efficiency against step overhead, say).
         let mut step = 0.5;
         while step > TOLERANCE {
-            let mut improved = false;
-            for i in 0..x.len() {
-                for dir in [1.0, -1.0] {
-                    let mut y = x;
-                    y[i] += dir * step;
-                    clamp(&mut y);
-                    let l = loss(&to_params(&y))?;
-                    if l < best {
-                        (x, best, improved) = (y, l, true);
-                    }
-                }
-            }
-            if !improved {
+            let (y, l) = explore(&f, x, best, step, &clamp)?;
+            if l >= best {
                 step /= 2.0;
+                continue;
+            }
+            (x, best) = (y, l);
+            let mut previous = x;
+            loop {
+                let mut jump = x;
+                for i in 0..jump.len() {
+                    jump[i] += x[i] - previous[i];
+                }
+                clamp(&mut jump);
+                let (z, lz) = explore(&f, jump, f(&jump)?, step, &clamp)?;
+                if lz >= best {
+                    break;
+                }
+                (previous, x, best) = (x, z, lz);
             }
         }
-        if found.is_none_or(|(_, l)| best < l) {
-            found = Some((x, best));
+        if found.is_none_or(|(_, _, l)| best < l) {
+            found = Some((x, serial, best));
         }
     }
-    let (x, _) = found.expect("at least one start");
-    let params = to_params(&x);
+    let (x, serial_attention, _) = found.expect("at least one start");
+    let params = to_params(&x, serial_attention);
     let predicted = predict(&params)?;
     let fitted = errors(&predicted, &samples);
     let mut fits: Vec<SampleFit> = profile
@@ -190,6 +220,9 @@ pub fn calibrate(
         memory_efficiency: params.memory_efficiency,
         step_overhead_us: params.step_overhead_us,
         prefill_step_overhead_us: params.prefill_step_overhead_us,
+        sequence_overhead_us: params.sequence_overhead_us,
+        kv_memory_efficiency: params.kv_memory_efficiency(),
+        serial_attention,
         median_error: fitted[fitted.len() / 2],
         p90_error: fitted[(fitted.len() * 9 / 10).min(fitted.len() - 1)],
         max_error: fitted[fitted.len() - 1],
@@ -244,6 +277,29 @@ fn check(
     Ok(())
 }
 
+/// One sweep of coordinate moves of `step` from `x` (whose loss is `at_x`), each kept when it
+/// lowers the loss: the point reached and its loss.
+fn explore(
+    f: &impl Fn(&[f64; 7]) -> Result<f64, CostError>,
+    mut x: [f64; 7],
+    mut at_x: f64,
+    step: f64,
+    clamp: &impl Fn(&mut [f64; 7]),
+) -> Result<([f64; 7], f64), CostError> {
+    for i in 0..x.len() {
+        for dir in [1.0, -1.0] {
+            let mut y = x;
+            y[i] += dir * step;
+            clamp(&mut y);
+            let l = f(&y)?;
+            if l < at_x {
+                (x, at_x) = (y, l);
+            }
+        }
+    }
+    Ok((x, at_x))
+}
+
 /// `|predicted / measured − 1|` per sample, sorted.
 fn errors(predicted: &[f64], samples: &[(engine::BatchStats, f64)]) -> Vec<f64> {
     let mut e: Vec<f64> = predicted.iter().zip(samples).map(|(t, (_, m))| (t / m - 1.0).abs()).collect();
@@ -259,24 +315,30 @@ mod tests {
 
     fn shapes() -> Vec<BatchStats> {
         let mut out = Vec::new();
-        for (batch, context) in [(1, 128), (8, 1024), (64, 4096), (256, 512)] {
-            let mut s = BatchStats::default();
-            for i in 0..batch {
-                s.add(&BatchEntry::new(RequestId(i), context, 1, false));
+        // Decode batches over sizes and contexts, as `fleetplane profile` measures them: what
+        // tells the weights' bandwidth, the KV's and the per-sequence cost apart.
+        for context in [128, 1024, 4096] {
+            for batch in [1, 4, 16, 64, 256] {
+                let mut s = BatchStats::default();
+                for i in 0..batch {
+                    s.add(&BatchEntry::new(RequestId(i), context, 1, false));
+                }
+                out.push(s);
             }
-            out.push(s);
         }
         for (context, chunk) in [(0, 16), (0, 64), (0, 256), (0, 2048), (4096, 2048), (0, 8192)] {
             let mut s = BatchStats::default();
             s.add(&BatchEntry::new(RequestId(0), context, chunk, true));
             out.push(s);
         }
-        let mut mixed = BatchStats::default();
-        mixed.add(&BatchEntry::new(RequestId(0), 0, 1024, true));
-        for i in 1..32 {
-            mixed.add(&BatchEntry::new(RequestId(i), 2048, 1, false));
+        for (chunk, decodes) in [(1024, 32), (256, 16), (2048, 64)] {
+            let mut mixed = BatchStats::default();
+            mixed.add(&BatchEntry::new(RequestId(0), 0, chunk, true));
+            for i in 1..=decodes {
+                mixed.add(&BatchEntry::new(RequestId(i), 4096, 1, false));
+            }
+            out.push(mixed);
         }
-        out.push(mixed);
         out
     }
 
@@ -296,30 +358,38 @@ mod tests {
 
     #[test]
     fn the_fit_recovers_the_parameters_a_profile_was_made_with() {
-        let truth = CostParams {
-            compute_efficiency: 0.4,
-            attention_efficiency: Some(0.05),
-            memory_efficiency: 0.7,
-            step_overhead_us: 400.0,
-            prefill_step_overhead_us: 2000.0,
-            ..CostParams::default()
-        };
-        let (m, g) = (model_by_name("llama-3.1-8b").expect("model"), gpu_by_name("h200").expect("gpu"));
-        let c = calibrate(m, g, Deployment::tensor_parallel(1), &CostParams::default(), &profile_of(&truth))
-            .expect("calibrates");
-        assert!(c.max_error < 0.01, "{c:?}");
-        assert!(c.uncalibrated_median_error > 0.2, "the defaults were far off: {c:?}");
-        for (fitted, true_value) in [
-            (c.compute_efficiency, 0.4),
-            (c.attention_efficiency, 0.05),
-            (c.memory_efficiency, 0.7),
-            (c.step_overhead_us, 400.0),
-            (c.prefill_step_overhead_us, 2000.0),
-        ] {
-            assert!((fitted / true_value - 1.0).abs() < 0.05, "{fitted} vs {true_value}: {c:?}");
+        for serial_attention in [false, true] {
+            let truth = CostParams {
+                compute_efficiency: 0.4,
+                attention_efficiency: Some(0.05),
+                memory_efficiency: 0.7,
+                kv_memory_efficiency: Some(0.45),
+                step_overhead_us: 400.0,
+                prefill_step_overhead_us: 2000.0,
+                sequence_overhead_us: 5.0,
+                serial_attention,
+                ..CostParams::default()
+            };
+            let (m, g) = (model_by_name("llama-3.1-8b").expect("model"), gpu_by_name("h200").expect("gpu"));
+            let c = calibrate(m, g, Deployment::tensor_parallel(1), &CostParams::default(), &profile_of(&truth))
+                .expect("calibrates");
+            assert!(c.max_error < 0.01, "{c:?}");
+            assert!(c.uncalibrated_median_error > 0.2, "the defaults were far off: {c:?}");
+            assert_eq!(c.serial_attention, serial_attention, "{c:?}");
+            for (fitted, true_value) in [
+                (c.compute_efficiency, 0.4),
+                (c.attention_efficiency, 0.05),
+                (c.memory_efficiency, 0.7),
+                (c.kv_memory_efficiency, 0.45),
+                (c.step_overhead_us, 400.0),
+                (c.prefill_step_overhead_us, 2000.0),
+                (c.sequence_overhead_us, 5.0),
+            ] {
+                assert!((fitted / true_value - 1.0).abs() < 0.05, "{fitted} vs {true_value}: {c:?}");
+            }
+            assert_eq!(c.params.attention_efficiency, Some(c.attention_efficiency));
+            assert_eq!(c.params.memory_utilization, CostParams::default().memory_utilization);
         }
-        assert_eq!(c.params.attention_efficiency, Some(c.attention_efficiency));
-        assert_eq!(c.params.memory_utilization, CostParams::default().memory_utilization);
     }
 
     #[test]

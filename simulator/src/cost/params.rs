@@ -25,6 +25,11 @@ pub struct CostParams {
     pub attention_efficiency: Option<f64>,
     /// Share of peak HBM bandwidth that weight and KV streaming reach.
     pub memory_efficiency: f64,
+    /// Share of peak HBM bandwidth that the KV cache's reads and writes reach, when it
+    /// differs from the weights' [default: `memory_efficiency`]: paged attention gathers
+    /// blocks scattered over memory, which a profile with long-context decodes shows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_memory_efficiency: Option<f64>,
     /// Fixed cost of one iteration in microseconds: scheduling, input preparation, kernel
     /// launches and sampling not hidden by CUDA graphs.
     pub step_overhead_us: f64,
@@ -32,6 +37,18 @@ pub struct CostParams {
     /// replay CUDA graphs for decode-only steps, and a step with a prefill chunk launches its
     /// kernels one by one instead (0 for engines whose mixed steps are graphed too).
     pub prefill_step_overhead_us: f64,
+    /// Fixed cost in microseconds per sequence in an iteration (sampling, logits processing,
+    /// the scheduler's bookkeeping): what makes a step of 256 short decodes slower than its
+    /// GEMMs and KV reads say.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sequence_overhead_us: f64,
+    /// Attention runs as kernels of its own between the GEMMs, each bound by its own roofline
+    /// (`max(GEMM FLOPs, weights) + max(attention FLOPs, KV traffic)`), rather than hidden
+    /// under the slower of the step's compute and memory. An engine without fused or
+    /// overlapped attention shows it in its profile: a prompt chunk beside long decodes costs
+    /// about the sum of the two. Calibration picks the form that fits the profile.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub serial_attention: bool,
     /// Share of GPU memory the engine may allocate (vLLM's `gpu_memory_utilization`).
     pub memory_utilization: f64,
     /// Bytes per GPU kept for activations, CUDA graphs and workspace, not given to the KV cache.
@@ -59,8 +76,11 @@ impl Default for CostParams {
             compute_efficiency: 0.65,
             attention_efficiency: None,
             memory_efficiency: 0.9,
+            kv_memory_efficiency: None,
             step_overhead_us: 150.0,
             prefill_step_overhead_us: 0.0,
+            sequence_overhead_us: 0.0,
+            serial_attention: false,
             memory_utilization: 0.9,
             activation_reserve_bytes: 2 << 30,
             allreduce_latency_us: 8.0,
@@ -76,6 +96,11 @@ impl CostParams {
         self.attention_efficiency.unwrap_or(self.compute_efficiency)
     }
 
+    /// Share of peak HBM bandwidth the KV cache's traffic reaches.
+    pub fn kv_memory_efficiency(&self) -> f64 {
+        self.kv_memory_efficiency.unwrap_or(self.memory_efficiency)
+    }
+
     /// Rejects values that would make times negative, infinite or meaningless.
     pub fn validate(&self) -> Result<(), CostError> {
         let share = "a share in (0, 1]";
@@ -85,12 +110,19 @@ impl CostParams {
             ("compute_efficiency", self.compute_efficiency, is_share(self.compute_efficiency), share),
             ("memory_efficiency", self.memory_efficiency, is_share(self.memory_efficiency), share),
             ("attention_efficiency", self.attention_efficiency(), is_share(self.attention_efficiency()), share),
+            ("kv_memory_efficiency", self.kv_memory_efficiency(), is_share(self.kv_memory_efficiency()), share),
             ("memory_utilization", self.memory_utilization, is_share(self.memory_utilization), share),
             ("step_overhead_us", self.step_overhead_us, is_finite_non_negative(self.step_overhead_us), micros),
             (
                 "prefill_step_overhead_us",
                 self.prefill_step_overhead_us,
                 is_finite_non_negative(self.prefill_step_overhead_us),
+                micros,
+            ),
+            (
+                "sequence_overhead_us",
+                self.sequence_overhead_us,
+                is_finite_non_negative(self.sequence_overhead_us),
                 micros,
             ),
             (
@@ -107,6 +139,10 @@ impl CostParams {
             None => Ok(()),
         }
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn is_share(x: f64) -> bool {

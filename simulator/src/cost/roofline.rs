@@ -1,6 +1,9 @@
 //! The roofline: one iteration's time from its [`BatchStats`], and an instance's KV capacity.
 //!
-//! `step = overhead + max(compute, memory) + comm`, all on the busiest GPU. The model is
+//! `step = overhead + max(compute, memory) + comm`, all on the busiest GPU (with
+//! [`CostParams::serial_attention`], `max(GEMM compute, weights) + max(attention compute, KV
+//! traffic)` in place of the one max: attention kernels that run after the GEMMs instead of
+//! hiding under them). The model is
 //! split in two sides (see [`Deployment`]): the **attention side** (attention projections
 //! and the attention itself, the KV cache, the embedding table) runs on the DP rank that owns
 //! each sequence, split by `tp` inside the rank; the **expert / dense side** (routed and
@@ -108,6 +111,8 @@ struct Coefficients {
     overhead_s: f64,
     /// Added to steps with prompt tokens (run without CUDA graphs).
     prefill_overhead_s: f64,
+    /// Per sequence in the step (sampling, bookkeeping).
+    sequence_overhead_s: f64,
     kv_capacity_tokens: u64,
 }
 
@@ -128,6 +133,12 @@ struct RoutedExperts {
 pub struct StepBreakdown {
     pub compute_s: f64,
     pub memory_s: f64,
+    /// The attention kernels' part of `compute_s` (their FLOPs) and of `memory_s` (the KV
+    /// read and written).
+    pub attention_compute_s: f64,
+    pub attention_memory_s: f64,
+    /// Attention runs after the GEMMs rather than under them ([`CostParams::serial_attention`]).
+    pub serial_attention: bool,
     pub comm_s: f64,
     pub overhead_s: f64,
     /// Loading cached KV from L2 and L3 into GPU memory.
@@ -143,7 +154,13 @@ impl StepBreakdown {
     /// computes, so only the first layer's load (and the store's latency) is exposed.
     pub fn total_s(&self) -> f64 {
         let hidden_load = self.load_s - self.load_exposed_s;
-        self.overhead_s + self.load_exposed_s + self.compute_s.max(self.memory_s).max(hidden_load) + self.comm_s
+        let body = if self.serial_attention {
+            let gemms = (self.compute_s - self.attention_compute_s).max(self.memory_s - self.attention_memory_s);
+            gemms + self.attention_compute_s.max(self.attention_memory_s)
+        } else {
+            self.compute_s.max(self.memory_s)
+        };
+        self.overhead_s + self.load_exposed_s + body.max(hidden_load) + self.comm_s
     }
 
     pub fn is_compute_bound(&self) -> bool {
@@ -284,10 +301,11 @@ impl CostModel {
         let rank_share =
             self.dp_imbalance_factor(s.prefill_seqs + s.decode_seqs) / f64::from(self.deployment.dp_attention);
         let rank_tokens = tokens * rank_share;
+        let attention_compute_s = k.attention_s_per_pair * pairs * rank_share;
         let compute_s = k.attention_gemm_s_per_token * rank_tokens
             + k.gemm_s_per_token * tokens
             + k.lm_head_s_per_sample * samples
-            + k.attention_s_per_pair * pairs * rank_share;
+            + attention_compute_s;
 
         let weights_s = k.always_read_weights_s
             + k.routed.map_or(0.0, |r| r.experts * (1.0 - (tokens * r.ln_miss).exp()) * r.s_per_expert);
@@ -303,7 +321,8 @@ impl CostModel {
             0.0
         };
         let kv_tokens = s.decode_context_tokens as f64 + prefill_read + s.tokens() as f64;
-        let memory_s = weights_s + k.kv_s_per_token * kv_tokens / cp * rank_share;
+        let attention_memory_s = k.kv_s_per_token * kv_tokens / cp * rank_share;
+        let memory_s = weights_s + attention_memory_s;
 
         let (load_s, load_exposed_s) =
             self.load_time(s.load_l2_tokens as f64 * rank_share / cp, s.load_l3_tokens as f64 * rank_share / cp);
@@ -314,8 +333,19 @@ impl CostModel {
         if self.deployment.cp > 1 {
             comm_s += self.context_parallel_comm_s(s, rank_share);
         }
-        let overhead_s = if s.prefill_tokens > 0 { k.overhead_s + k.prefill_overhead_s } else { k.overhead_s };
-        StepBreakdown { compute_s, memory_s, comm_s, overhead_s, load_s, load_exposed_s }
+        let step_overhead_s = if s.prefill_tokens > 0 { k.overhead_s + k.prefill_overhead_s } else { k.overhead_s };
+        let overhead_s = step_overhead_s + k.sequence_overhead_s * samples;
+        StepBreakdown {
+            compute_s,
+            memory_s,
+            attention_compute_s,
+            attention_memory_s,
+            serial_attention: self.params.serial_attention,
+            comm_s,
+            overhead_s,
+            load_s,
+            load_exposed_s,
+        }
     }
 
     /// Exposed communication of context parallelism in one step, over all layers, on the
@@ -542,13 +572,14 @@ impl Coefficients {
             always_read_weights_s: (rank_read_params as f64 / tp_f + rest_read_params as f64 / gpus_f) * wbytes
                 / hbm_bytes_per_s,
             routed,
-            kv_s_per_token: kv_bytes_per_token as f64 / hbm_bytes_per_s,
+            kv_s_per_token: kv_bytes_per_token as f64 / (gpu.hbm_bytes_per_s * p.kv_memory_efficiency()),
             comm_s_per_rank_token,
             comm_s_per_token,
             alltoall_s_per_rank_token,
             comm_s_per_step: attention_latency_s + gathered_latency_s + alltoall_latency_s,
             overhead_s: p.step_overhead_us * 1e-6,
             prefill_overhead_s: p.prefill_step_overhead_us * 1e-6,
+            sequence_overhead_s: p.sequence_overhead_us * 1e-6,
             kv_capacity_tokens: 0,
         }
     }
