@@ -8,6 +8,8 @@
 #   3. `fleetplane latency`: what the live path adds to a request beyond the engine's step
 #      (isolated requests of the profile's lone prompt lengths), the simulation's dispatch_ms;
 #   4. `fleetplane simulate` of the same scenario with the profile and that dispatch latency.
+# Each engine logs the steps it served ($OUT/steps-N.json, a step profile): the cost model
+# can be checked against what the engines did under the replay, shape by shape.
 # Binaries come from $BIN (default gpu-out/, built by scripts/gpu-build.sh); results go to
 # $OUT (default ./gpu-results). The scenario is examples/cuda-fidelity.toml unless $SCENARIO.
 # MAX_REQUESTS=N replays only the first N requests; RATE_SCALE=X scales the arrival rate in both
@@ -63,6 +65,7 @@ pids+=($!)
 sleep 2
 for ((d = 0; d < gpus; d++)); do
   "$BIN/fleetplane" engine "${engine_model[@]}" --device "$d" --kv-blocks "$KV_BLOCKS" --control 127.0.0.1:50051 \
+    --step-log "$OUT/steps-$d.json" \
     >"/tmp/engine-$d.log" 2>&1 &
   pids+=($!)
 done

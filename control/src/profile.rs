@@ -62,7 +62,7 @@ pub fn model_source(arg: &str) -> anyhow::Result<ModelSource> {
 }
 
 /// The cost model's entry with this shape (layers, widths, heads, vocabulary).
-fn catalog_model(cfg: &LlamaConfig) -> Option<&'static ModelSpec> {
+pub(crate) fn catalog_model(cfg: &LlamaConfig) -> Option<&'static ModelSpec> {
     let same = |m: &ModelSpec| {
         [m.layers, m.hidden, m.q_heads, m.kv_heads, m.head_dim, m.ffn, m.vocab].map(|x| x as usize)
             == [
@@ -79,7 +79,7 @@ fn catalog_model(cfg: &LlamaConfig) -> Option<&'static ModelSpec> {
 }
 
 /// The cost model's GPU whose name the device's contains (`NVIDIA H200` → `h200`).
-fn catalog_gpu(device: &str) -> Option<&'static str> {
+pub(crate) fn catalog_gpu(device: &str) -> Option<&'static str> {
     let device = device.to_lowercase();
     gpu_names().into_iter().find(|g| device.split(|c: char| !c.is_alphanumeric()).any(|w| w == *g))
 }

@@ -556,3 +556,36 @@ fn latency_probes_the_path_with_the_profiles_lone_prompts() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("64-token probe failed") && stderr.contains("no-such-model"), "{stderr}");
 }
+
+#[test]
+fn an_engine_logs_the_steps_it_served_as_a_profile_simulate_calibrates_on() {
+    let db = Db::fresh("steplog");
+    let s = serve(&db, &[]);
+    let log = std::env::temp_dir().join(format!("fleetplane-step-log-{}.json", std::process::id()));
+    let _e = engine(&s.grpc, "logged", &["--gpu", "h200", "--step-log", log.to_str().expect("utf-8 path")]);
+    wait_serving(&s.http, 1);
+    let prompt: Vec<u32> = (0..300).map(|i| 500 + i).collect();
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": prompt, "max_tokens": 6}));
+    assert_eq!(status, 200, "{v}");
+    // Written when the engine goes idle: one prefill step, then five decode steps.
+    let mut profile = Value::Null;
+    eventually(10, "the step log", || {
+        profile = std::fs::read_to_string(&log).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+        profile["samples"].as_array().is_some_and(|a| a.len() >= 6)
+    });
+    assert_eq!((profile["model"].as_str(), profile["gpu"].as_str()), (Some(MODEL), Some("h200")), "{profile}");
+    let samples = profile["samples"].as_array().expect("samples");
+    assert_eq!(samples[0]["prefill_tokens"], 300, "{profile}");
+    assert!(samples[1..6].iter().all(|s| s["decode_seqs"] == 1 && s["prefill_seqs"] == 0), "{profile}");
+    assert!(samples.iter().all(|s| s["seconds"].as_f64().is_some_and(|t| t > 0.0)), "{profile}");
+
+    let out = std::process::Command::new(bin())
+        .args(["simulate", "--scenario", concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/cuda-fidelity.toml")])
+        .args(["--profile", log.to_str().expect("utf-8 path"), "--max-requests", "20", "--instances", "1"])
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_file(&log);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("calibrated on"), "{stdout}");
+}

@@ -133,6 +133,12 @@ pub struct Args {
     #[arg(long, default_value_t = 120.0)]
     pub parked_limit_s: f64,
 
+    /// Write every step this engine serves (batch shape and time) to FILE as a step profile,
+    /// rewritten every 10 s while busy and when the engine goes idle: what the engine did under live traffic, for `simulate
+    /// --profile` or to check a calibrated cost model against.
+    #[arg(long, value_name = "FILE.json")]
+    pub step_log: Option<std::path::PathBuf>,
+
     /// Exit when the process that started this engine exits (engines an actuator started
     /// go with their control plane).
     #[arg(long)]
@@ -177,6 +183,11 @@ impl Backend for SimBackend {
 
     fn paced(&self) -> bool {
         true
+    }
+
+    fn shape(&self) -> Option<(&'static str, &'static str)> {
+        let cost = self.exec.cost_model();
+        Some((cost.model().name, cost.gpu().name))
     }
 }
 
@@ -257,9 +268,19 @@ async fn parent_gone() {
     }
 }
 
-struct CudaBackend(engine::cuda::CudaExecutor);
+struct CudaBackend(engine::cuda::CudaExecutor, Option<(&'static str, &'static str)>);
 
 impl Backend for CudaBackend {
+    fn shape(&self) -> Option<(&'static str, &'static str)> {
+        self.1
+    }
+
+    fn notes(&self) -> String {
+        let (captured, replayed, failed) = self.0.graph_stats();
+        let failed = failed.map(|f| format!(", failed: {f}")).unwrap_or_default();
+        format!("decode CUDA graphs captured {captured}, replayed {replayed}{failed}")
+    }
+
     fn executor(&mut self) -> &mut dyn Executor {
         &mut self.0
     }
@@ -312,7 +333,11 @@ fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig
     if let Some(n) = args.kv_blocks {
         instance.total_blocks = instance.total_blocks.min(n);
     }
-    Ok((Box::new(CudaBackend(exec)), instance))
+    // The cost model's names for a step log; an engine of another shape serves without them.
+    let model = crate::profile::catalog_model(exec.model_config()).map(|m| m.name);
+    let gpu = exec.device_name().ok().and_then(|d| crate::profile::catalog_gpu(&d));
+    let shape = model.zip(gpu);
+    Ok((Box::new(CudaBackend(exec, shape)), instance))
 }
 
 async fn serve(
@@ -345,7 +370,31 @@ async fn serve(
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
-    let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit);
+    let step_log = match &args.step_log {
+        None => None,
+        Some(path) => {
+            let (model, gpu) = backend.shape().ok_or_else(|| {
+                anyhow!("--step-log: the model or GPU is none of the cost model's (`fleetplane capacity --help`)")
+            })?;
+            let profile = engine::StepProfile {
+                format: engine::PROFILE_FORMAT,
+                model: model.to_string(),
+                gpu: gpu.to_string(),
+                tp: args.tp,
+                block_size: config.block_size,
+                source: format!(
+                    "steps served by fleetplane {} engine `{name}` ({:?} executor, {} KV blocks)",
+                    env!("CARGO_PKG_VERSION"),
+                    args.executor,
+                    config.total_blocks
+                ),
+                samples: Vec::new(),
+            };
+            Some(runner::StepLog { path: path.clone(), profile, written: 0 })
+        }
+    };
+    let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit)
+        .with_step_log(step_log);
     let loop_thread = std::thread::Builder::new().name("engine-loop".into()).spawn(move || runner.run(rx))?;
     let service = service::EngineService {
         commands: Mutex::new(tx),

@@ -34,6 +34,15 @@ pub trait Backend: Send {
     fn admit(&mut self, _id: RequestId, _prompt: &[u32], _sampling: Sampling) {}
     /// A request left the engine.
     fn release(&mut self, _id: RequestId) {}
+    /// The cost model's names of the model and GPU the steps run on, for a step log.
+    fn shape(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+    /// Facts about the executor worth logging beside the step timing (a GPU executor's
+    /// CUDA graphs: how many were captured and replayed).
+    fn notes(&self) -> String {
+        String::new()
+    }
     /// The KV of parked request `id` (its first `tokens` tokens, in `blocks`) as bytes a decode
     /// engine's [`Backend::import`] takes; empty when the KV has no bytes (a cost model's is
     /// only accounted).
@@ -152,6 +161,7 @@ pub struct Runner {
     clock: Instant,
     last_report: Instant,
     timing: StepTiming,
+    step_log: Option<StepLog>,
 }
 
 /// What the engine's steps cost, logged every [`StepTiming::EVERY`] while busy: the
@@ -172,21 +182,64 @@ impl StepTiming {
         StepTiming { since: Instant::now(), steps: 0, executor_s: 0.0, iteration_s: 0.0 }
     }
 
-    fn record(&mut self, executor: engine::Dur, iteration: Duration) {
+    /// Adds a step; true when a period is over and [`StepTiming::log`] is due.
+    fn record(&mut self, executor: engine::Dur, iteration: Duration) -> bool {
         self.steps += 1;
         self.executor_s += executor.as_secs_f64();
         self.iteration_s += iteration.as_secs_f64();
-        if self.since.elapsed() >= Self::EVERY {
-            let n = f64::from(self.steps);
-            let (executor_ms, iteration_ms) = (self.executor_s / n * 1e3, self.iteration_s / n * 1e3);
-            tracing::info!(
-                steps = self.steps,
-                executor_ms = format!("{executor_ms:.3}"),
-                iteration_ms = format!("{iteration_ms:.3}"),
-                host_ms = format!("{:.3}", iteration_ms - executor_ms),
-                "step timing (means)"
-            );
-            *self = StepTiming::new();
+        self.since.elapsed() >= Self::EVERY
+    }
+
+    fn log(&mut self, notes: &str) {
+        let n = f64::from(self.steps.max(1));
+        let (executor_ms, iteration_ms) = (self.executor_s / n * 1e3, self.iteration_s / n * 1e3);
+        tracing::info!(
+            steps = self.steps,
+            executor_ms = format!("{executor_ms:.3}"),
+            iteration_ms = format!("{iteration_ms:.3}"),
+            host_ms = format!("{:.3}", iteration_ms - executor_ms),
+            "step timing (means){}{notes}",
+            if notes.is_empty() { "" } else { "; " }
+        );
+        *self = StepTiming::new();
+    }
+}
+
+/// `engine --step-log FILE`: every step the engine served (its batch aggregates and the
+/// executor's time) as a step profile, rewritten every [`StepTiming::EVERY`] while the engine is busy and when it goes idle, which `simulate
+/// --profile` calibrates on and against which a calibrated cost model can be checked.
+pub struct StepLog {
+    pub path: std::path::PathBuf,
+    /// The header (model, GPU, block size, source); samples are appended.
+    pub profile: engine::StepProfile,
+    /// Samples in the file as last written.
+    pub written: usize,
+}
+
+impl StepLog {
+    /// The most steps kept (the first ones): about 150 bytes each in the file.
+    const MAX_STEPS: usize = 200_000;
+
+    fn record(&mut self, stats: &engine::BatchStats, executor: engine::Dur) {
+        if self.profile.samples.len() < Self::MAX_STEPS {
+            self.profile.samples.push(engine::StepSample::new(stats, executor.as_secs_f64()));
+        }
+    }
+
+    /// Writes the file whole (through a temporary one, so a reader never sees half of it)
+    /// when it has steps the file lacks.
+    fn write(&mut self) {
+        if self.written == self.profile.samples.len() {
+            return;
+        }
+        self.written = self.profile.samples.len();
+        let tmp = self.path.with_extension("json.tmp");
+        let written = serde_json::to_vec(&self.profile)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = written {
+            tracing::warn!("cannot write the step log {}: {e}", self.path.display());
         }
     }
 }
@@ -215,7 +268,14 @@ impl Runner {
             clock,
             last_report: clock,
             timing: StepTiming::new(),
+            step_log: None,
         }
+    }
+
+    /// Logs every step into `log` (see [`StepLog`]).
+    pub fn with_step_log(mut self, log: Option<StepLog>) -> Runner {
+        self.step_log = log;
+        self
     }
 
     pub(super) fn now(&self) -> Time {
@@ -234,6 +294,9 @@ impl Runner {
             self.expire_parked(self.parked_limit);
             if !self.instance.has_work() {
                 last_end = None;
+                if let Some(log) = &mut self.step_log {
+                    log.write();
+                }
                 match commands.recv_timeout(self.idle_wait(IDLE_REPORT)) {
                     Ok(c) => self.handle(c),
                     Err(RecvTimeoutError::Timeout) => {
@@ -256,10 +319,18 @@ impl Runner {
                     } else {
                         self.now()
                     };
+                    if let Some(log) = &mut self.step_log {
+                        log.record(&self.instance.batch().stats, d);
+                    }
                     self.instance.end_step(end, &mut finished, &mut evicted);
                     let ended = Instant::now();
                     if let Some(previous) = last_end {
-                        self.timing.record(d, ended - previous);
+                        if self.timing.record(d, ended - previous) {
+                            self.timing.log(&self.backend.notes());
+                            if let Some(log) = &mut self.step_log {
+                                log.write();
+                            }
+                        }
                     }
                     last_end = Some(ended);
                     self.stream_tokens();
