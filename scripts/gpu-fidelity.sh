@@ -12,7 +12,7 @@
 # can be checked against what the engines did under the replay, shape by shape.
 # Binaries come from $BIN (default gpu-out/, built by scripts/gpu-build.sh); results go to
 # $OUT (default ./gpu-results). The scenario is examples/cuda-fidelity.toml unless $SCENARIO.
-# MAX_REQUESTS=N replays only the first N requests; RATE_SCALE=X scales the arrival rate in both
+# MAX_REQUESTS=N replays only the first N requests (SKIP_REQUESTS=K: requests K..K+N); RATE_SCALE=X scales the arrival rate in both
 # (e.g. 0.5 on a machine with one GPU: one engine for a scenario sized for two). DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
 # executor, no profile, the local PostgreSQL left alone if one answers on port 5432.
 set -uo pipefail
@@ -58,6 +58,7 @@ export FLEETPLANE_ADMIN_TOKEN=fidelity-admin FLEETPLANE_ENGINE_TOKEN=fidelity-en
 export DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleetplane_fidelity_$(date +%s)
 slice=()
 [[ -n ${MAX_REQUESTS:-} ]] && slice=(--max-requests "$MAX_REQUESTS")
+[[ -n ${SKIP_REQUESTS:-} ]] && slice+=(--skip-requests "$SKIP_REQUESTS")
 [[ -n ${RATE_SCALE:-} ]] && slice+=(--rate-scale "$RATE_SCALE")
 router=$(python3 -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))['routers'][0])" "$SCENARIO")
 "$BIN/fleetplane" serve --router "$router" >"$OUT/serve.log" 2>&1 &

@@ -92,6 +92,11 @@ pub struct SimFlags {
     #[arg(long, value_name = "N")]
     pub max_requests: Option<u64>,
 
+    /// Leave out the trace's first N requests; the rest start at time zero (with
+    /// --max-requests: another slice of the same trace).
+    #[arg(long, value_name = "N")]
+    pub skip_requests: Option<u64>,
+
     /// Time-to-first-token target of the SLO, in milliseconds [default: 2000].
     #[arg(long, value_name = "MS")]
     pub ttft_slo_ms: Option<f64>,
@@ -222,6 +227,7 @@ impl SimFlags {
                 trace: self.trace.clone(),
                 format: self.format.clone(),
                 rate_scale: self.rate_scale,
+                skip_requests: self.skip_requests,
                 max_requests: self.max_requests,
                 synthetic: None,
                 phased: None,
@@ -284,7 +290,7 @@ pub fn describe(s: &Settings) -> String {
         Some(c) => format!(
             " | calibrated on {} samples ({}): GEMM {:.0}%, attention {:.1}%{}, HBM {:.0}% of peak (KV {:.0}%), {:.0} us/step \
              (+{:.0} us with prefill, +{:.1} us per sequence); \
-             step time error median {:.1}% (uncalibrated {:.1}%), p90 {:.1}%, max {:.1}%",
+             step time error median {:.1}% (uncalibrated {:.1}%), p90 {:.1}%, max {:.1}%{}",
             c.samples,
             c.source,
             100.0 * c.compute_efficiency,
@@ -299,6 +305,16 @@ pub fn describe(s: &Settings) -> String {
             100.0 * c.uncalibrated_median_error,
             100.0 * c.p90_error,
             100.0 * c.max_error,
+            c.decode_table
+                .as_ref()
+                .map(|t| {
+                    format!(
+                        "; decode-only steps priced from its {} decode steps ({} batch sizes)",
+                        t.samples(),
+                        t.batch_sizes()
+                    )
+                })
+                .unwrap_or_default(),
         ),
         None => String::new(),
     };
@@ -319,7 +335,12 @@ pub fn describe(s: &Settings) -> String {
         },
         source,
         s.rate_scale,
-        s.max_requests.map(|n| format!(", first {n} requests")).unwrap_or_default(),
+        match (s.skip_requests, s.max_requests) {
+            (Some(k), Some(n)) => format!(", requests {k}..{}", k + n),
+            (Some(k), None) => format!(", from request {k}"),
+            (None, Some(n)) => format!(", first {n} requests"),
+            (None, None) => String::new(),
+        },
     )
 }
 

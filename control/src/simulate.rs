@@ -7,9 +7,10 @@ use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use indicatif::MultiProgress;
 
+use simulator::cost::{check_steps, StepCheck};
 use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
 use simulator::report::{comparison_table, pools_table, write_json, Report, RunReport};
-use simulator::scenario::{RunSpec, Settings};
+use simulator::scenario::{load_profile, RunSpec, Settings};
 use simulator::sim::{self, RunOutput, SimConfig};
 use std::path::PathBuf;
 
@@ -31,11 +32,27 @@ pub struct Args {
     /// [pools] timeline_s.
     #[arg(long, value_name = "PATH")]
     pub timeline_plot: Option<PathBuf>,
+
+    /// Check the cost model (calibrated with --profile, or not) against the steps an engine
+    /// served (`fleetplane engine --step-log FILE`): predicted against measured time, for
+    /// decode-only steps and steps with prompt tokens.
+    #[arg(long, value_name = "FILE.json")]
+    pub check_steps: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let settings = args.flags.settings()?;
     println!("{}", describe(&settings));
+    let step_check = match &args.check_steps {
+        Some(path) => {
+            let log = load_profile(path).map_err(|e| Failure::Input(e.into()))?;
+            let check = check_steps(&settings.cost, &log)
+                .map_err(|e| Failure::Input(anyhow!("--check-steps {}: {e}", path.display())))?;
+            print!("{}", step_check_table(&check));
+            Some(check)
+        }
+        None => None,
+    };
     let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true)?;
     for o in &outputs {
         if let Some(why) = &o.first_rejection {
@@ -52,7 +69,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         print!("\n{pools}");
     }
     if let Some(path) = &args.json {
-        write_json(path, &Report { runs, calibration: settings.calibration.clone() })
+        write_json(path, &Report { runs, calibration: settings.calibration.clone(), step_check })
             .map_err(|e| Failure::Output(e.into()))?;
     }
     if let Some(path) = &args.plot {
@@ -117,4 +134,32 @@ pub fn run_routers(
         o.summary.max_hit_rate = bound;
     }
     Ok(outputs)
+}
+
+/// The cost model against served steps, one row per class of step.
+fn step_check_table(c: &StepCheck) -> String {
+    let mut out = format!(
+        "cost model against {} served steps ({})\n{:<14}  {:>6}  {:>11}  {:>12}  {:>10}  {:>12}  {:>16}\n",
+        c.all.steps,
+        c.source,
+        "steps",
+        "count",
+        "measured s",
+        "predicted s",
+        "sum error",
+        "median error",
+        "median |error|"
+    );
+    for (name, k) in [("all", &c.all), ("decode only", &c.decode_only), ("with prefill", &c.with_prefill)] {
+        let sum = if k.measured_s > 0.0 { 100.0 * (k.predicted_s / k.measured_s - 1.0) } else { 0.0 };
+        out += &format!(
+            "{name:<14}  {:>6}  {:>11.2}  {:>12.2}  {sum:>+9.1}%  {:>+11.1}%  {:>15.1}%\n",
+            k.steps,
+            k.measured_s,
+            k.predicted_s,
+            100.0 * k.median_error,
+            100.0 * k.median_abs_error
+        );
+    }
+    out
 }

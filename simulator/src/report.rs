@@ -27,6 +27,9 @@ pub struct Report {
     /// The cost model's fit to the engine's measured profile (`--profile`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<crate::cost::Calibration>,
+    /// The cost model against steps an engine served (`--check-steps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_check: Option<crate::cost::StepCheck>,
 }
 
 /// The highest load a router sustained within the SLO.
@@ -346,7 +349,7 @@ mod tests {
     #[test]
     fn write_json_writes_pretty_json_with_a_trailing_newline() {
         let path = std::env::temp_dir().join(format!("fleetplane-report-{}-write.json", std::process::id()));
-        let report = Report { runs: vec![run("round_robin", 1.0)], calibration: None };
+        let report = Report { runs: vec![run("round_robin", 1.0)], calibration: None, step_check: None };
         write_json(&path, &report).expect("report written");
         let text = std::fs::read_to_string(&path).expect("report read");
         std::fs::remove_file(&path).expect("report removed");
@@ -359,7 +362,8 @@ mod tests {
     fn write_json_error_names_the_path() {
         let path =
             std::env::temp_dir().join(format!("fleetplane-report-{}-missing", std::process::id())).join("report.json");
-        let err = write_json(&path, &Report { runs: Vec::new(), calibration: None }).expect_err("no such directory");
+        let err = write_json(&path, &Report { runs: Vec::new(), calibration: None, step_check: None })
+            .expect_err("no such directory");
         let message = err.to_string();
         assert!(message.starts_with("writing report "), "{message}");
         assert!(message.contains(&path.display().to_string()), "{message}");

@@ -305,6 +305,9 @@ pub struct WorkloadSection {
     pub trace: Option<PathBuf>,
     pub format: Option<String>,
     pub rate_scale: Option<f64>,
+    /// Leave out the first N requests (the rest start at time zero): another slice.
+    #[serde(default)]
+    pub skip_requests: Option<u64>,
     pub max_requests: Option<u64>,
     pub synthetic: Option<SyntheticConfig>,
     /// A workload whose shape shifts in phases (see [`crate::workload::PhasedConfig`]).
@@ -553,6 +556,7 @@ pub struct Settings {
     pub cost: CostModel,
     pub workload: WorkloadSource,
     pub rate_scale: f64,
+    pub skip_requests: Option<u64>,
     pub max_requests: Option<u64>,
     pub slo: Slo,
     pub tiers: KvTiers,
@@ -624,6 +628,7 @@ impl Scenario {
                 trace,
                 format,
                 rate_scale: w.rate_scale.or(self.workload.rate_scale),
+                skip_requests: w.skip_requests.or(self.workload.skip_requests),
                 max_requests: w.max_requests.or(self.workload.max_requests),
                 synthetic,
                 phased,
@@ -672,7 +677,8 @@ impl Scenario {
                 None => None,
             };
         let params = calibration.as_ref().map_or(params, |c| c.params.clone());
-        let cost = CostModel::new(model, gpu, deployment, params)?;
+        let cost = CostModel::new(model, gpu, deployment, params)?
+            .with_decode_table(calibration.as_ref().and_then(|c| c.decode_table.clone()));
         let drafter = drafter_or_none(f.spec.as_deref().unwrap_or(NO_SPECULATION))?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
@@ -832,6 +838,7 @@ impl Scenario {
             cost,
             workload,
             rate_scale,
+            skip_requests: w.skip_requests,
             max_requests: w.max_requests,
             slo,
             tiers,
@@ -900,6 +907,10 @@ impl Settings {
             WorkloadSource::Trace { path, format } => workload::open_trace(path, *format, &opts)?,
             WorkloadSource::Synthetic(cfg) => workload::synthetic(cfg, &opts)?,
             WorkloadSource::Phased(cfg) => workload::phased(cfg, &opts)?,
+        };
+        let w = match self.skip_requests {
+            Some(n) => workload::skip(w, n),
+            None => w,
         };
         Ok(match self.max_requests {
             Some(n) => workload::limit(w, n),

@@ -33,7 +33,7 @@ fn json_of(settings: &Settings) -> String {
             RunReport { router: out.router, summary: out.summary, decisions: out.decisions }
         })
         .collect();
-    serde_json::to_string_pretty(&Report { runs, calibration: None }).expect("serializable")
+    serde_json::to_string_pretty(&Report { runs, calibration: None, step_check: None }).expect("serializable")
 }
 
 #[test]

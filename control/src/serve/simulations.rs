@@ -159,8 +159,8 @@ fn run(text: &str) -> Result<(serde_json::Value, String), String> {
         .map_err(|e| e.to_string())
         .and_then(|()| std::fs::read_to_string(&path).map_err(|e| format!("cannot read the chart back: {e}")));
     let _ = std::fs::remove_dir_all(&dir);
-    let result =
-        serde_json::to_value(Report { runs, calibration: settings.calibration.clone() }).map_err(|e| e.to_string())?;
+    let result = serde_json::to_value(Report { runs, calibration: settings.calibration.clone(), step_check: None })
+        .map_err(|e| e.to_string())?;
     Ok((result, chart?))
 }
 

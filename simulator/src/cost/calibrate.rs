@@ -16,6 +16,7 @@
 
 use engine::{StepProfile, PROFILE_FORMAT};
 
+use super::decode_table::DecodeTable;
 use super::error::CostError;
 use super::gpu::GpuSpec;
 use super::model::ModelSpec;
@@ -65,6 +66,10 @@ pub struct Calibration {
     pub fits: Vec<SampleFit>,
     #[serde(skip)]
     pub params: CostParams,
+    /// The profile's decode-only samples, which price decode steps in place of the fitted
+    /// roofline ([`CostModel::with_decode_table`]); the errors above are the roofline's.
+    #[serde(skip)]
+    pub decode_table: Option<DecodeTable>,
 }
 
 /// One profile sample against the calibrated prediction.
@@ -229,6 +234,7 @@ pub fn calibrate(
         uncalibrated_median_error: unfitted[unfitted.len() / 2],
         fits,
         params,
+        decode_table: DecodeTable::from_profile(profile),
     })
 }
 
@@ -275,6 +281,61 @@ fn check(
         }
     }
     Ok(())
+}
+
+/// How a cost model's step times compare with steps an engine served (`engine --step-log`),
+/// for decode-only steps and for steps with prompt tokens apart.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepCheck {
+    pub source: String,
+    pub all: StepClassCheck,
+    pub decode_only: StepClassCheck,
+    pub with_prefill: StepClassCheck,
+}
+
+/// One class of steps against the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepClassCheck {
+    pub steps: usize,
+    /// Their summed time, measured and predicted: what a replay's timings add up from.
+    pub measured_s: f64,
+    pub predicted_s: f64,
+    /// `predicted / measured − 1` per step: the median (bias) and the median of its absolute value.
+    pub median_error: f64,
+    pub median_abs_error: f64,
+}
+
+/// Checks `cost`'s step times against the steps of `log` (see [`StepCheck`]).
+pub fn check_steps(cost: &CostModel, log: &StepProfile) -> Result<StepCheck, CalibrationError> {
+    check(cost.model(), cost.gpu(), cost.deployment(), log)?;
+    let mut classes: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for s in &log.samples {
+        let predicted = cost.step_time(&s.stats()).as_secs_f64();
+        classes[usize::from(s.prefill_seqs > 0)].push((s.seconds, predicted));
+    }
+    let summarize = |steps: &[(f64, f64)]| {
+        if steps.is_empty() {
+            return StepClassCheck::default();
+        }
+        let mut errors: Vec<f64> = steps.iter().map(|(m, p)| p / m - 1.0).collect();
+        errors.sort_by(f64::total_cmp);
+        let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+        abs.sort_by(f64::total_cmp);
+        StepClassCheck {
+            steps: steps.len(),
+            measured_s: steps.iter().map(|s| s.0).sum(),
+            predicted_s: steps.iter().map(|s| s.1).sum(),
+            median_error: errors[errors.len() / 2],
+            median_abs_error: abs[abs.len() / 2],
+        }
+    };
+    let all: Vec<(f64, f64)> = classes.concat();
+    Ok(StepCheck {
+        source: log.source.clone(),
+        all: summarize(&all),
+        decode_only: summarize(&classes[0]),
+        with_prefill: summarize(&classes[1]),
+    })
 }
 
 /// One sweep of coordinate moves of `step` from `x` (whose loss is `at_x`), each kept when it

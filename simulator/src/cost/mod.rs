@@ -12,6 +12,7 @@
 //! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
 //! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark): one step's price ([`StepPrice`]) for both the engine and the TPOT calculation ([`SpeculativeStep`]), and acceptance sampling |
+//! | `decode_table.rs` | [`DecodeTable`]: decode-only steps priced from a profile's measured grid (batch buckets by context) instead of the roofline |
 //! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overheads fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
 //! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]); where the GPU time went ([`GpuTime`]) |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
@@ -75,6 +76,7 @@
 //! runs once per simulated iteration.
 
 mod calibrate;
+mod decode_table;
 mod error;
 mod executor;
 mod gpu;
@@ -83,7 +85,8 @@ mod params;
 mod roofline;
 mod speculative;
 
-pub use calibrate::{calibrate, Calibration, CalibrationError, SampleFit};
+pub use calibrate::{calibrate, check_steps, Calibration, CalibrationError, SampleFit, StepCheck, StepClassCheck};
+pub use decode_table::DecodeTable;
 pub use error::{CostError, UnknownName};
 pub use executor::{CostModelExecutor, GpuTime, SpeculationTally};
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};

@@ -31,6 +31,7 @@
 
 use engine::{BatchStats, Dur};
 
+use super::decode_table::DecodeTable;
 use super::error::CostError;
 use super::gpu::GpuSpec;
 use super::model::{Attention, ModelSpec};
@@ -46,6 +47,8 @@ pub struct CostModel {
     links: TierLinks,
     /// Derived once from the four above; private so that it cannot go stale.
     k: Coefficients,
+    /// Decode-only steps as a profile measured them ([`DecodeTable`]), when one was given.
+    decode_table: Option<DecodeTable>,
 }
 
 /// The links KV is loaded back over from the lower tiers, per GPU (each rank loads its own
@@ -203,12 +206,21 @@ impl CostModel {
         let replicas = u64::from(deployment.dp_attention) * u64::from(deployment.cp);
         let k = Coefficients::derive(model, gpu, deployment, &params, kv_bytes_per_token)
             .with_capacity(per_rank_tokens * replicas);
-        Ok(CostModel { model, gpu, deployment, params, links: TierLinks::default(), k })
+        Ok(CostModel { model, gpu, deployment, params, links: TierLinks::default(), k, decode_table: None })
     }
 
     /// The same model with other links to the lower KV tiers.
     pub fn with_links(self, links: TierLinks) -> CostModel {
         CostModel { links, ..self }
+    }
+
+    /// Prices the decode-only steps `table` covers from its measurements (see [`DecodeTable`]).
+    pub fn with_decode_table(self, table: Option<DecodeTable>) -> CostModel {
+        CostModel { decode_table: table, ..self }
+    }
+
+    pub fn decode_table(&self) -> Option<&DecodeTable> {
+        self.decode_table.as_ref()
     }
 
     pub fn links(&self) -> TierLinks {
@@ -277,6 +289,9 @@ impl CostModel {
 
     /// Predicted duration of one iteration; zero for an empty batch.
     pub fn step_time(&self, stats: &BatchStats) -> Dur {
+        if let Some(s) = self.decode_table.as_ref().and_then(|t| t.price(stats)) {
+            return Dur::from_secs_f64(s);
+        }
         Dur::from_secs_f64(self.step_breakdown(stats).total_s())
     }
 

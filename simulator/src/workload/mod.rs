@@ -13,7 +13,7 @@
 //! | `synthetic.rs` | [`SyntheticConfig`]: Poisson / gamma arrivals, rate schedules, length distributions, shared system prompts |
 //! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
 //! | `servegen.rs` | [`ServeGenShape`]: phases from the ServeGen aggregate's per-window rates and mean lengths |
-//! | `limit.rs` | [`limit`]: stop any workload after a number of requests |
+//! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
 //! Guardrails:
@@ -46,7 +46,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-pub use limit::limit;
+pub use limit::{limit, skip};
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
 pub use phased::{phased, Phase, PhasedConfig};
 pub use servegen::{ServeGenShape, SERVEGEN_WINDOW_S};
