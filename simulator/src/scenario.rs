@@ -849,10 +849,20 @@ impl Scenario {
     }
 }
 
-/// Reads a step profile (JSON).
+/// Reads a step profile (JSON, or gzipped JSON when the name ends in `.gz`).
 pub fn load_profile(path: &Path) -> Result<StepProfile, ScenarioError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
+    use std::io::Read;
+    let read = || -> std::io::Result<String> {
+        let file = std::fs::File::open(path)?;
+        let mut text = String::new();
+        if path.extension().is_some_and(|e| e == "gz") {
+            flate2::read::GzDecoder::new(file).read_to_string(&mut text)?;
+        } else {
+            std::io::BufReader::new(file).read_to_string(&mut text)?;
+        }
+        Ok(text)
+    };
+    let text = read().map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
     serde_json::from_str(&text).map_err(|source| ScenarioError::ParseProfile { path: path.into(), source })
 }
 /// The run variant without speculation (`name@nospec`, like `@nohw`).

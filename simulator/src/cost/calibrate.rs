@@ -29,6 +29,8 @@ const MIN_EFFICIENCY: f64 = 1e-3;
 const MAX_OVERHEAD_US: f64 = 1e6;
 /// The search stops when its step in log space is this small (0.01%).
 const TOLERANCE: f64 = 1e-4;
+/// Worst-fitting samples a [`Calibration`] lists (a step log has tens of thousands).
+pub const FITS_KEPT: usize = 200;
 /// Per-sequence overhead is kept below this (10 ms).
 const MAX_SEQUENCE_OVERHEAD_US: f64 = 1e4;
 /// Where the searches start per sequence, in µs.
@@ -61,8 +63,8 @@ pub struct Calibration {
     pub max_error: f64,
     /// The same with the parameters the fit started from (what calibration bought).
     pub uncalibrated_median_error: f64,
-    /// Every sample with the fitted prediction, worst first: where the roofline's shape and
-    /// the engine part ways.
+    /// The samples with the fitted prediction, worst first (at most [`FITS_KEPT`]): where the
+    /// roofline's shape and the engine part ways.
     pub fits: Vec<SampleFit>,
     #[serde(skip)]
     pub params: CostParams,
@@ -216,6 +218,7 @@ pub fn calibrate(
         })
         .collect();
     fits.sort_by(|a, b| b.error().abs().total_cmp(&a.error().abs()));
+    fits.truncate(FITS_KEPT);
     let unfitted = errors(&predict(base)?, &samples);
     Ok(Calibration {
         source: profile.source.clone(),
