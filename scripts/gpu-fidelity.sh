@@ -15,6 +15,9 @@
 # MAX_REQUESTS=N replays only the first N requests (SKIP_REQUESTS=K: requests K..K+N); RATE_SCALE=X scales the arrival rate in both
 # (e.g. 0.5 on a machine with one GPU: one engine for a scenario sized for two). DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
 # executor, no profile, the local PostgreSQL left alone if one answers on port 5432.
+# ENGINES_PER_GPU=N starts N engines on each GPU (each given GPU_MEMORY_GIB; their steps take
+# turns on it) and simulates them so (--instances-per-gpu). PROFILE=FILE on a GPU machine
+# skips the profiling step and calibrates on FILE.
 set -uo pipefail
 BIN=$(realpath "${BIN:-gpu-out}")
 OUT=$(realpath -m "${OUT:-gpu-results}")
@@ -39,12 +42,16 @@ else
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
   gpus=$(nvidia-smi -L | wc -l)
   engine_model=(--executor cuda --model random:llama-8b --served-model-name llama-3.1-8b --gpu-memory-gib "$GPU_MEMORY_GIB")
-  profile=(--profile "$OUT/profile.json")
-  profile_file=$OUT/profile.json
-  step "profile (GPU 0)"
-  "$BIN/fleetplane" profile --model random:llama-8b --gpu-memory-gib "$GPU_MEMORY_GIB" --out "$OUT/profile.json" \
-    | tee "$OUT/profile.txt" || exit 1
+  profile_file=${PROFILE:-$OUT/profile.json}
+  profile=(--profile "$profile_file")
+  if [[ -z ${PROFILE:-} ]]; then
+    step "profile (GPU 0)"
+    "$BIN/fleetplane" profile --model random:llama-8b --gpu-memory-gib "$GPU_MEMORY_GIB" --out "$OUT/profile.json" \
+      | tee "$OUT/profile.txt" || exit 1
+  fi
 fi
+per_gpu=${ENGINES_PER_GPU:-1}
+engines=$((gpus * per_gpu))
 
 step "PostgreSQL"
 if [[ ${DRY_RUN:-0} == 1 ]] && pg_isready -h 127.0.0.1 -p 5432 -q; then
@@ -53,7 +60,7 @@ else
   "$(dirname "$0")/gpu-postgres.sh" "$BIN/pg.tar.xz" || exit 1
 fi
 
-step "serve and $gpus engines"
+step "serve and $engines engines on $gpus GPUs"
 export FLEETPLANE_ADMIN_TOKEN=fidelity-admin FLEETPLANE_ENGINE_TOKEN=fidelity-engine
 export DATABASE_URL=postgres://postgres@127.0.0.1:5432/fleetplane_fidelity_$(date +%s)
 slice=()
@@ -64,11 +71,13 @@ router=$(python3 -c "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb
 "$BIN/fleetplane" serve --router "$router" >"$OUT/serve.log" 2>&1 &
 pids+=($!)
 sleep 2
-for ((d = 0; d < gpus; d++)); do
-  "$BIN/fleetplane" engine "${engine_model[@]}" --device "$d" --kv-blocks "$KV_BLOCKS" --control 127.0.0.1:50051 \
-    --step-log "$OUT/steps-$d.json" \
-    >"/tmp/engine-$d.log" 2>&1 &
+for ((e = 0; e < engines; e++)); do
+  "$BIN/fleetplane" engine "${engine_model[@]}" --device $((e / per_gpu)) --kv-blocks "$KV_BLOCKS" \
+    --control 127.0.0.1:50051 --step-log "$OUT/steps-$e.json" \
+    >"/tmp/engine-$e.log" 2>&1 &
   pids+=($!)
+  # Engines sharing a GPU start one after the other (each sizes its KV from the free memory).
+  ((per_gpu > 1)) && sleep 20
 done
 for _ in $(seq 120); do
   n=$(python3 - <<'PY' 2>/dev/null
@@ -78,11 +87,11 @@ req = urllib.request.Request("http://127.0.0.1:8080/api/instances",
 print(sum(1 for i in json.load(urllib.request.urlopen(req))["instances"] if i["state"] == "serving"))
 PY
 )
-  [[ ${n:-0} -ge $gpus ]] && break
+  [[ ${n:-0} -ge $engines ]] && break
   sleep 1
 done
-echo "engines serving: ${n:-0} of $gpus"
-[[ ${n:-0} -ge $gpus ]] || { tail -20 /tmp/engine-*.log "$OUT/serve.log"; exit 1; }
+echo "engines serving: ${n:-0} of $engines"
+[[ ${n:-0} -ge $engines ]] || { tail -20 /tmp/engine-*.log "$OUT/serve.log"; exit 1; }
 
 dispatch=()
 if [[ -n $profile_file ]]; then
@@ -97,7 +106,7 @@ step "replay through the gateway"
   | tee "$OUT/live.txt" || exit 1
 
 step "simulate with the profile"
-"$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$gpus" --kv-blocks "$KV_BLOCKS" \
+"$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$engines" --instances-per-gpu "$per_gpu" --kv-blocks "$KV_BLOCKS" \
   "${profile[@]}" "${dispatch[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
 step "engine step timing (executor vs whole iteration)"
 grep -h "step timing" /tmp/engine-*.log | tail -8

@@ -128,6 +128,11 @@ pub struct SimFlags {
     #[arg(long, value_name = "MS")]
     pub dispatch_ms: Option<f64>,
 
+    /// Engines sharing one GPU (each given its share of memory: set --kv-blocks); their steps
+    /// take turns on it, as the driver time-slices processes without MPS [default: 1].
+    #[arg(long, value_name = "N")]
+    pub instances_per_gpu: Option<u32>,
+
     /// KV tiers: l1 (GPU memory only), l1,l2 (plus host memory per instance) or l1,l2,l3
     /// (plus a store shared by the fleet) [default: l1].
     #[arg(long, value_name = "TIERS")]
@@ -222,6 +227,7 @@ impl SimFlags {
                 kv_blocks: self.kv_blocks,
                 profile: self.profile.clone(),
                 dispatch_ms: self.dispatch_ms,
+                instances_per_gpu: self.instances_per_gpu,
             },
             workload: WorkloadSection {
                 trace: self.trace.clone(),
@@ -319,8 +325,11 @@ pub fn describe(s: &Settings) -> String {
         None => String::new(),
     };
     let spec = s.drafter.map(|d| format!(", drafter {}", d.name)).unwrap_or_default();
-    let dispatch =
+    let mut dispatch =
         if s.dispatch.0 > 0 { format!(", dispatch {:.2} ms", s.dispatch.as_secs_f64() * 1e3) } else { String::new() };
+    if s.instances_per_gpu > 1 {
+        dispatch += &format!(", {} instances per GPU", s.instances_per_gpu);
+    }
     format!(
         "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch} | {} at rate x{}{}{calibrated}",
         s.seed,

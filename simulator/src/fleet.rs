@@ -105,6 +105,30 @@ pub struct SimFleet {
     holding: u32,
     held_us: u128,
     gpu_clock: Time,
+    /// Instances that share one GPU ([`SimFleet::share_gpus`]).
+    shared: Option<SharedGpus>,
+}
+
+/// Engines sharing a GPU take turns on it: without MPS the driver time-slices their contexts,
+/// so one engine's step runs while the others' wait. Modelled as whole steps in turn: a step
+/// starts when its GPU is free and holds it for its predicted time.
+struct SharedGpus {
+    per_gpu: u32,
+    /// When each GPU's last step ends.
+    free_at: Vec<Time>,
+}
+
+impl SharedGpus {
+    /// Books a step of `d` that instance `id` begins at `now`; when it ends.
+    fn book(&mut self, id: InstanceId, now: Time, d: Dur) -> Time {
+        let gpu = (id.0 / self.per_gpu) as usize;
+        if self.free_at.len() <= gpu {
+            self.free_at.resize(gpu + 1, Time::ZERO);
+        }
+        let done = now.max(self.free_at[gpu]) + d;
+        self.free_at[gpu] = done;
+        done
+    }
 }
 
 impl SimFleet {
@@ -131,6 +155,7 @@ impl SimFleet {
             holding: 0,
             held_us: 0,
             gpu_clock: Time::ZERO,
+            shared: None,
         };
         for _ in 0..count {
             fleet.add_instance(Time::ZERO, Role::Colocated, true);
@@ -242,6 +267,11 @@ impl SimFleet {
         }
     }
 
+    /// Instances `per_gpu` at a time (by id) share one GPU: their steps take turns on it.
+    pub fn share_gpus(&mut self, per_gpu: u32) {
+        self.shared = (per_gpu > 1).then(|| SharedGpus { per_gpu, free_at: Vec::new() });
+    }
+
     /// Time of the next thing the fleet will do on its own.
     pub fn next_time(&self) -> Option<Time> {
         let kv = self.kv_in_flight.front().map(|&(t, _, _)| t);
@@ -336,7 +366,13 @@ impl SimFleet {
         let exec = self.drafting.get_mut(id.0 as usize).unwrap_or(&mut self.executor);
         // The cost model never fails; an error here is a bug in it, not an input problem.
         match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
-            Some(d) => self.queue.push(now + d, (id, Wake::StepDone)),
+            Some(d) => {
+                let done = match &mut self.shared {
+                    Some(gpus) => gpus.book(id, now, d),
+                    None => now + d,
+                };
+                self.queue.push(done, (id, Wake::StepDone));
+            }
             None => {
                 inst.busy = false;
                 self.maybe_down(now, id);

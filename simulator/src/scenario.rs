@@ -297,6 +297,10 @@ pub struct FleetSection {
     /// (see [`SimConfig::dispatch`]; `fleetplane latency` measures it) [default: 0].
     #[serde(default)]
     pub dispatch_ms: Option<f64>,
+    /// Engines sharing one GPU, each with its share of the memory (`kv_blocks`); their steps
+    /// take turns on it [default: 1]. Only for one-GPU instances in a colocated fleet.
+    #[serde(default)]
+    pub instances_per_gpu: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -566,6 +570,8 @@ pub struct Settings {
     pub drafter: Option<&'static Drafter>,
     /// `[fleet] dispatch_ms` (see [`SimConfig::dispatch`]).
     pub dispatch: Dur,
+    /// `[fleet] instances_per_gpu` (see [`SimConfig::instances_per_gpu`]).
+    pub instances_per_gpu: u32,
 }
 
 impl Scenario {
@@ -623,6 +629,7 @@ impl Scenario {
                 kv_blocks: f.kv_blocks.or(self.fleet.kv_blocks),
                 profile: f.profile.or(self.fleet.profile),
                 dispatch_ms: f.dispatch_ms.or(self.fleet.dispatch_ms),
+                instances_per_gpu: f.instances_per_gpu.or(self.fleet.instances_per_gpu),
             },
             workload: WorkloadSection {
                 trace,
@@ -817,6 +824,16 @@ impl Scenario {
         if !(dispatch_ms.is_finite() && dispatch_ms >= 0.0) {
             return Err(invalid("fleet.dispatch_ms", format!("{dispatch_ms} is not a number of milliseconds >= 0")));
         }
+        let instances_per_gpu = f.instances_per_gpu.unwrap_or(1);
+        if instances_per_gpu == 0 {
+            return Err(invalid("fleet.instances_per_gpu", "must be at least 1"));
+        }
+        if instances_per_gpu > 1 && (cost.gpus() > 1 || routers.iter().any(|r| r.pools.is_some())) {
+            return Err(invalid(
+                "fleet.instances_per_gpu",
+                "engines share a GPU only as one-GPU instances of a colocated fleet",
+            ));
+        }
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
             return Err(invalid("workload.rate_scale", format!("{rate_scale} is not a positive number")));
@@ -845,6 +862,7 @@ impl Scenario {
             calibration,
             drafter,
             dispatch: Dur::from_secs_f64(dispatch_ms / 1e3),
+            instances_per_gpu,
         })
     }
 }
@@ -907,6 +925,7 @@ impl Settings {
             },
             drafter: run.drafter,
             dispatch: self.dispatch,
+            instances_per_gpu: self.instances_per_gpu,
         }
     }
 
@@ -1032,6 +1051,14 @@ mod tests {
             "invalid setting `fleet.dispatch_ms`: -1 is not a number of milliseconds >= 0"
         );
         assert_eq!(resolve("[fleet]\ndispatch_ms = 2.5").expect("valid").dispatch, Dur(2_500));
+        assert_eq!(
+            err("[fleet]\ninstances_per_gpu = 0"),
+            "invalid setting `fleet.instances_per_gpu`: must be at least 1"
+        );
+        assert_eq!(
+            err("[fleet]\ntp = 2\ninstances_per_gpu = 2"),
+            "invalid setting `fleet.instances_per_gpu`: engines share a GPU only as one-GPU instances of a colocated fleet"
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct SimConfig {
     /// and its latencies count from its arrival. Measured on a live fleet by `fleetplane
     /// latency`; zero models an ideal path.
     pub dispatch: Dur,
+    /// Instances per GPU (1: each has its own); above 1 their steps take turns on it.
+    pub instances_per_gpu: u32,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -146,6 +148,7 @@ pub fn run(
         None => SimFleet::new(config.instances, &config.instance, executor, kv),
         Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
     };
+    fleet.share_gpus(config.instances_per_gpu);
     if controller.wants_latencies() {
         fleet.report_latencies();
     }
@@ -276,7 +279,7 @@ pub fn run(
     assert_eq!(fleet.in_flight(), 0, "the fleet went idle with requests in flight");
     metrics.record_admission_paused(fleet.admission_paused(now));
     progress(Progress { arrivals, now });
-    let gpus = config.instances * config.cost.gpus();
+    let gpus = config.instances.div_ceil(config.instances_per_gpu.max(1)) * config.cost.gpus();
     let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
     let mut summary = metrics.summary(&cost);
     summary.max_hit_rate = bound.map(|b| b.hit_rate());

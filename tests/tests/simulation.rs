@@ -298,3 +298,42 @@ fn a_dispatch_latency_adds_itself_to_every_first_token_and_nothing_else() {
     }
     assert_eq!(ideal.tpot_ms, live.tpot_ms, "the latency is the path's, not the steps'");
 }
+
+#[test]
+fn engines_sharing_a_gpu_take_turns_on_it() {
+    let run = |per_gpu: u32, rate_scale: f64| {
+        let mut synthetic = SyntheticConfig::bench_default();
+        synthetic.requests = 300;
+        synthetic.output = LengthDist::Constant { tokens: 16 };
+        // Nearly regular arrivals.
+        synthetic.arrival = ArrivalProcess::Gamma { rate_rps: 1200.0, cv: 0.01 };
+        let s = Scenario {
+            routers: Some(vec!["round-robin".into()]),
+            fleet: FleetSection {
+                instances: Some(2),
+                instances_per_gpu: Some(per_gpu),
+                kv_blocks: Some(20_000),
+                ..FleetSection::default()
+            },
+            workload: WorkloadSection {
+                synthetic: Some(synthetic),
+                rate_scale: Some(rate_scale),
+                ..WorkloadSection::default()
+            },
+            ..Scenario::default()
+        }
+        .resolve()
+        .expect("valid scenario");
+        let w = s.open_workload(s.rate_scale).expect("workload");
+        sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run").summary
+    };
+    // A request every ~8 s, each done within about a second: never two at once, nothing waits.
+    let (own, shared) = (run(1, 0.000_1), run(2, 0.000_1));
+    assert_eq!((own.ttft_ms, own.tpot_ms), (shared.ttft_ms, shared.tpot_ms));
+    assert!((shared.gpu_hours * 2.0 - own.gpu_hours).abs() < 1e-9, "one GPU instead of two");
+    // Busy: both engines step at once and the GPU runs one step at a time.
+    let (own, shared) = (run(1, 0.006), run(2, 0.006));
+    assert_eq!(own.requests, shared.requests);
+    assert!(shared.tpot_ms.mean > 1.2 * own.tpot_ms.mean, "TPOT {:?} alone, {:?} shared", own.tpot_ms, shared.tpot_ms);
+    assert!(shared.ttft_ms.mean > own.ttft_ms.mean, "TTFT {:?} alone, {:?} shared", own.ttft_ms, shared.ttft_ms);
+}
