@@ -15,8 +15,9 @@
 # MAX_REQUESTS=N replays only the first N requests (SKIP_REQUESTS=K: requests K..K+N); RATE_SCALE=X scales the arrival rate in both
 # (e.g. 0.5 on a machine with one GPU: one engine for a scenario sized for two). DRY_RUN=1 checks the script on a machine without a GPU: two engines with the cost-model
 # executor, no profile, the local PostgreSQL left alone if one answers on port 5432.
-# ENGINES_PER_GPU=N starts N engines on each GPU (each given GPU_MEMORY_GIB; their steps take
-# turns on it) and simulates them so (--instances-per-gpu). PROFILE=FILE on a GPU machine
+# ENGINES_PER_GPU=N starts N engines on each GPU (each given GPU_MEMORY_GIB; they share its
+# time) and simulates them so (--instances-per-gpu; GPU_SHARE_EFFICIENCY=X passes
+# --gpu-share-efficiency). PROFILE=FILE on a GPU machine
 # skips the profiling step and calibrates on FILE.
 set -uo pipefail
 BIN=$(realpath "${BIN:-gpu-out}")
@@ -106,7 +107,8 @@ step "replay through the gateway"
   | tee "$OUT/live.txt" || exit 1
 
 step "simulate with the profile"
-"$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$engines" --instances-per-gpu "$per_gpu" --kv-blocks "$KV_BLOCKS" \
+"$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$engines" --instances-per-gpu "$per_gpu" \
+  --gpu-share-efficiency "${GPU_SHARE_EFFICIENCY:-1}" --kv-blocks "$KV_BLOCKS" \
   "${profile[@]}" "${dispatch[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
 step "engine step timing (executor vs whole iteration)"
 grep -h "step timing" /tmp/engine-*.log | tail -8

@@ -133,6 +133,12 @@ pub struct SimFlags {
     #[arg(long, value_name = "N")]
     pub instances_per_gpu: Option<u32>,
 
+    /// With --instances-per-gpu: the share of the GPU's time left to steps while several
+    /// engines' steps overlap, the rest lost to context switches [default: 1; an H200
+    /// measured 0.89].
+    #[arg(long, value_name = "SHARE")]
+    pub gpu_share_efficiency: Option<f64>,
+
     /// KV tiers: l1 (GPU memory only), l1,l2 (plus host memory per instance) or l1,l2,l3
     /// (plus a store shared by the fleet) [default: l1].
     #[arg(long, value_name = "TIERS")]
@@ -228,6 +234,7 @@ impl SimFlags {
                 profile: self.profile.clone(),
                 dispatch_ms: self.dispatch_ms,
                 instances_per_gpu: self.instances_per_gpu,
+                gpu_share_efficiency: self.gpu_share_efficiency,
             },
             workload: WorkloadSection {
                 trace: self.trace.clone(),
@@ -328,7 +335,11 @@ pub fn describe(s: &Settings) -> String {
     let mut dispatch =
         if s.dispatch.0 > 0 { format!(", dispatch {:.2} ms", s.dispatch.as_secs_f64() * 1e3) } else { String::new() };
     if s.instances_per_gpu > 1 {
-        dispatch += &format!(", {} instances per GPU", s.instances_per_gpu);
+        dispatch += &format!(
+            ", {} instances per GPU ({:.0}% of it while steps overlap)",
+            s.instances_per_gpu,
+            100.0 * s.gpu_share_efficiency
+        );
     }
     format!(
         "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch} | {} at rate x{}{}{calibrated}",

@@ -30,6 +30,9 @@ enum Wake {
     Start,
     /// The running iteration ends.
     StepDone,
+    /// On a shared GPU ([`SharedGpus`]), the step that ends first among those running: valid
+    /// while the GPU's `generation` is still this one (a step started or ended since moves it).
+    SharedDone { generation: u64 },
     /// The instance has started and serves from now on.
     Up,
     /// The KV of `request` has arrived from `from` on this instance.
@@ -109,25 +112,63 @@ pub struct SimFleet {
     shared: Option<SharedGpus>,
 }
 
-/// Engines sharing a GPU take turns on it: without MPS the driver time-slices their contexts,
-/// so one engine's step runs while the others' wait. Modelled as whole steps in turn: a step
-/// starts when its GPU is free and holds it for its predicted time.
+/// Engines sharing a GPU share its time: without MPS the driver time-slices their contexts
+/// every few milliseconds, so steps that overlap progress together, each at `efficiency / n`
+/// of the GPU while `n > 1` run (processor sharing; context switches cost the rest), and a
+/// lone step runs at full speed. Each step's work is its predicted time alone on the GPU.
 struct SharedGpus {
     per_gpu: u32,
-    /// When each GPU's last step ends.
-    free_at: Vec<Time>,
+    /// The share of the GPU's time left to steps while several engines' steps overlap.
+    efficiency: f64,
+    gpus: Vec<SharedGpu>,
+}
+
+#[derive(Default)]
+struct SharedGpu {
+    /// When `running` was last brought up to date.
+    updated: Time,
+    /// Steps on the GPU: (instance, µs of work left at full speed).
+    running: Vec<(InstanceId, f64)>,
+    /// Bumped at every change, which makes the completion event already queued stale.
+    generation: u64,
 }
 
 impl SharedGpus {
-    /// Books a step of `d` that instance `id` begins at `now`; when it ends.
-    fn book(&mut self, id: InstanceId, now: Time, d: Dur) -> Time {
-        let gpu = (id.0 / self.per_gpu) as usize;
-        if self.free_at.len() <= gpu {
-            self.free_at.resize(gpu + 1, Time::ZERO);
+    fn gpu(&mut self, id: InstanceId) -> (&mut SharedGpu, f64) {
+        let g = (id.0 / self.per_gpu) as usize;
+        if self.gpus.len() <= g {
+            self.gpus.resize_with(g + 1, SharedGpu::default);
         }
-        let done = now.max(self.free_at[gpu]) + d;
-        self.free_at[gpu] = done;
-        done
+        (&mut self.gpus[g], self.efficiency)
+    }
+}
+
+impl SharedGpu {
+    /// The speed of each running step: 1 alone, `efficiency / n` among `n`.
+    fn speed(&self, efficiency: f64) -> f64 {
+        match self.running.len() {
+            0 | 1 => 1.0,
+            n => efficiency / n as f64,
+        }
+    }
+
+    /// Runs the steps on the GPU from `updated` to `now`.
+    fn advance(&mut self, now: Time, efficiency: f64) {
+        let worked = now.since(self.updated).0 as f64 * self.speed(efficiency);
+        for (_, left) in &mut self.running {
+            *left -= worked;
+        }
+        self.updated = now;
+    }
+
+    /// When the first running step ends at the present share, with the generation that event
+    /// carries (`None`: nothing runs).
+    fn next_done(&mut self, efficiency: f64) -> Option<(Time, InstanceId, u64)> {
+        self.generation += 1;
+        let speed = self.speed(efficiency);
+        let &(id, left) = self.running.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        let at = self.updated + Dur((left.max(0.0) / speed).ceil() as u64);
+        Some((at, id, self.generation))
     }
 }
 
@@ -267,9 +308,10 @@ impl SimFleet {
         }
     }
 
-    /// Instances `per_gpu` at a time (by id) share one GPU: their steps take turns on it.
-    pub fn share_gpus(&mut self, per_gpu: u32) {
-        self.shared = (per_gpu > 1).then(|| SharedGpus { per_gpu, free_at: Vec::new() });
+    /// Instances `per_gpu` at a time (by id) share one GPU ([`SharedGpus`]), overlapping
+    /// steps getting `efficiency` of its time between them.
+    pub fn share_gpus(&mut self, per_gpu: u32, efficiency: f64) {
+        self.shared = (per_gpu > 1).then(|| SharedGpus { per_gpu, efficiency, gpus: Vec::new() });
     }
 
     /// Time of the next thing the fleet will do on its own.
@@ -305,42 +347,79 @@ impl SimFleet {
                 self.transfer_arrived(now, request, from, id);
                 return now;
             }
-            Wake::Start | Wake::StepDone => {}
-        }
-        let inst = &mut self.instances[id.0 as usize];
-        if wake == Wake::StepDone {
-            let before = self.finished.len();
-            inst.engine.end_step(now, &mut self.finished, &mut self.evicted_scratch);
-            for f in &self.finished[before..] {
-                self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id });
-                if self.report_latencies {
-                    let ttft = f.first_token_at.since(f.request.arrival);
-                    let tpot = (f.output_tokens >= 2)
-                        .then(|| Dur(f.finished_at.since(f.first_token_at).0 / u64::from(f.output_tokens - 1)));
-                    self.events.push(FleetEvent::RequestLatency { instance: id, request: f.request.id, ttft, tpot });
-                }
+            Wake::SharedDone { generation } => {
+                self.shared_done(now, id, generation);
+                return now;
             }
-            inst.engine.take_handoffs(&mut self.handoff_scratch);
-            for h in self.handoff_scratch.drain(..) {
-                let resume = h.request.resume.as_deref().expect("a handoff carries its first token");
-                self.events.push(FleetEvent::PrefillDone {
-                    instance: id,
-                    request: h.request.id,
-                    kv_tokens: u64::from(h.kv_tokens),
-                    output_tokens: h.request.max_output_tokens,
-                    ttft: resume.first_token_at.since(h.request.arrival),
-                });
-                self.handoffs.push((id, h));
-            }
-            for e in self.evicted_scratch.drain(..) {
-                self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
-                self.evicted.push((id, e.request));
-            }
-            self.events.push(FleetEvent::Load { instance: id, load: inst.engine.load() });
+            Wake::Start => {}
+            Wake::StepDone => self.end_step(now, id),
         }
         self.start_step(now, id);
         self.publish_kv(now, id);
         now
+    }
+
+    /// Ends the step of instance `id` at `now`: its finished, handed-off and evicted requests
+    /// and its load go out as events.
+    fn end_step(&mut self, now: Time, id: InstanceId) {
+        let inst = &mut self.instances[id.0 as usize];
+        let before = self.finished.len();
+        inst.engine.end_step(now, &mut self.finished, &mut self.evicted_scratch);
+        for f in &self.finished[before..] {
+            self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id });
+            if self.report_latencies {
+                let ttft = f.first_token_at.since(f.request.arrival);
+                let tpot = (f.output_tokens >= 2)
+                    .then(|| Dur(f.finished_at.since(f.first_token_at).0 / u64::from(f.output_tokens - 1)));
+                self.events.push(FleetEvent::RequestLatency { instance: id, request: f.request.id, ttft, tpot });
+            }
+        }
+        inst.engine.take_handoffs(&mut self.handoff_scratch);
+        for h in self.handoff_scratch.drain(..) {
+            let resume = h.request.resume.as_deref().expect("a handoff carries its first token");
+            self.events.push(FleetEvent::PrefillDone {
+                instance: id,
+                request: h.request.id,
+                kv_tokens: u64::from(h.kv_tokens),
+                output_tokens: h.request.max_output_tokens,
+                ttft: resume.first_token_at.since(h.request.arrival),
+            });
+            self.handoffs.push((id, h));
+        }
+        for e in self.evicted_scratch.drain(..) {
+            self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
+            self.evicted.push((id, e.request));
+        }
+        self.events.push(FleetEvent::Load { instance: id, load: inst.engine.load() });
+    }
+
+    /// A shared GPU's first step is due to end (unless the event is stale): every step whose
+    /// work is done ends, its instance starts its next, and the next completion is queued.
+    fn shared_done(&mut self, now: Time, id: InstanceId, generation: u64) {
+        let Some(gpus) = &mut self.shared else { return };
+        let (gpu, efficiency) = gpus.gpu(id);
+        if gpu.generation != generation {
+            return;
+        }
+        gpu.advance(now, efficiency);
+        // Within a microsecond of done (completion times are whole microseconds).
+        let done: Vec<InstanceId> = gpu.running.iter().filter(|r| r.1 <= 1e-6).map(|r| r.0).collect();
+        gpu.running.retain(|r| r.1 > 1e-6);
+        for d in done {
+            self.end_step(now, d);
+            self.start_step(now, d);
+            self.publish_kv(now, d);
+        }
+        self.queue_shared_done(id);
+    }
+
+    /// Queues the next completion on the GPU of instance `id`.
+    fn queue_shared_done(&mut self, id: InstanceId) {
+        let Some(gpus) = &mut self.shared else { return };
+        let (gpu, efficiency) = gpus.gpu(id);
+        if let Some((at, first, generation)) = gpu.next_done(efficiency) {
+            self.queue.push(at, (first, Wake::SharedDone { generation }));
+        }
     }
 
     /// Sends the KV events instance `id` recorded on their way.
@@ -366,13 +445,15 @@ impl SimFleet {
         let exec = self.drafting.get_mut(id.0 as usize).unwrap_or(&mut self.executor);
         // The cost model never fails; an error here is a bug in it, not an input problem.
         match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
-            Some(d) => {
-                let done = match &mut self.shared {
-                    Some(gpus) => gpus.book(id, now, d),
-                    None => now + d,
-                };
-                self.queue.push(done, (id, Wake::StepDone));
-            }
+            Some(d) => match &mut self.shared {
+                None => self.queue.push(now + d, (id, Wake::StepDone)),
+                Some(gpus) => {
+                    let (gpu, efficiency) = gpus.gpu(id);
+                    gpu.advance(now, efficiency);
+                    gpu.running.push((id, d.0 as f64));
+                    self.queue_shared_done(id);
+                }
+            },
             None => {
                 inst.busy = false;
                 self.maybe_down(now, id);

@@ -301,6 +301,11 @@ pub struct FleetSection {
     /// take turns on it [default: 1]. Only for one-GPU instances in a colocated fleet.
     #[serde(default)]
     pub instances_per_gpu: Option<u32>,
+    /// With `instances_per_gpu` > 1: the share of the GPU's time left to steps while several
+    /// engines' steps overlap, the rest lost to context switches [default: 1]. Two `fleetplane
+    /// profile` runs at once on one GPU measure it (docs/BENCHMARKS.md: 0.89 on an H200).
+    #[serde(default)]
+    pub gpu_share_efficiency: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -572,6 +577,7 @@ pub struct Settings {
     pub dispatch: Dur,
     /// `[fleet] instances_per_gpu` (see [`SimConfig::instances_per_gpu`]).
     pub instances_per_gpu: u32,
+    pub gpu_share_efficiency: f64,
 }
 
 impl Scenario {
@@ -630,6 +636,7 @@ impl Scenario {
                 profile: f.profile.or(self.fleet.profile),
                 dispatch_ms: f.dispatch_ms.or(self.fleet.dispatch_ms),
                 instances_per_gpu: f.instances_per_gpu.or(self.fleet.instances_per_gpu),
+                gpu_share_efficiency: f.gpu_share_efficiency.or(self.fleet.gpu_share_efficiency),
             },
             workload: WorkloadSection {
                 trace,
@@ -834,6 +841,13 @@ impl Scenario {
                 "engines share a GPU only as one-GPU instances of a colocated fleet",
             ));
         }
+        let gpu_share_efficiency = f.gpu_share_efficiency.unwrap_or(1.0);
+        if !(gpu_share_efficiency > 0.0 && gpu_share_efficiency <= 1.0) {
+            return Err(invalid(
+                "fleet.gpu_share_efficiency",
+                format!("{gpu_share_efficiency} is not a share in (0, 1]"),
+            ));
+        }
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
             return Err(invalid("workload.rate_scale", format!("{rate_scale} is not a positive number")));
@@ -863,6 +877,7 @@ impl Scenario {
             drafter,
             dispatch: Dur::from_secs_f64(dispatch_ms / 1e3),
             instances_per_gpu,
+            gpu_share_efficiency,
         })
     }
 }
@@ -926,6 +941,7 @@ impl Settings {
             drafter: run.drafter,
             dispatch: self.dispatch,
             instances_per_gpu: self.instances_per_gpu,
+            gpu_share_efficiency: self.gpu_share_efficiency,
         }
     }
 
@@ -1058,6 +1074,10 @@ mod tests {
         assert_eq!(
             err("[fleet]\ntp = 2\ninstances_per_gpu = 2"),
             "invalid setting `fleet.instances_per_gpu`: engines share a GPU only as one-GPU instances of a colocated fleet"
+        );
+        assert_eq!(
+            err("[fleet]\ngpu_share_efficiency = 1.5"),
+            "invalid setting `fleet.gpu_share_efficiency`: 1.5 is not a share in (0, 1]"
         );
     }
 

@@ -53,8 +53,11 @@ pub struct SimConfig {
     /// and its latencies count from its arrival. Measured on a live fleet by `fleetplane
     /// latency`; zero models an ideal path.
     pub dispatch: Dur,
-    /// Instances per GPU (1: each has its own); above 1 their steps take turns on it.
+    /// Instances per GPU (1: each has its own); above 1 they share its time.
     pub instances_per_gpu: u32,
+    /// The share of a shared GPU's time left to steps while several overlap (context switches
+    /// cost the rest).
+    pub gpu_share_efficiency: f64,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -148,7 +151,7 @@ pub fn run(
         None => SimFleet::new(config.instances, &config.instance, executor, kv),
         Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
     };
-    fleet.share_gpus(config.instances_per_gpu);
+    fleet.share_gpus(config.instances_per_gpu, config.gpu_share_efficiency);
     if controller.wants_latencies() {
         fleet.report_latencies();
     }

@@ -300,8 +300,8 @@ fn a_dispatch_latency_adds_itself_to_every_first_token_and_nothing_else() {
 }
 
 #[test]
-fn engines_sharing_a_gpu_take_turns_on_it() {
-    let run = |per_gpu: u32, rate_scale: f64| {
+fn engines_sharing_a_gpu_share_its_time() {
+    let run_with = |per_gpu: u32, rate_scale: f64, efficiency: f64| {
         let mut synthetic = SyntheticConfig::bench_default();
         synthetic.requests = 300;
         synthetic.output = LengthDist::Constant { tokens: 16 };
@@ -312,6 +312,7 @@ fn engines_sharing_a_gpu_take_turns_on_it() {
             fleet: FleetSection {
                 instances: Some(2),
                 instances_per_gpu: Some(per_gpu),
+                gpu_share_efficiency: Some(efficiency),
                 kv_blocks: Some(20_000),
                 ..FleetSection::default()
             },
@@ -327,6 +328,7 @@ fn engines_sharing_a_gpu_take_turns_on_it() {
         let w = s.open_workload(s.rate_scale).expect("workload");
         sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run").summary
     };
+    let run = |per_gpu, rate_scale| run_with(per_gpu, rate_scale, 1.0);
     // A request every ~8 s, each done within about a second: never two at once, nothing waits.
     let (own, shared) = (run(1, 0.000_1), run(2, 0.000_1));
     assert_eq!((own.ttft_ms, own.tpot_ms), (shared.ttft_ms, shared.tpot_ms));
@@ -336,4 +338,8 @@ fn engines_sharing_a_gpu_take_turns_on_it() {
     assert_eq!(own.requests, shared.requests);
     assert!(shared.tpot_ms.mean > 1.2 * own.tpot_ms.mean, "TPOT {:?} alone, {:?} shared", own.tpot_ms, shared.tpot_ms);
     assert!(shared.ttft_ms.mean > own.ttft_ms.mean, "TTFT {:?} alone, {:?} shared", own.ttft_ms, shared.ttft_ms);
+    // Context switches: overlapping steps get less of the GPU between them, lone ones all of it.
+    let switching = run_with(2, 0.006, 0.8);
+    assert!(switching.tpot_ms.mean > shared.tpot_ms.mean, "{:?} vs {:?}", switching.tpot_ms, shared.tpot_ms);
+    assert_eq!(run_with(2, 0.000_1, 0.8).tpot_ms, run(2, 0.000_1).tpot_ms);
 }
