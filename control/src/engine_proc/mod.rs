@@ -390,7 +390,9 @@ async fn serve(
                 ),
                 samples: Vec::new(),
             };
-            Some(runner::StepLog { path: path.clone(), profile, written: 0 })
+            let log = runner::StepLog::start(path.clone(), profile)
+                .with_context(|| format!("cannot start the step log {}", path.display()))?;
+            Some(log)
         }
     };
     let runner = Runner::new(instance, backend, shared.clone(), args.role == RoleArg::Prefill, parked_limit)

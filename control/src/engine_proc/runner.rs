@@ -206,40 +206,55 @@ impl StepTiming {
 }
 
 /// `engine --step-log FILE`: every step the engine served (its batch aggregates and the
-/// executor's time) as a step profile, rewritten every [`StepTiming::EVERY`] while the engine is busy and when it goes idle, which `simulate
-/// --profile` calibrates on and against which a calibrated cost model can be checked.
+/// executor's time) as a step profile, which `simulate --profile` calibrates on and against
+/// which a calibrated cost model can be checked (`simulate --check-steps`). The loop hands
+/// its steps over every [`StepTiming::EVERY`] while busy and when it goes idle; a thread of
+/// the log's own rewrites the file, so the loop never waits for the disk or the JSON.
 pub struct StepLog {
-    pub path: std::path::PathBuf,
-    /// The header (model, GPU, block size, source); samples are appended.
-    pub profile: engine::StepProfile,
-    /// Samples in the file as last written.
-    pub written: usize,
+    to_writer: std::sync::mpsc::Sender<Vec<engine::StepSample>>,
+    pending: Vec<engine::StepSample>,
 }
 
 impl StepLog {
-    /// The most steps kept (the first ones): about 150 bytes each in the file.
+    /// The most steps kept (the first ones): about 130 bytes each in the file.
     const MAX_STEPS: usize = 200_000;
 
+    /// Writes `header` (the model, GPU, block size and source; no step yet) to `path`, which
+    /// says at once whether the file can be written, and starts the writer.
+    pub fn start(path: std::path::PathBuf, mut header: engine::StepProfile) -> std::io::Result<StepLog> {
+        std::fs::write(&path, serde_json::to_vec(&header).map_err(std::io::Error::other)?)?;
+        let (to_writer, steps) = std::sync::mpsc::channel::<Vec<engine::StepSample>>();
+        std::thread::Builder::new().name("step-log".into()).spawn(move || {
+            while let Ok(batch) = steps.recv() {
+                let room = Self::MAX_STEPS.saturating_sub(header.samples.len());
+                header.samples.extend(batch.into_iter().take(room));
+                Self::write(&path, &header);
+            }
+        })?;
+        Ok(StepLog { to_writer, pending: Vec::new() })
+    }
+
     fn record(&mut self, stats: &engine::BatchStats, executor: engine::Dur) {
-        if self.profile.samples.len() < Self::MAX_STEPS {
-            self.profile.samples.push(engine::StepSample::new(stats, executor.as_secs_f64()));
+        self.pending.push(engine::StepSample::new(stats, executor.as_secs_f64()));
+    }
+
+    /// Hands the steps since the last flush to the writer.
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            // A writer that is gone (it cannot have failed but by panicking) loses the log only.
+            let _ = self.to_writer.send(std::mem::take(&mut self.pending));
         }
     }
 
-    /// Writes the file whole (through a temporary one, so a reader never sees half of it)
-    /// when it has steps the file lacks.
-    fn write(&mut self) {
-        if self.written == self.profile.samples.len() {
-            return;
-        }
-        self.written = self.profile.samples.len();
-        let tmp = self.path.with_extension("json.tmp");
-        let written = serde_json::to_vec(&self.profile)
+    /// Writes the file whole, through a temporary one so that a reader never sees half of it.
+    fn write(path: &std::path::Path, profile: &engine::StepProfile) {
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec(profile)
             .map_err(std::io::Error::other)
             .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &self.path));
+            .and_then(|()| std::fs::rename(&tmp, path));
         if let Err(e) = written {
-            tracing::warn!("cannot write the step log {}: {e}", self.path.display());
+            tracing::warn!("cannot write the step log {}: {e}", path.display());
         }
     }
 }
@@ -295,7 +310,7 @@ impl Runner {
             if !self.instance.has_work() {
                 last_end = None;
                 if let Some(log) = &mut self.step_log {
-                    log.write();
+                    log.flush();
                 }
                 match commands.recv_timeout(self.idle_wait(IDLE_REPORT)) {
                     Ok(c) => self.handle(c),
@@ -328,7 +343,7 @@ impl Runner {
                         if self.timing.record(d, ended - previous) {
                             self.timing.log(&self.backend.notes());
                             if let Some(log) = &mut self.step_log {
-                                log.write();
+                                log.flush();
                             }
                         }
                     }
