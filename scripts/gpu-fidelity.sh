@@ -19,6 +19,10 @@
 # time) and simulates them so (--instances-per-gpu; GPU_SHARE_EFFICIENCY=X passes
 # --gpu-share-efficiency). PROFILE=FILE on a GPU machine
 # skips the profiling step and calibrates on FILE.
+# CALIBRATION_SKIP=K (with MAX_REQUESTS=N, one engine per GPU) first replays requests K..K+N
+# through the same fleet, keeps the steps the engines served then ($OUT/calibration-steps.json)
+# and simulates the validation slice on them too ($OUT/sim-steps.json): the cost model
+# calibrated on served traffic it is not checked against.
 set -uo pipefail
 BIN=$(realpath "${BIN:-gpu-out}")
 OUT=$(realpath -m "${OUT:-gpu-results}")
@@ -102,6 +106,26 @@ if [[ -n $profile_file ]]; then
   dispatch=(--dispatch-ms "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dispatch_ms'])" "$OUT/latency.json")")
 fi
 
+calibration=()
+if [[ -n ${CALIBRATION_SKIP:-} ]]; then
+  [[ -n ${MAX_REQUESTS:-} && $per_gpu == 1 ]] || { echo "CALIBRATION_SKIP needs MAX_REQUESTS and one engine per GPU"; exit 1; }
+  step "calibration replay (requests $CALIBRATION_SKIP.. of the trace)"
+  calibration_slice=(--max-requests "$MAX_REQUESTS" --skip-requests "$CALIBRATION_SKIP" ${RATE_SCALE:+--rate-scale "$RATE_SCALE"})
+  "$BIN/fleetplane" replay --scenario "$SCENARIO" "${calibration_slice[@]}" --gateway http://127.0.0.1:8080 \
+    --json "$OUT/calibration-live.json" | tee "$OUT/calibration-live.txt" || exit 1
+  sleep 3 # the engines hand their steps to their logs when idle
+  # One profile of every engine's steps so far (the same model and GPU).
+  python3 - "$OUT/calibration-steps.json" "$OUT"/steps-*.json <<'PY' || exit 1
+import json, sys
+logs = [json.load(open(p)) for p in sys.argv[2:]]
+merged = dict(logs[0], samples=[s for log in logs for s in log["samples"]],
+              source=logs[0]["source"] + f" (+{len(logs) - 1} more engines), calibration slice")
+json.dump(merged, open(sys.argv[1], "w"))
+print(f"{len(merged['samples'])} steps kept for calibration")
+PY
+  calibration=(--profile "$OUT/calibration-steps.json")
+fi
+
 step "replay through the gateway"
 "$BIN/fleetplane" replay --scenario "$SCENARIO" "${slice[@]}" --gateway http://127.0.0.1:8080 --json "$OUT/live.json" \
   | tee "$OUT/live.txt" || exit 1
@@ -110,6 +134,11 @@ step "simulate with the profile"
 "$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$engines" --instances-per-gpu "$per_gpu" \
   --gpu-share-efficiency "${GPU_SHARE_EFFICIENCY:-1}" --kv-blocks "$KV_BLOCKS" \
   "${profile[@]}" "${dispatch[@]}" --json "$OUT/sim.json" | tee "$OUT/sim.txt" || exit 1
+if ((${#calibration[@]})); then
+  step "simulate with the calibration slice's steps"
+  "$BIN/fleetplane" simulate --scenario "$SCENARIO" "${slice[@]}" --instances "$engines" --kv-blocks "$KV_BLOCKS" \
+    "${calibration[@]}" "${dispatch[@]}" --json "$OUT/sim-steps.json" | tee "$OUT/sim-steps.txt" || exit 1
+fi
 step "engine step timing (executor vs whole iteration)"
 grep -h "step timing" /tmp/engine-*.log | tail -8
 tail -3 /tmp/engine-0.log
