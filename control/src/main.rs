@@ -158,8 +158,32 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// Lets a printing command die quietly when its reader goes away (`fleetplane simulate |
+/// head`) instead of panicking in `print!`: Rust ignores SIGPIPE, so a closed pipe is a write
+/// error that `print!` turns into a panic. Only for the commands that print and exit; servers
+/// keep ignoring it (a client that hangs up must not stop them).
+#[cfg(unix)]
+#[allow(unsafe_code)] // one libc call, before any thread exists
+fn die_on_closed_stdout() {
+    // SAFETY: setting a signal's disposition to its default has no memory effects, and no
+    // other thread is running yet to race on it.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn die_on_closed_stdout() {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let prints_and_exits = !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Engine(_) | Command::Demo(_) | Command::Replay(_) | Command::BenchGateway(_)
+    );
+    if prints_and_exits {
+        die_on_closed_stdout();
+    }
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::MaxRate(args) => max_rate::run(args),

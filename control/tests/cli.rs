@@ -434,3 +434,22 @@ fn simulate_mode_pd_runs_from_flags_with_each_autoscaler() {
         assert_eq!(most_gpus.is_some_and(|g| g > 2), grows, "{autoscaler}: at most {most_gpus:?} GPUs");
     }
 }
+
+#[test]
+fn a_table_piped_into_a_reader_that_stops_early_ends_without_a_panic() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetplane"))
+        .args(["simulate", "--trace", &mooncake(), "--max-requests", "2000", "--router", "round-robin"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fleetplane runs");
+    // Read the first line, as `| head -1` does, and close the pipe.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a line");
+    assert!(first.starts_with("seed="), "{first}");
+    let out = child.wait_with_output().expect("it ends");
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+}
