@@ -332,17 +332,19 @@ pub fn describe(s: &Settings) -> String {
         None => String::new(),
     };
     let spec = s.drafter.map(|d| format!(", drafter {}", d.name)).unwrap_or_default();
-    let mut dispatch =
+    let dispatch =
         if s.dispatch.0 > 0 { format!(", dispatch {:.2} ms", s.dispatch.as_secs_f64() * 1e3) } else { String::new() };
-    if s.instances_per_gpu > 1 {
-        dispatch += &format!(
+    let sharing = if s.instances_per_gpu > 1 {
+        format!(
             ", {} instances per GPU ({:.0}% of it while steps overlap)",
             s.instances_per_gpu,
             100.0 * s.gpu_share_efficiency
-        );
-    }
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch} | {} at rate x{}{}{calibrated}",
+        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch}{sharing} | {} at rate x{}{}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,

@@ -8,11 +8,12 @@
 //! a profiled shape; the difference is the path's latency. Several lengths show whether it
 //! is a constant (what the simulator models) or grows with the prompt.
 
-use crate::replay::{one, prompt_tokens, quantile};
+use crate::replay::{one, prompt_tokens, quantile, GatewayArgs};
 use crate::Failure;
 use anyhow::anyhow;
 use engine::StepProfile;
 use serde_json::{json, Value};
+use simulator::report::write_json;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,17 +24,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE.json")]
     pub profile: PathBuf,
 
-    /// Gateway base URL.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    pub gateway: String,
-
-    /// Bearer token (an inference or admin token).
-    #[arg(long, env = "FLEETPLANE_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
-
-    /// Model name to ask for [default: the profile's model].
-    #[arg(long)]
-    pub served_model: Option<String>,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
 
     /// Requests per prompt length (after two to warm the path up).
     #[arg(long, default_value_t = 10)]
@@ -83,7 +75,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if args.requests == 0 {
         return Err(Failure::Input(anyhow!("--requests must be at least 1")));
     }
-    let model = args.served_model.clone().unwrap_or_else(|| profile.model.clone());
+    let model = args.gateway.model(&profile.model);
     let probes =
         crate::runtime()?.block_on(probe(&args, &model, profile.block_size, &lengths)).map_err(Failure::Run)?;
 
@@ -103,11 +95,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
         all.len()
     );
     if let Some(path) = &args.json {
+        let gateway = &args.gateway.gateway;
         let v: Value =
-            json!({"profile": profile.source, "gateway": args.gateway, "lengths": rows, "dispatch_ms": dispatch_ms});
-        let text = serde_json::to_string_pretty(&v).map_err(|e| Failure::Output(e.into()))?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| Failure::Output(anyhow!("cannot write {}: {e}", path.display())))?;
+            json!({"profile": profile.source, "gateway": gateway, "lengths": rows, "dispatch_ms": dispatch_ms});
+        write_json(path, &v).map_err(|e| Failure::Output(e.into()))?;
     }
     Ok(())
 }
@@ -116,14 +107,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// fails is not one to calibrate on).
 async fn probe(args: &Args, model: &str, block_size: u32, lengths: &[(u64, f64)]) -> anyhow::Result<Vec<Probe>> {
     let client = reqwest::Client::new();
-    let gateway = args.gateway.trim_end_matches('/');
+    let gateway = args.gateway.base_url();
     let mut salt = 1u64 << 40;
     let mut send = |tokens: u64| {
         salt += 1;
         // A fresh salt per request: no prompt shares a block with another, so every one is cold.
         let prompt = prompt_tokens(&[], tokens as u32, block_size, salt);
         let body = json!({"model": model, "prompt": prompt, "max_tokens": 1, "stream": true});
-        one(client.post(format!("{gateway}/v1/completions")).bearer_auth(&args.token).json(&body))
+        one(client.post(format!("{gateway}/v1/completions")).bearer_auth(&args.gateway.token).json(&body))
     };
     for _ in 0..2 {
         send(lengths[0].0).await;

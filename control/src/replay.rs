@@ -9,6 +9,7 @@ use engine::ids::mix64;
 use engine::BlockHash;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use simulator::report::write_json;
 use simulator::workload::Workload;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -244,12 +245,10 @@ mod tests {
     }
 }
 
-/// `fleetplane replay`: a workload through any fleetplane gateway, as clients would send it.
+/// Where a client command sends its requests: a gateway, its token and the model to ask for
+/// (`fleetplane replay` and `fleetplane latency`).
 #[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    pub flags: crate::cli::SimFlags,
-
+pub struct GatewayArgs {
     /// Gateway base URL.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub gateway: String,
@@ -258,9 +257,31 @@ pub struct Args {
     #[arg(long, env = "FLEETPLANE_ADMIN_TOKEN", hide_env_values = true)]
     pub token: String,
 
-    /// Model name to ask for [default: the scenario's model].
+    /// Model name to ask for [default: the cost-model name the scenario or profile gives].
     #[arg(long)]
     pub served_model: Option<String>,
+}
+
+impl GatewayArgs {
+    /// The base URL without a trailing slash.
+    pub fn base_url(&self) -> &str {
+        self.gateway.trim_end_matches('/')
+    }
+
+    /// The model to ask for: `--served-model`, else `default`.
+    pub fn model(&self, default: &str) -> String {
+        self.served_model.clone().unwrap_or_else(|| default.to_string())
+    }
+}
+
+/// `fleetplane replay`: a workload through any fleetplane gateway, as clients would send it.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: crate::cli::SimFlags,
+
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
 
     /// Write the client-side summary as JSON.
     #[arg(long, value_name = "PATH")]
@@ -271,11 +292,10 @@ pub fn run(args: Args) -> Result<(), crate::Failure> {
     use crate::Failure;
     let settings = args.flags.settings()?;
     println!("{}", crate::cli::describe(&settings));
-    let model = args.served_model.clone().unwrap_or_else(|| settings.cost.model().name.to_string());
     let opts = Options {
-        gateway: args.gateway.trim_end_matches('/').to_string(),
-        token: args.token.clone(),
-        model,
+        gateway: args.gateway.base_url().to_string(),
+        token: args.gateway.token.clone(),
+        model: args.gateway.model(settings.cost.model().name),
         block_size: settings.instance.block_size,
         max_requests: settings.max_requests,
     };
@@ -287,9 +307,7 @@ pub fn run(args: Args) -> Result<(), crate::Failure> {
         eprintln!("first failure: {e}");
     }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&summary.json()).map_err(|e| Failure::Output(e.into()))?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| Failure::Output(anyhow::anyhow!("cannot write {}: {e}", path.display())))?;
+        write_json(path, &summary.json()).map_err(|e| Failure::Output(e.into()))?;
     }
     if summary.ok == 0 && summary.sent > 0 {
         return Err(Failure::Run(anyhow::anyhow!("no request succeeded")));

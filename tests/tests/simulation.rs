@@ -166,9 +166,26 @@ fn summaries(s: &Settings) -> Vec<simulator::metrics::Summary> {
     s.routers
         .iter()
         .map(|r| {
-            sim::run(&s.sim_config(r), s.open_workload(1.0).expect("trace opens"), &mut |_| {}).expect("run").summary
+            let w = s.open_workload(s.rate_scale).expect("workload opens");
+            sim::run(&s.sim_config(r), w, &mut |_| {}).expect("run").summary
         })
         .collect()
+}
+
+/// Round-robin over `fleet` (two instances unless it says) on `synthetic` at `rate_scale`.
+fn round_robin_synthetic(fleet: FleetSection, synthetic: SyntheticConfig, rate_scale: f64) -> Settings {
+    Scenario {
+        routers: Some(vec!["round-robin".into()]),
+        fleet: FleetSection { instances: fleet.instances.or(Some(2)), ..fleet },
+        workload: WorkloadSection {
+            synthetic: Some(synthetic),
+            rate_scale: Some(rate_scale),
+            ..WorkloadSection::default()
+        },
+        ..Scenario::default()
+    }
+    .resolve()
+    .expect("valid scenario")
 }
 
 #[test]
@@ -272,20 +289,8 @@ fn a_dispatch_latency_adds_itself_to_every_first_token_and_nothing_else() {
     let run = |dispatch_ms: f64| {
         let mut synthetic = SyntheticConfig::bench_default();
         synthetic.requests = 200;
-        let s = Scenario {
-            routers: Some(vec!["round-robin".into()]),
-            fleet: FleetSection { instances: Some(2), dispatch_ms: Some(dispatch_ms), ..FleetSection::default() },
-            workload: WorkloadSection {
-                synthetic: Some(synthetic),
-                rate_scale: Some(0.002),
-                ..WorkloadSection::default()
-            },
-            ..Scenario::default()
-        }
-        .resolve()
-        .expect("valid scenario");
-        let w = s.open_workload(s.rate_scale).expect("workload");
-        sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run").summary
+        let fleet = FleetSection { dispatch_ms: Some(dispatch_ms), ..FleetSection::default() };
+        summaries(&round_robin_synthetic(fleet, synthetic, 0.002)).remove(0)
     };
     let (ideal, live) = (run(0.0), run(3.5));
     assert_eq!(ideal.requests, live.requests);
@@ -307,26 +312,13 @@ fn engines_sharing_a_gpu_share_its_time() {
         synthetic.output = LengthDist::Constant { tokens: 16 };
         // Nearly regular arrivals.
         synthetic.arrival = ArrivalProcess::Gamma { rate_rps: 1200.0, cv: 0.01 };
-        let s = Scenario {
-            routers: Some(vec!["round-robin".into()]),
-            fleet: FleetSection {
-                instances: Some(2),
-                instances_per_gpu: Some(per_gpu),
-                gpu_share_efficiency: Some(efficiency),
-                kv_blocks: Some(20_000),
-                ..FleetSection::default()
-            },
-            workload: WorkloadSection {
-                synthetic: Some(synthetic),
-                rate_scale: Some(rate_scale),
-                ..WorkloadSection::default()
-            },
-            ..Scenario::default()
-        }
-        .resolve()
-        .expect("valid scenario");
-        let w = s.open_workload(s.rate_scale).expect("workload");
-        sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run").summary
+        let fleet = FleetSection {
+            instances_per_gpu: Some(per_gpu),
+            gpu_share_efficiency: Some(efficiency),
+            kv_blocks: Some(20_000),
+            ..FleetSection::default()
+        };
+        summaries(&round_robin_synthetic(fleet, synthetic, rate_scale)).remove(0)
     };
     let run = |per_gpu, rate_scale| run_with(per_gpu, rate_scale, 1.0);
     // A request every ~8 s, each done within about a second: never two at once, nothing waits.
