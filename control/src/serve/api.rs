@@ -88,6 +88,7 @@ pub async fn instances(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiRe
                 "pool": m.pool,
                 "model": m.info.model,
                 "executor": m.info.executor,
+                "kind": m.kind(),
                 "state": m.state,
                 "capacity_tokens": m.info.capacity_tokens,
                 "load": {
@@ -106,6 +107,70 @@ pub async fn instances(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiRe
         })
         .collect();
     Ok(Json(json!({"instances": list})).into_response())
+}
+
+/// The engines an operator registered (vLLM, SGLang): those in the fleet with their health,
+/// and those named that do not serve yet, with why.
+pub async fn engines(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    admin(&app, &headers)?;
+    let mut list: Vec<Value> = {
+        let hub = app.lock_hub();
+        hub.fleet
+            .members()
+            .filter_map(|m| {
+                let e = m.external()?;
+                Some(json!({
+                    "id": m.id.0,
+                    "kind": m.kind(),
+                    "url": e.spec.url,
+                    "kv_events": e.spec.kv_events,
+                    "replay": e.spec.replay,
+                    "model": m.info.model,
+                    "block_size": m.info.block_size,
+                    "capacity_tokens": m.info.capacity_tokens,
+                    "state": m.state,
+                    "healthy": m.state == MemberState::Serving,
+                    "seconds_since_seen": m.last_seen.elapsed().as_secs_f64(),
+                }))
+            })
+            .collect()
+    };
+    for (url, (spec, why)) in app.pending_engines.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        list.push(json!({"id": null, "kind": spec.kind, "url": url, "kv_events": spec.kv_events, "replay": spec.replay, "state": "pending", "healthy": false, "error": why}));
+    }
+    Ok(Json(json!({"engines": list})).into_response())
+}
+
+/// Registers an engine that is not ours; the answer names what was wrong when it cannot.
+pub async fn register_engine(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let spec: super::vllm::EngineSpec = body(bytes)?;
+    let url = spec.url.clone();
+    let id = super::engines::register(&app, spec)
+        .await
+        .map_err(|e| ApiError::new(e.status, "engine_not_registered", e.message))?;
+    app.store.write(Write::Audit {
+        actor: who.name,
+        action: "engine.register".into(),
+        detail: json!({"instance": id.0, "url": url}),
+    });
+    Ok((StatusCode::CREATED, Json(json!({"id": id.0, "url": url, "state": "serving"}))).into_response())
+}
+
+pub async fn remove_engine(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<u32>) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let url = super::engines::remove(&app, InstanceId(id))
+        .map_err(|e| ApiError::new(e.status, "engine_not_removed", e.message))?;
+    app.store.write(Write::Audit {
+        actor: who.name,
+        action: "engine.remove".into(),
+        detail: json!({"instance": id, "url": url}),
+    });
+    Ok(Json(json!({"id": id, "url": url, "state": "removed"})).into_response())
 }
 
 pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<u32>) -> ApiResult {

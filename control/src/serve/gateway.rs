@@ -6,7 +6,8 @@ use super::auth::Role;
 use super::history::Finished;
 use super::hub::PlaceError;
 use super::live_fleet::{Delta, MemberState, Payload};
-use super::tokenizer::{stand_in, TextDecoder, Tokenizer, Tokenizers};
+use super::tokenizer::{TextDecoder, Tokenizer, Tokenizers};
+use super::vllm::relay::OpenAiCall;
 use super::App;
 use crate::engine_proc::Sampling;
 use axum::body::Bytes;
@@ -176,6 +177,11 @@ pub async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 
 struct Parsed {
     kind: Kind,
+    /// A field only engines with their own OpenAI API (vLLM, SGLang) serve: refused when
+    /// the model has engines of ours.
+    unsupported: Option<ApiError>,
+    /// The request's JSON object, for those engines.
+    raw: serde_json::Map<String, Value>,
     model: String,
     prompt: Vec<u32>,
     /// The model's tokenizer (or the stand-in): it made `prompt` from text, and turns the
@@ -189,24 +195,29 @@ struct Parsed {
 
 /// Reads a request; text prompts are tokenized with the tokenizer of the model asked for.
 fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, ApiError> {
-    let body: Body = serde_json::from_slice(bytes).map_err(|e| {
+    let invalid_json = |e: serde_json::Error| {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not a valid request: {e}"))
-    })?;
+    };
+    let raw = match serde_json::from_slice::<Value>(bytes).map_err(invalid_json)? {
+        Value::Object(m) => m,
+        _ => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body is not a JSON object")),
+    };
+    let body: Body = serde_json::from_value(Value::Object(raw.clone())).map_err(invalid_json)?;
     let model =
         body.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
-    if body.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n = 1 is supported"));
-    }
-    if body.stop.as_ref().is_some_and(|s| !s.is_null()) {
-        return Err(ApiError::invalid("stop", "stop sequences are not supported by this gateway yet"));
-    }
-    if body.logprobs.as_ref().is_some_and(|l| !l.is_null() && *l != Value::Bool(false)) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
-    }
-    if body.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
+    let unsupported = if body.n.is_some_and(|n| n != 1) {
+        Some(ApiError::invalid("n", "only n = 1 is supported"))
+    } else if body.stop.as_ref().is_some_and(|s| !s.is_null()) {
+        Some(ApiError::invalid("stop", "stop sequences are not supported by this gateway yet"))
+    } else if body.logprobs.as_ref().is_some_and(|l| !l.is_null() && *l != Value::Bool(false)) {
+        Some(ApiError::invalid("logprobs", "logprobs are not supported"))
+    } else if body.echo == Some(true) {
+        Some(ApiError::invalid("echo", "echo is not supported"))
+    } else {
+        None
+    };
     let tokenizer = tokenizers.get(&model);
+    let templated = matches!(tokenizer, Tokenizer::Model(_, Some(_)));
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e));
     let prompt = match kind {
         Kind::Completion => match body.prompt {
@@ -233,14 +244,15 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
                                 format!("content parts of type `{}` are not supported", p.kind),
                             ));
                         }
-                        parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
+                        // Text parts joined as vLLM joins them for a template.
+                        let sep = if templated { "\n" } else { "" };
+                        parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join(sep)
                     }
                 };
                 texts.push((m.role.as_str(), text));
             }
-            // The stand-in's role markers, also with a model's tokenizer: its chat template
-            // (tokenizer_config.json, Jinja) is not applied.
-            encode(&stand_in::chat_prompt(texts.iter().map(|(r, t)| (*r, t.as_str()))))?
+            // The model's chat template, or the stand-in's role markers without one.
+            tokenizer.chat(texts.iter().map(|(r, t)| (*r, t.as_str()))).map_err(|e| ApiError::invalid("messages", e))?
         }
     };
     if prompt.is_empty() {
@@ -261,6 +273,8 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
     }
     Ok(Parsed {
         kind,
+        unsupported,
+        raw,
         model,
         prompt,
         tokenizer,
@@ -282,7 +296,7 @@ async fn serve(
         app.metrics.request("rejected");
         ApiError::new(e.status(), "invalid_body", format!("cannot read the body: {}", e.body_text()))
     })?;
-    let parsed = parse(&bytes, kind, &app.tokenizers).inspect_err(|_| app.metrics.request("rejected"))?;
+    let mut parsed = parse(&bytes, kind, &app.tokenizers).inspect_err(|_| app.metrics.request("rejected"))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = parsed.prompt.len() as u32;
     let id = {
@@ -291,6 +305,14 @@ async fn serve(
         if serving.is_empty() {
             app.metrics.request("unavailable");
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving"));
+        }
+        let ours = serving.iter().any(|m| m.info.model == parsed.model && m.external().is_none());
+        let theirs = serving.iter().any(|m| m.info.model == parsed.model && m.external().is_some());
+        if ours {
+            if let Some(e) = parsed.unsupported.take() {
+                app.metrics.request("rejected");
+                return Err(e);
+            }
         }
         let Some(block_size) = serving.iter().find(|m| m.info.model == parsed.model).map(|m| m.info.block_size) else {
             app.metrics.request("rejected");
@@ -312,6 +334,13 @@ async fn serve(
             resume: None,
         };
         hub.prefixes.record(&request.block_hashes, block_size);
+        let call = theirs.then(|| {
+            let mut body = std::mem::take(&mut parsed.raw);
+            // The output's bound the controller reserved KV for, also where the client set none.
+            body.insert("max_tokens".into(), json!(parsed.max_tokens));
+            body.remove("max_completion_tokens");
+            Arc::new(OpenAiCall { chat: kind == Kind::Chat, body })
+        });
         let payload = Payload {
             prompt: parsed.prompt.clone(),
             sampling: parsed.sampling,
@@ -319,6 +348,8 @@ async fn serve(
             generated: Vec::new(),
             attempts: 0,
             first_token_us: None,
+            call,
+            engine_prompt: None,
         };
         if let Err((e, _)) = hub.place(request, payload) {
             app.metrics.request("rejected");
@@ -406,6 +437,13 @@ impl Run {
         }
     }
 
+    /// The engine's own refusal, passed on with its status.
+    fn refused(&self, status: u16, body: Value) -> Response {
+        self.app.metrics.request(if status < 500 { "rejected" } else { "failed" });
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, Json(body)).into_response()
+    }
+
     fn usage(&self, cached: [u32; 3]) -> Value {
         let prompt = self.parsed.prompt.len() as u32;
         let cached_total: u32 = cached.iter().sum();
@@ -461,6 +499,17 @@ impl Run {
                     self.app.metrics.request("failed");
                     return ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", why).into_response();
                 }
+                Delta::Whole { mut body, cached_tokens, instance } => {
+                    let tokens = body["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                    self.note_tokens(tokens as usize);
+                    self.note_done(cached_tokens, instance);
+                    body["id"] = json!(self.id);
+                    return Json(body).into_response();
+                }
+                Delta::Refused { status, body } => return self.refused(status, body),
+                // Only streamed calls bring these; a request resumed on an engine of ours
+                // after one of them broke mid-stream cannot be collected here.
+                Delta::Chunk { .. } | Delta::End { .. } => {}
             }
         }
         self.app.metrics.request("failed");
@@ -499,6 +548,20 @@ impl Run {
                     run.app.metrics.request("failed");
                     let e = ApiError::new(StatusCode::BAD_GATEWAY, "engine_failed", why);
                     (vec![Event::default().data(e.body().to_string())], true)
+                }
+                Some(Delta::Chunk { mut body, tokens }) => {
+                    run.note_tokens(tokens);
+                    body["id"] = json!(run.id);
+                    (vec![Event::default().data(body.to_string())], false)
+                }
+                Some(Delta::End { cached_tokens, instance }) => {
+                    run.note_done(cached_tokens, instance);
+                    (vec![Event::default().data("[DONE]")], true)
+                }
+                Some(Delta::Whole { body, .. }) => (vec![Event::default().data(body.to_string())], true),
+                Some(Delta::Refused { status, body }) => {
+                    run.app.metrics.request(if status < 500 { "rejected" } else { "failed" });
+                    (vec![Event::default().data(body.to_string())], true)
                 }
                 None => {
                     run.app.metrics.request("failed");

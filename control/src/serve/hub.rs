@@ -195,6 +195,11 @@ impl Hub {
     pub fn handle(&mut self, news: News) {
         match news {
             News::Event(e) => self.feed(e),
+            News::EngineBack { instance } => {
+                if self.fleet.revive(instance) {
+                    tracing::info!(%instance, "engine answers again: serving (its cache taken as empty)");
+                }
+            }
             News::EngineLost { instance, why } => {
                 tracing::warn!(%instance, "engine lost: {why}");
                 self.fleet.lose(instance);

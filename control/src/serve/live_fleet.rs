@@ -4,12 +4,14 @@
 
 use super::actuator::Actuator;
 use super::stream::{stream_request, Reporter};
+use super::vllm::{self, relay::OpenAiCall, EngineKind};
 use crate::engine_proc::Sampling;
 use crate::proto::{self, engine_client::EngineClient};
 use engine::{Dur, InstanceId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -28,6 +30,28 @@ pub enum Delta {
     },
     /// The request failed after it started; the message says why.
     Failed(String),
+    /// A chunk of an engine's own OpenAI stream, for the client as it is (`tokens`: the
+    /// output tokens it carries).
+    Chunk {
+        body: serde_json::Value,
+        tokens: usize,
+    },
+    /// An engine's own stream ended, all its chunks passed on.
+    End {
+        cached_tokens: [u32; 3],
+        instance: InstanceId,
+    },
+    /// An engine's whole (not streamed) OpenAI response.
+    Whole {
+        body: serde_json::Value,
+        cached_tokens: [u32; 3],
+        instance: InstanceId,
+    },
+    /// The engine refused the request: its HTTP status and OpenAI error body.
+    Refused {
+        status: u16,
+        body: serde_json::Value,
+    },
 }
 
 /// A request's tokens and its client, kept by the fleet while the request runs.
@@ -43,6 +67,10 @@ pub struct Payload {
     /// When its first token reached the control plane, in µs of the hub's clock (never 0:
     /// the clock has run since the request arrived): its TTFT, and the start of its TPOT.
     pub first_token_us: Option<NonZeroU64>,
+    /// The client's OpenAI request, for engines with their own API (vLLM, SGLang).
+    pub call: Option<Arc<OpenAiCall>>,
+    /// The prompt as such an engine tokenized it: what a resumed request continues.
+    pub engine_prompt: Option<Vec<u32>>,
 }
 
 impl Payload {
@@ -66,6 +94,10 @@ pub struct Parked {
 #[derive(Debug)]
 pub enum News {
     Event(FleetEvent),
+    /// An engine registered by an operator answers again after it was lost.
+    EngineBack {
+        instance: InstanceId,
+    },
     /// An engine's event stream ended: it is gone until it registers again.
     EngineLost {
         instance: InstanceId,
@@ -110,7 +142,7 @@ pub struct Member {
     pub state: MemberState,
     pub load: engine::Load,
     pub last_seen: Instant,
-    client: EngineClient<Channel>,
+    link: Link,
     events_task: Option<tokio::task::AbortHandle>,
     /// A task is waiting for this draining engine to empty (see [`super::actuator`]).
     pub drain_watched: bool,
@@ -118,13 +150,40 @@ pub struct Member {
     pub scheduling: Option<proto::Scheduling>,
 }
 
+/// How the control plane reaches an engine.
+enum Link {
+    /// `fleetplane engine`: our gRPC protocol.
+    Grpc(EngineClient<Channel>),
+    /// An engine with its own OpenAI API (vLLM, SGLang).
+    Http(Arc<vllm::Engine>),
+}
+
 impl Member {
     pub fn capacity_tokens(&self) -> u64 {
         self.info.capacity_tokens
     }
 
-    pub fn client(&self) -> EngineClient<Channel> {
-        self.client.clone()
+    /// Its gRPC client; `None` for engines that are not ours.
+    pub fn client(&self) -> Option<EngineClient<Channel>> {
+        match &self.link {
+            Link::Grpc(c) => Some(c.clone()),
+            Link::Http(_) => None,
+        }
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        match &self.link {
+            Link::Grpc(_) => EngineKind::Fleetplane,
+            Link::Http(e) => e.spec.kind,
+        }
+    }
+
+    /// An engine that is not ours.
+    pub fn external(&self) -> Option<&Arc<vllm::Engine>> {
+        match &self.link {
+            Link::Http(e) => Some(e),
+            Link::Grpc(_) => None,
+        }
     }
 }
 
@@ -175,7 +234,9 @@ impl LiveFleet {
     /// Puts a scheduling in force on every engine now, and on each that joins later.
     pub fn set_scheduling(&mut self, scheduling: proto::Scheduling) {
         for m in self.members.values().filter(|m| m.state != MemberState::Down) {
-            tokio::spawn(configure(m.id, m.client(), scheduling.clone()));
+            if let Some(client) = m.client() {
+                tokio::spawn(configure(m.id, client, scheduling.clone()));
+            }
         }
         self.scheduling = Some(scheduling);
     }
@@ -289,7 +350,6 @@ impl LiveFleet {
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
         let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news())).abort_handle());
-        let capacity_tokens = info.capacity_tokens;
         let member = Member {
             id,
             address,
@@ -299,22 +359,80 @@ impl LiveFleet {
             state: MemberState::Serving,
             load: engine::Load::default(),
             last_seen: now,
-            client,
+            link: Link::Grpc(client.clone()),
             events_task,
             drain_watched: false,
             scheduling: None,
         };
         if let Some(s) = &self.scheduling {
-            tokio::spawn(configure(id, member.client(), s.clone()));
+            tokio::spawn(configure(id, client, s.clone()));
         }
+        self.insert(member);
+        true
+    }
+
+    /// Adds an operator-registered engine with its own API (its tasks already started), or
+    /// replaces the record of one registered again.
+    pub fn join_external(&mut self, id: InstanceId, engine: Arc<vllm::Engine>, info: proto::EngineInfo) {
+        let role = role_by_name(&engine.spec.role).unwrap_or(Role::Colocated);
+        let member = Member {
+            id,
+            address: engine.spec.url.clone(),
+            pool: engine.spec.role.clone(),
+            role,
+            info,
+            state: MemberState::Serving,
+            load: engine::Load::default(),
+            last_seen: Instant::now(),
+            link: Link::Http(engine),
+            events_task: None,
+            drain_watched: false,
+            scheduling: None,
+        };
+        self.insert(member);
+    }
+
+    fn insert(&mut self, member: Member) {
+        let (id, role, capacity_tokens) = (member.id, member.role, member.info.capacity_tokens);
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
             }
+            if let Link::Http(e) = old.link {
+                e.stop_tasks();
+            }
         }
         self.events.push(FleetEvent::InstanceRole { instance: id, role });
         self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
+    }
+
+    /// An operator-registered engine answers again: it serves with an empty cache (it may
+    /// have restarted), as a newly joined one.
+    pub fn revive(&mut self, id: InstanceId) -> bool {
+        let Some(m) = self.members.get_mut(&id).filter(|m| m.state == MemberState::Down && m.external().is_some())
+        else {
+            return false;
+        };
+        m.state = MemberState::Serving;
+        m.last_seen = Instant::now();
+        self.events.push(FleetEvent::Kv { events: vec![(id, engine::kv::KvEvent::Cleared)] });
+        self.events.push(FleetEvent::InstanceRole { instance: id, role: m.role });
+        self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens: m.info.capacity_tokens });
         true
+    }
+
+    /// Forgets an operator-registered engine for good (its tasks stop).
+    pub fn remove(&mut self, id: InstanceId) -> bool {
+        self.lose(id);
+        match self.members.remove(&id) {
+            Some(m) => {
+                if let Link::Http(e) = &m.link {
+                    e.stop_tasks();
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Stops routing to a serving engine; returns whether it was serving. An engine that says
@@ -336,6 +454,10 @@ impl LiveFleet {
                 if let Some(t) = m.events_task.take() {
                     t.abort();
                 }
+                // Its streams stop waiting on it and are placed again.
+                if let Link::Http(e) = &m.link {
+                    e.signal_lost();
+                }
                 self.events.push(FleetEvent::InstanceDown { instance: id });
             }
         }
@@ -345,7 +467,7 @@ impl LiveFleet {
 impl LiveFleet {
     /// Moves a parked request's KV from `from` to `to` on a task of its own.
     fn transfer(&mut self, request: RequestId, from: InstanceId, to: InstanceId) {
-        let clients = self.members.get(&from).zip(self.members.get(&to)).map(|(f, t)| (f.client(), t.client()));
+        let clients = self.members.get(&from).zip(self.members.get(&to)).and_then(|(f, t)| f.client().zip(t.client()));
         let parked = self.parked.remove(&request);
         let (Some(parked), Some((from_client, to_client))) = (parked, clients) else {
             // The request is no longer here (its client left, or a policy change re-sent a
@@ -372,7 +494,14 @@ impl Fleet for LiveFleet {
             tracing::error!("{} dispatched without its tokens", request.id);
             return Err((DispatchError::NotServing { instance }, request));
         };
-        tokio::spawn(stream_request(instance, m.client.clone(), request, payload, self.report.clone()));
+        match &m.link {
+            Link::Grpc(client) => {
+                tokio::spawn(stream_request(instance, client.clone(), request, payload, self.report.clone()));
+            }
+            Link::Http(engine) => {
+                tokio::spawn(vllm::relay::run(instance, engine.clone(), request, payload, self.report.clone()));
+            }
+        }
         Ok(())
     }
 
@@ -380,7 +509,8 @@ impl Fleet for LiveFleet {
         match *command {
             Command::Drain { instance } => {
                 if self.mark_draining(instance) {
-                    let mut client = self.members[&instance].client.clone();
+                    // An engine that is not ours has no drain call: it only stops getting work.
+                    let Some(mut client) = self.members[&instance].client() else { return };
                     tokio::spawn(async move {
                         if let Err(e) = client.drain(proto::DrainRequest {}).await {
                             tracing::warn!(%instance, "drain failed: {e}");

@@ -8,6 +8,7 @@ mod actuator;
 mod api;
 mod auth;
 mod console;
+mod engines;
 mod gateway;
 mod history;
 mod hub;
@@ -23,6 +24,7 @@ mod store;
 mod stream;
 pub mod tokenizer;
 mod transfer;
+pub mod vllm;
 
 use crate::Failure;
 use anyhow::Context;
@@ -82,6 +84,18 @@ pub struct Args {
     #[arg(long, value_name = "MODEL=PATH")]
     pub tokenizer: Vec<String>,
 
+    /// An engine that is not ours, as KIND=URL[,kv-events=ENDPOINT][,replay=ENDPOINT]
+    /// [,tokenizer=PATH] (KIND: vllm or sglang; ENDPOINT: the tcp://host:port of the engine's
+    /// --kv-events-config endpoint, which serve binds, and replay_endpoint); repeat for
+    /// several. Stored, and registered again at every start until removed.
+    #[arg(long = "engine", value_name = "KIND=URL,...")]
+    pub engines: Vec<String>,
+
+    /// A TOML file of such engines: `[[engine]]` tables with kind, url, kv_events, replay,
+    /// role, tokenizer.
+    #[arg(long = "engines", value_name = "FILE")]
+    pub engines_file: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     pub pools: pools::PoolArgs,
 }
@@ -106,6 +120,10 @@ pub struct App {
     pub history: history::History,
     /// Each model's tokenizer, where the fleet has one.
     pub tokenizers: tokenizer::Tokenizers,
+    /// The HTTP client for engines with their own API.
+    pub http: reqwest::Client,
+    /// Engines named to this replica that do not serve yet, by URL: their spec and why.
+    pub pending_engines: Mutex<std::collections::BTreeMap<String, (vllm::EngineSpec, String)>>,
 }
 
 impl App {
@@ -171,11 +189,24 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     // Checked before anything starts; the stored SLO targets replace the defaults.
     args.pools.pd_config(default_slo()).map_err(Failure::Input)?;
+    let mut engines = Vec::new();
+    for arg in &args.engines {
+        engines
+            .push(arg.parse::<vllm::EngineSpec>().map_err(|e| Failure::Input(anyhow::anyhow!("--engine {arg}: {e}")))?);
+    }
+    if let Some(path) = &args.engines_file {
+        engines.extend(engines::read_file(path).map_err(|e| Failure::Input(anyhow::anyhow!("--engines {e}")))?);
+    }
     let runtime = crate::runtime()?;
-    runtime.block_on(serve(args, router, tokenizers)).map_err(Failure::Run)
+    runtime.block_on(serve(args, router, tokenizers, engines)).map_err(Failure::Run)
 }
 
-async fn serve(args: Args, router: RouterConfig, tokenizers: tokenizer::Tokenizers) -> anyhow::Result<()> {
+async fn serve(
+    args: Args,
+    router: RouterConfig,
+    tokenizers: tokenizer::Tokenizers,
+    engines: Vec<vllm::EngineSpec>,
+) -> anyhow::Result<()> {
     let store = Store::open(&args.database_url).await?;
     let admin_token = token_from_env("FLEETPLANE_ADMIN_TOKEN", "admin token")?;
     let engine_token = token_from_env("FLEETPLANE_ENGINE_TOKEN", "engine token")?;
@@ -208,6 +239,8 @@ async fn serve(args: Args, router: RouterConfig, tokenizers: tokenizer::Tokenize
         recorder: history::Recorder::default(),
         history: history::History::default(),
         tokenizers,
+        http: reqwest::Client::builder().tcp_nodelay(true).build().context("cannot make an HTTP client")?,
+        pending_engines: Mutex::default(),
     });
     if let Some((version, policy, _, _)) = store.policy().await? {
         match policy::Policy::stored(policy, app.pool_args.as_ref()) {
@@ -216,6 +249,7 @@ async fn serve(args: Args, router: RouterConfig, tokenizers: tokenizer::Tokenize
         }
     }
     recover_instances(&app).await;
+    engines::start(&app, engines).await;
 
     let http = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -276,6 +310,8 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/api/fleet", get(api::fleet))
         .route("/api/instances", get(api::instances))
         .route("/api/instances/{id}/drain", post(api::drain_instance))
+        .route("/api/engines", get(api::engines).post(api::register_engine))
+        .route("/api/engines/{id}", axum::routing::delete(api::remove_engine))
         .route("/api/pools", get(api::pools))
         .route("/api/policies", get(api::get_policy).put(api::put_policy))
         .route("/api/policies/history", get(api::policy_history))
@@ -332,12 +368,15 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
             n = news.recv() => {
                 let Some(n) = n else { return };
                 let mut lost = Vec::new();
+                let mut back = Vec::new();
                 let mut hub = app.lock_hub();
                 let mut next = Some(n);
                 // Take everything queued under one lock.
                 while let Some(n) = next {
-                    if let News::EngineLost { instance, .. } | News::Drained { instance } = &n {
-                        lost.push(*instance);
+                    match &n {
+                        News::EngineLost { instance, .. } | News::Drained { instance } => lost.push(*instance),
+                        News::EngineBack { instance } => back.push(*instance),
+                        _ => {}
                     }
                     hub.handle(n);
                     next = news.try_recv().ok();
@@ -346,6 +385,9 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 drop(hub);
                 for id in lost {
                     app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                }
+                for id in back {
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving" });
                 }
                 store_scaling(&app, scaling);
             }
@@ -389,7 +431,7 @@ fn watch_drains(hub: &mut Hub) {
         .fleet
         .members()
         .filter(|m| m.state == MemberState::Draining && !m.drain_watched && actuator.owns(&m.address))
-        .map(|m| (m.id, m.client()))
+        .filter_map(|m| Some((m.id, m.client()?)))
         .collect();
     for (id, client) in watch {
         if let Some(m) = hub.fleet.member_mut(id) {
@@ -448,7 +490,8 @@ async fn recover_instances(app: &Arc<App>) {
             return;
         }
     };
-    for row in rows.into_iter().filter(|r| r.state != "down") {
+    // Engines of ours only: those an operator registered are registered again (`engines`).
+    for row in rows.into_iter().filter(|r| r.kind == "fleetplane" && r.state != "down" && r.state != "removed") {
         let url = format!("http://{}", row.address);
         let probe = async {
             let mut client = crate::proto::engine_client::EngineClient::connect(url).await.ok()?;

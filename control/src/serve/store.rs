@@ -53,6 +53,8 @@ pub struct InstanceRow {
     pub model: String,
     pub executor: String,
     pub state: String,
+    /// `fleetplane`, `vllm` or `sglang`.
+    pub kind: String,
 }
 
 /// Creates the database named in `url` when it does not exist (through the server's
@@ -130,10 +132,50 @@ impl Store {
         Ok(id)
     }
 
+    /// Records an engine an operator registered (an engine of ours registers itself);
+    /// the same URL keeps its id.
+    pub async fn register_external(
+        &self,
+        spec: &super::vllm::EngineSpec,
+        info: &crate::proto::EngineInfo,
+    ) -> Result<i32> {
+        let id: i32 = sqlx::query_scalar(
+            "INSERT INTO instances (address, name, pool, model, executor, block_size, kv_blocks, capacity_tokens, state, kind, spec)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'serving', $9, $10)
+             ON CONFLICT (address) DO UPDATE SET name = $2, pool = $3, model = $4, executor = $5, block_size = $6,
+                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', kind = $9, spec = $10, last_seen = now()
+             RETURNING id",
+        )
+        .bind(&spec.url)
+        .bind(&info.name)
+        .bind(&spec.role)
+        .bind(&info.model)
+        .bind(&info.executor)
+        .bind(info.block_size as i32)
+        .bind(i64::from(info.kv_blocks))
+        .bind(info.capacity_tokens as i64)
+        .bind(spec.kind.name())
+        .bind(serde_json::to_value(spec)?)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    /// The engines operators registered and did not remove, with their specs.
+    pub async fn external_engines(&self) -> Result<Vec<(i32, Value)>> {
+        let rows = sqlx::query(
+            "SELECT id, spec FROM instances WHERE kind <> 'fleetplane' AND state <> 'removed' AND spec IS NOT NULL ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.get("id"), r.get("spec"))).collect())
+    }
+
     pub async fn instances(&self) -> Result<Vec<InstanceRow>> {
-        let rows = sqlx::query("SELECT id, address, name, pool, model, executor, state FROM instances ORDER BY id")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT id, address, name, pool, model, executor, state, kind FROM instances ORDER BY id")
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .into_iter()
             .map(|r| InstanceRow {
@@ -144,6 +186,7 @@ impl Store {
                 model: r.get("model"),
                 executor: r.get("executor"),
                 state: r.get("state"),
+                kind: r.get("kind"),
             })
             .collect())
     }

@@ -16,8 +16,10 @@
 //! waits for the next one, so each streamed chunk is valid UTF-8 and the chunks add up to
 //! the decoding of the whole output.
 
+pub mod chat_template;
 pub mod stand_in;
 
+use chat_template::ChatTemplate;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +33,8 @@ pub struct Loaded {
     pub sha256: String,
     /// The file's bytes (what an engine serves to control planes).
     pub json: Arc<Vec<u8>>,
+    /// The model folder's chat template, when it came from a folder that has one.
+    pub chat: Option<Arc<ChatTemplate>>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -43,14 +47,18 @@ impl std::fmt::Debug for Loaded {
 pub fn parse(bytes: Vec<u8>) -> Result<Loaded, String> {
     let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| format!("not a tokenizer.json: {e}"))?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    Ok(Loaded { tokenizer: Arc::new(tokenizer), sha256, json: Arc::new(bytes) })
+    Ok(Loaded { tokenizer: Arc::new(tokenizer), sha256, json: Arc::new(bytes), chat: None })
 }
 
-/// The `tokenizer.json` at `path`, or in folder `path`.
+/// The `tokenizer.json` at `path`, or in folder `path` with the folder's chat template.
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
     let bytes = std::fs::read(&file).map_err(|e| anyhow::anyhow!("cannot read tokenizer {}: {e}", file.display()))?;
-    parse(bytes).map_err(|e| anyhow::anyhow!("tokenizer {}: {e}", file.display()))
+    let mut loaded = parse(bytes).map_err(|e| anyhow::anyhow!("tokenizer {}: {e}", file.display()))?;
+    if path.is_dir() {
+        loaded.chat = ChatTemplate::in_model_dir(path).map_err(|e| anyhow::anyhow!(e))?.map(Arc::new);
+    }
+    Ok(loaded)
 }
 
 /// The tokenizer file a model folder brings, if any.
@@ -63,7 +71,8 @@ pub fn in_model_dir(dir: &Path) -> Option<PathBuf> {
 #[derive(Clone)]
 pub enum Tokenizer {
     StandIn,
-    Model(Arc<tokenizers::Tokenizer>),
+    /// A model's tokenizer, with its chat template when the fleet has one.
+    Model(Arc<tokenizers::Tokenizer>, Option<Arc<ChatTemplate>>),
 }
 
 impl Tokenizer {
@@ -72,9 +81,17 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         match self {
             Tokenizer::StandIn => Ok(stand_in::encode(text)),
-            Tokenizer::Model(t) => {
-                t.encode(text, true).map(|e| e.get_ids().to_vec()).map_err(|e| format!("cannot tokenize: {e}"))
-            }
+            Tokenizer::Model(t, _) => encode(t, text, true),
+        }
+    }
+
+    /// The ids of a conversation of (role, content) messages as the engine sees it: the
+    /// model's chat template rendered, its text encoded without added special tokens (the
+    /// template writes them), as vLLM does; without a template, the stand-in's role markers.
+    pub fn chat<'a>(&self, messages: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Result<Vec<u32>, String> {
+        match self {
+            Tokenizer::Model(t, Some(template)) => encode(t, &template.render(messages)?, false),
+            _ => self.encode(&stand_in::chat_prompt(messages)),
         }
     }
 
@@ -102,7 +119,7 @@ pub struct TextDecoder {
 impl TextDecoder {
     /// The text `ids` add to the output (possibly empty while a character is incomplete).
     pub fn push(&mut self, ids: &[u32]) -> String {
-        let Tokenizer::Model(t) = &self.tokenizer else { return stand_in::decode(ids) };
+        let Tokenizer::Model(t, _) = &self.tokenizer else { return stand_in::decode(ids) };
         self.ids.extend_from_slice(ids);
         let before = decode(t, &self.ids[self.prefix..self.read]);
         let now = decode(t, &self.ids[self.prefix..]);
@@ -118,13 +135,17 @@ impl TextDecoder {
     /// What is still held back when the output ends (an incomplete character stays as
     /// U+FFFD).
     pub fn finish(&mut self) -> String {
-        let Tokenizer::Model(t) = &self.tokenizer else { return String::new() };
+        let Tokenizer::Model(t, _) = &self.tokenizer else { return String::new() };
         let before = decode(t, &self.ids[self.prefix..self.read]);
         let now = decode(t, &self.ids[self.prefix..]);
         self.prefix = self.ids.len();
         self.read = self.ids.len();
         added(&before, &now)
     }
+}
+
+fn encode(t: &tokenizers::Tokenizer, text: &str, special: bool) -> Result<Vec<u32>, String> {
+    t.encode(text, special).map(|e| e.get_ids().to_vec()).map_err(|e| format!("cannot tokenize: {e}"))
 }
 
 /// Ids the tokenizer has no token for (an engine's made-up tokens) decode to nothing.
@@ -166,7 +187,15 @@ impl Tokenizers {
     /// The tokenizer requests for `model` use.
     pub fn get(&self, model: &str) -> Tokenizer {
         let by_model = self.by_model.read().unwrap_or_else(|p| p.into_inner());
-        by_model.get(model).map_or(Tokenizer::StandIn, |k| Tokenizer::Model(k.loaded.tokenizer.clone()))
+        by_model
+            .get(model)
+            .map_or(Tokenizer::StandIn, |k| Tokenizer::Model(k.loaded.tokenizer.clone(), k.loaded.chat.clone()))
+    }
+
+    /// The digest of the tokenizer the fleet has for `model`.
+    pub fn sha256(&self, model: &str) -> Option<String> {
+        let by_model = self.by_model.read().unwrap_or_else(|p| p.into_inner());
+        by_model.get(model).map(|k| k.loaded.sha256.clone())
     }
 
     /// Whether an engine serving `model` with a tokenizer of digest `sha256` (empty: none)
@@ -251,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_word_level_tokenizer_round_trips_through_its_json() {
-        let t = Tokenizer::Model(loaded(&word_level(512)).tokenizer);
+        let t = Tokenizer::Model(loaded(&word_level(512)).tokenizer, None);
         assert_eq!(t.encode("w3 w511 w0").unwrap(), [3, 511, 0]);
         assert_eq!(t.encode("w3 nonsense").unwrap(), [3, 512], "unknown words are [UNK]");
         let mut d = t.decoder();
@@ -263,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_character_split_over_tokens_is_held_back_until_it_is_whole() {
-        let t = Tokenizer::Model(loaded(&byte_level()).tokenizer);
+        let t = Tokenizer::Model(loaded(&byte_level()).tokenizer, None);
         let text = "né 🚀 ok";
         let ids = t.encode(text).unwrap();
         assert_eq!(ids.len(), text.len(), "one token per byte");
@@ -289,7 +318,7 @@ mod tests {
         assert_eq!(fleet.check("m", ""), Ok(Check::Known), "an engine without a tokenizer fits");
         assert_eq!(fleet.check("m", &a.sha256), Ok(Check::Fetch));
         fleet.insert("m", a.clone(), "engine e0".into()).unwrap();
-        assert!(matches!(fleet.get("m"), Tokenizer::Model(_)));
+        assert!(matches!(fleet.get("m"), Tokenizer::Model(..)));
         assert_eq!(fleet.check("m", &a.sha256), Ok(Check::Known));
         let err = fleet.check("m", &b.sha256).unwrap_err();
         assert!(err.contains(&b.sha256) && err.contains(&a.sha256) && err.contains("engine e0"), "{err}");

@@ -1,0 +1,353 @@
+//! The KV events vLLM and SGLang publish over ZMQ, decoded: each message is three frames
+//! `[topic, 8-byte big-endian sequence number, msgpack batch]`, the batch `[ts, [events],
+//! dp_rank]` (or a map with those keys), each event either a map tagged `"type"` (vLLM since
+//! mid-2026) or a positional array whose first element is the tag (vLLM before, SGLang).
+//! Nothing here touches a socket: [`decode_message`] takes the frames.
+
+use engine::kv::Tier;
+use rmpv::Value;
+
+/// A block hash as the engine computes it: vLLM has sent 64-bit integers and, since it
+/// hashes with SHA-256, byte strings. Only compared, never recomputed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EngineHash {
+    Int(i128),
+    Bytes(Box<[u8]>),
+}
+
+/// One KV cache event of an engine, in the engine's own hashes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// Blocks newly cached, in chain order: `token_ids` holds `block_size` tokens per block.
+    Stored {
+        hashes: Vec<EngineHash>,
+        parent: Option<EngineHash>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+        tier: Tier,
+    },
+    Removed {
+        hashes: Vec<EngineHash>,
+        tier: Tier,
+    },
+    /// The engine dropped its whole cache.
+    Cleared,
+}
+
+/// One published message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub seq: u64,
+    pub events: Vec<EngineEvent>,
+}
+
+/// Why a message could not be read; names the part that was wrong.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    #[error("expected 3 frames (topic, sequence, payload), got {0}")]
+    Frames(usize),
+    #[error("the sequence frame has {0} bytes, not 8")]
+    Sequence(usize),
+    #[error("the payload is not msgpack: {0}")]
+    Msgpack(String),
+    #[error("{0}")]
+    Shape(String),
+}
+
+fn shape(what: impl Into<String>) -> DecodeError {
+    DecodeError::Shape(what.into())
+}
+
+/// The sequence frame vLLM sends after the last batch of a replay (-1).
+pub const END_OF_REPLAY: u64 = u64::MAX;
+
+/// Reads a sequence-number frame.
+pub fn decode_seq(frame: &[u8]) -> Result<u64, DecodeError> {
+    let bytes: [u8; 8] = frame.try_into().map_err(|_| DecodeError::Sequence(frame.len()))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Decodes one message from its frames.
+pub fn decode_message(frames: &[&[u8]]) -> Result<Batch, DecodeError> {
+    let [_topic, seq, payload] = frames else { return Err(DecodeError::Frames(frames.len())) };
+    Ok(Batch { seq: decode_seq(seq)?, events: decode_batch(payload)? })
+}
+
+/// Decodes a batch's msgpack payload to its events.
+pub fn decode_batch(mut payload: &[u8]) -> Result<Vec<EngineEvent>, DecodeError> {
+    let value = rmpv::decode::read_value(&mut payload).map_err(|e| DecodeError::Msgpack(e.to_string()))?;
+    let events = match &value {
+        Value::Array(fields) => fields.get(1).ok_or_else(|| shape("the batch array has no events"))?,
+        Value::Map(_) => field(&value, "events").ok_or_else(|| shape("the batch map has no `events`"))?,
+        other => return Err(shape(format!("the batch is {}, not an array or map", kind(other)))),
+    };
+    let events = events.as_array().ok_or_else(|| shape("the batch's events are not an array"))?;
+    events.iter().enumerate().map(|(i, e)| decode_event(e).map_err(|e| shape(format!("event {i}: {e}")))).collect()
+}
+
+/// The names of the positional fields after the tag, in the order both vLLM's older
+/// encoding and SGLang's use.
+const STORED_FIELDS: [&str; 6] = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"];
+const REMOVED_FIELDS: [&str; 2] = ["block_hashes", "medium"];
+
+/// An event's fields by name, whichever encoding it came in.
+struct Fields<'a> {
+    tag: &'a str,
+    named: Vec<(&'a str, &'a Value)>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(event: &'a Value) -> Result<Fields<'a>, DecodeError> {
+        match event {
+            Value::Map(entries) => {
+                let mut named = Vec::with_capacity(entries.len());
+                for (k, v) in entries {
+                    named.push((k.as_str().ok_or_else(|| shape("a field name is not a string"))?, v));
+                }
+                let tag = named
+                    .iter()
+                    .find(|(k, _)| *k == "type")
+                    .and_then(|(_, v)| v.as_str())
+                    .ok_or_else(|| shape("the event map has no `type`"))?;
+                Ok(Fields { tag, named })
+            }
+            Value::Array(items) => {
+                let tag = items.first().and_then(Value::as_str).ok_or_else(|| shape("the event array has no tag"))?;
+                let names: &[&str] = match tag {
+                    "BlockStored" => &STORED_FIELDS,
+                    "BlockRemoved" => &REMOVED_FIELDS,
+                    _ => &[],
+                };
+                Ok(Fields { tag, named: names.iter().copied().zip(&items[1..]).collect() })
+            }
+            other => Err(shape(format!("the event is {}, not a map or array", kind(other)))),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.named.iter().find(|(k, _)| *k == name).map(|(_, v)| *v).filter(|v| !v.is_nil())
+    }
+
+    fn required(&self, name: &str) -> Result<&'a Value, DecodeError> {
+        self.get(name).ok_or_else(|| shape(format!("{} without `{name}`", self.tag)))
+    }
+}
+
+fn decode_event(event: &Value) -> Result<EngineEvent, DecodeError> {
+    let f = Fields::of(event)?;
+    match f.tag {
+        "BlockStored" => {
+            let hashes = hashes(f.required("block_hashes")?)?;
+            let parent = f.get("parent_block_hash").map(hash).transpose()?;
+            let token_ids = f
+                .required("token_ids")?
+                .as_array()
+                .ok_or_else(|| shape("`token_ids` is not an array"))?
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| shape("a token id is not a u32")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let block_size = f
+                .required("block_size")?
+                .as_u64()
+                .and_then(|b| u32::try_from(b).ok())
+                .filter(|&b| b > 0)
+                .ok_or_else(|| shape("`block_size` is not a positive integer"))?;
+            if token_ids.len() != hashes.len() * block_size as usize {
+                return Err(shape(format!(
+                    "{} token ids for {} blocks of {block_size} tokens",
+                    token_ids.len(),
+                    hashes.len()
+                )));
+            }
+            Ok(EngineEvent::Stored { hashes, parent, token_ids, block_size, tier: tier(f.get("medium"))? })
+        }
+        "BlockRemoved" => {
+            Ok(EngineEvent::Removed { hashes: hashes(f.required("block_hashes")?)?, tier: tier(f.get("medium"))? })
+        }
+        "AllBlocksCleared" => Ok(EngineEvent::Cleared),
+        other => Err(shape(format!("unknown event type `{other}`"))),
+    }
+}
+
+fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
+    map.as_map()?.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v)
+}
+
+fn hashes(v: &Value) -> Result<Vec<EngineHash>, DecodeError> {
+    v.as_array().ok_or_else(|| shape("`block_hashes` is not an array"))?.iter().map(hash).collect()
+}
+
+fn hash(v: &Value) -> Result<EngineHash, DecodeError> {
+    match v {
+        Value::Integer(i) => i
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| i.as_u64().map(i128::from))
+            .map(EngineHash::Int)
+            .ok_or_else(|| shape("a block hash is out of range")),
+        Value::Binary(b) => Ok(EngineHash::Bytes(b.clone().into_boxed_slice())),
+        Value::String(s) => Ok(EngineHash::Bytes(s.as_bytes().to_vec().into_boxed_slice())),
+        other => Err(shape(format!("a block hash is {}", kind(other)))),
+    }
+}
+
+/// The tier a medium names: the GPU's memory is L1, host memory L2, anything further
+/// (disk, a file system, shared storage, an object store) L3. No medium: the GPU.
+pub fn tier(medium: Option<&Value>) -> Result<Tier, DecodeError> {
+    let Some(m) = medium else { return Ok(Tier::L1) };
+    let name = m.as_str().ok_or_else(|| shape("`medium` is not a string"))?;
+    match name.to_ascii_uppercase().as_str() {
+        "GPU" | "HBM" => Ok(Tier::L1),
+        "CPU" | "CPU_PINNED" | "HOST" => Ok(Tier::L2),
+        "DISK" | "FS" | "FILE" | "STORAGE" | "OBJ" | "OBJECT" | "REMOTE" => Ok(Tier::L3),
+        _ => Err(shape(format!("unknown medium `{name}`"))),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "a boolean",
+        Value::Integer(_) => "an integer",
+        Value::F32(_) | Value::F64(_) => "a float",
+        Value::String(_) => "a string",
+        Value::Binary(_) => "bytes",
+        Value::Array(_) => "an array",
+        Value::Map(_) => "a map",
+        Value::Ext(..) => "an extension",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, v).expect("encode");
+        out
+    }
+
+    fn s(x: &str) -> Value {
+        Value::from(x)
+    }
+
+    fn ints(xs: &[u64]) -> Value {
+        Value::Array(xs.iter().map(|&x| Value::from(x)).collect())
+    }
+
+    /// vLLM's encoding since mid-2026: events are maps tagged "type".
+    fn tagged_batch() -> Value {
+        let stored = Value::Map(vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), Value::Array(vec![Value::Binary(vec![1; 32]), Value::Binary(vec![2; 32])])),
+            (s("parent_block_hash"), Value::Nil),
+            (s("token_ids"), ints(&[1, 2, 3, 4])),
+            (s("block_size"), Value::from(2)),
+            (s("lora_id"), Value::Nil),
+            (s("medium"), s("GPU")),
+            (s("lora_name"), Value::Nil),
+        ]);
+        let removed = Value::Map(vec![
+            (s("type"), s("BlockRemoved")),
+            (s("block_hashes"), Value::Array(vec![Value::Binary(vec![2; 32])])),
+            (s("medium"), s("CPU")),
+        ]);
+        let cleared = Value::Map(vec![(s("type"), s("AllBlocksCleared"))]);
+        Value::Array(vec![Value::F64(1.5), Value::Array(vec![stored, removed, cleared]), Value::from(0)])
+    }
+
+    #[test]
+    fn tagged_maps_decode() {
+        let seq = 7u64.to_be_bytes();
+        let payload = encode(&tagged_batch());
+        let batch = decode_message(&[b"kv", &seq, &payload]).expect("decodes");
+        assert_eq!(batch.seq, 7);
+        let a = EngineHash::Bytes(vec![1; 32].into());
+        let b = EngineHash::Bytes(vec![2; 32].into());
+        assert_eq!(
+            batch.events,
+            vec![
+                EngineEvent::Stored {
+                    hashes: vec![a, b.clone()],
+                    parent: None,
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 2,
+                    tier: Tier::L1
+                },
+                EngineEvent::Removed { hashes: vec![b], tier: Tier::L2 },
+                EngineEvent::Cleared,
+            ]
+        );
+    }
+
+    /// vLLM's encoding before mid-2026, and SGLang's: positional arrays, tag first.
+    #[test]
+    fn positional_arrays_decode() {
+        let stored = Value::Array(vec![
+            s("BlockStored"),
+            ints(&[11, 12]),
+            Value::from(10),
+            ints(&[5, 6, 7, 8]),
+            Value::from(2),
+            Value::Nil,
+            s("disk"),
+        ]);
+        let removed = Value::Array(vec![s("BlockRemoved"), Value::Array(vec![Value::from(-3)]), Value::Nil]);
+        let cleared = Value::Array(vec![s("AllBlocksCleared")]);
+        let batch = Value::Array(vec![Value::F64(2.0), Value::Array(vec![stored, removed, cleared])]);
+        let events = decode_batch(&encode(&batch)).expect("decodes");
+        assert_eq!(
+            events,
+            vec![
+                EngineEvent::Stored {
+                    hashes: vec![EngineHash::Int(11), EngineHash::Int(12)],
+                    parent: Some(EngineHash::Int(10)),
+                    token_ids: vec![5, 6, 7, 8],
+                    block_size: 2,
+                    tier: Tier::L3
+                },
+                EngineEvent::Removed { hashes: vec![EngineHash::Int(-3)], tier: Tier::L1 },
+                EngineEvent::Cleared,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_map_decodes_too() {
+        let batch = Value::Map(vec![
+            (s("ts"), Value::F64(1.0)),
+            (s("events"), Value::Array(vec![Value::Map(vec![(s("type"), s("AllBlocksCleared"))])])),
+        ]);
+        assert_eq!(decode_batch(&encode(&batch)), Ok(vec![EngineEvent::Cleared]));
+    }
+
+    #[test]
+    fn bad_messages_are_named() {
+        assert_eq!(decode_message(&[b"kv", b"x"]), Err(DecodeError::Frames(2)));
+        assert_eq!(decode_message(&[b"kv", b"abc", b""]), Err(DecodeError::Sequence(3)));
+        assert!(matches!(decode_batch(&[0xc1]), Err(DecodeError::Msgpack(_))));
+        let bad_tokens = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![Value::Array(vec![
+                s("BlockStored"),
+                ints(&[1]),
+                Value::Nil,
+                ints(&[1, 2, 3]),
+                Value::from(2),
+            ])]),
+        ]);
+        let e = decode_batch(&encode(&bad_tokens)).expect_err("3 tokens for one block of 2");
+        assert_eq!(e.to_string(), "event 0: 3 token ids for 1 blocks of 2 tokens");
+        let unknown = Value::Array(vec![Value::F64(1.0), Value::Array(vec![Value::Array(vec![s("Teleported")])])]);
+        assert_eq!(
+            decode_batch(&encode(&unknown)).expect_err("unknown").to_string(),
+            "event 0: unknown event type `Teleported`"
+        );
+        let medium = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![Value::Array(vec![s("BlockRemoved"), ints(&[1]), s("tape")])]),
+        ]);
+        assert_eq!(decode_batch(&encode(&medium)).expect_err("medium").to_string(), "event 0: unknown medium `tape`");
+    }
+}

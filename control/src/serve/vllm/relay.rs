@@ -1,0 +1,320 @@
+//! A request on an engine with its own OpenAI API: the client's request goes to the engine
+//! as it came (tokenization, chat template and sampling stay the engine's) and the engine's
+//! chunks come back to the client as they are, its errors in its own OpenAI shape. Two fields
+//! are added on the way: `return_token_ids` (the output's ids, so a request whose engine
+//! vanishes mid-stream can resume elsewhere after the tokens its client has) and
+//! `stream_options.include_usage` (the cached-token count); what the client did not ask for
+//! is taken out of the chunks again.
+//!
+//! A resumed request (or one without the client's call) is sent as a completion of token
+//! ids, the prompt as the first engine tokenized it followed by the tokens already streamed,
+//! and its output comes back as ids for the gateway to format, like our engines' output.
+
+use super::{error_chain, Engine, Share};
+use crate::serve::live_fleet::{Delta, Payload};
+use crate::serve::stream::{Ended, Reporter};
+use engine::{InstanceId, Request};
+use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+/// The client's OpenAI request, as an engine with its own API takes it.
+#[derive(Debug, Clone)]
+pub struct OpenAiCall {
+    pub chat: bool,
+    /// The request's JSON object, with `model` and `max_tokens` as routed.
+    pub body: Map<String, Value>,
+}
+
+impl OpenAiCall {
+    fn streaming(&self) -> bool {
+        self.body.get("stream").and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    fn asked(&self, key: &str) -> bool {
+        self.body.get(key).and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    fn asked_usage(&self) -> bool {
+        self.body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
+    }
+}
+
+/// Streams one request from a vLLM engine to its client.
+pub(in crate::serve) async fn run(
+    instance: InstanceId,
+    engine: Arc<Engine>,
+    request: Request,
+    mut payload: Payload,
+    report: Reporter,
+) {
+    payload.attempts += 1;
+    let ended = {
+        let mut share = Share::new(&engine, &request);
+        relay(instance, &engine, &request, &mut payload, &report, &mut share).await
+    };
+    report.ended(instance, request, payload, ended);
+}
+
+async fn relay(
+    instance: InstanceId,
+    engine: &Engine,
+    request: &Request,
+    payload: &mut Payload,
+    report: &Reporter,
+    share: &mut Share<'_>,
+) -> Ended {
+    let url = &engine.spec.url;
+    let mut lost = engine.lost_signal();
+    let passthrough = payload.generated.is_empty() && payload.call.is_some();
+    let (path, body, streaming) = match (&payload.call, passthrough) {
+        (Some(call), true) => {
+            let mut body = call.body.clone();
+            body.insert("return_token_ids".into(), Value::Bool(true));
+            if call.streaming() {
+                let options = body.entry("stream_options").or_insert_with(|| json!({}));
+                if let Some(o) = options.as_object_mut() {
+                    o.insert("include_usage".into(), Value::Bool(true));
+                }
+            }
+            let path = if call.chat { "/v1/chat/completions" } else { "/v1/completions" };
+            (path, body, call.streaming())
+        }
+        _ => ("/v1/completions", continuation(engine, request, payload), true),
+    };
+    let send = engine.http.post(format!("{url}{path}")).json(&body).send();
+    let response = tokio::select! {
+        r = send => r,
+        () = payload.out.closed() => return Ended::ClientGone,
+        _ = lost.changed() => return Ended::Broke(format!("{instance} ({url}) stopped answering")),
+    };
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => return Ended::Broke(format!("{instance} ({url}) did not take the request: {}", error_chain(&e))),
+    };
+    let status = response.status();
+    if !status.is_success() {
+        let text = response.text().await.unwrap_or_default();
+        if status.is_server_error() {
+            return Ended::Broke(format!("{instance} ({url}) answered {status}: {text}"));
+        }
+        // The engine's own refusal (a bad field, a prompt too long for it): the client's.
+        let body = serde_json::from_str(&text).unwrap_or_else(
+            |_| json!({"error": {"message": text, "type": "invalid_request_error", "param": null, "code": null}}),
+        );
+        let _ = payload.out.send(Delta::Refused { status: status.as_u16(), body });
+        return Ended::ClientGone;
+    }
+    if !streaming {
+        let body: Value = match response.json().await {
+            Ok(v) => v,
+            Err(e) => return Ended::Broke(format!("{instance} ({url}) sent a response that is not JSON: {e}")),
+        };
+        let tokens = body["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        share.prefilled();
+        share.generated(tokens);
+        note_first_token(payload, report);
+        let ids = body["choices"][0]["token_ids"].as_array().map(|a| ids(a)).unwrap_or_default();
+        payload.generated.extend(ids);
+        let cached = cached_tokens(&body);
+        let asked_ids = payload.call.as_ref().is_some_and(|c| c.asked("return_token_ids"));
+        let mut body = body;
+        if !asked_ids {
+            strip_ids(&mut body);
+        }
+        let _ = payload.out.send(Delta::Whole { body, cached_tokens: cached, instance });
+        return Ended::Finished;
+    }
+    let client_shape = passthrough.then(|| payload.call.clone()).flatten();
+    let mut stream = response.bytes_stream();
+    let mut events = SseBuffer::default();
+    let mut cached = [0u32; 3];
+    let mut finish_reason = None;
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            () = payload.out.closed() => return Ended::ClientGone,
+            _ = lost.changed() => return Ended::Broke(format!("{instance} ({url}) stopped answering mid-stream")),
+        };
+        let bytes = match next {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Ended::Broke(format!("{instance} ({url}) failed mid-stream: {}", error_chain(&e))),
+            None => return Ended::Broke(format!("{instance} ({url}) closed the stream before the request finished")),
+        };
+        for data in events.push(&bytes) {
+            if data == "[DONE]" {
+                let _ = match &client_shape {
+                    Some(_) => payload.out.send(Delta::End { cached_tokens: cached, instance }),
+                    None => payload.out.send(Delta::Done {
+                        finish_reason: finish_reason.take().unwrap_or_else(|| "length".to_string()),
+                        cached_tokens: cached,
+                        instance,
+                    }),
+                };
+                return Ended::Finished;
+            }
+            let mut chunk: Value = match serde_json::from_str(&data) {
+                Ok(v) => v,
+                Err(e) => return Ended::Broke(format!("{instance} ({url}) sent a chunk that is not JSON: {e}")),
+            };
+            if chunk.get("error").is_some() {
+                let _ = payload.out.send(Delta::Refused { status: 500, body: chunk });
+                return Ended::ClientGone;
+            }
+            if chunk["usage"].is_object() {
+                cached = cached_tokens(&chunk);
+            }
+            let choice = &chunk["choices"][0];
+            if let Some(p) = choice["prompt_token_ids"].as_array() {
+                payload.engine_prompt = Some(ids(p));
+            }
+            let new = choice["token_ids"].as_array().map(|a| ids(a)).unwrap_or_default();
+            if let Some(r) = choice["finish_reason"].as_str() {
+                finish_reason = Some(r.to_string());
+            }
+            if !new.is_empty() {
+                note_first_token(payload, report);
+                share.prefilled();
+                share.generated(new.len() as u64);
+                payload.generated.extend_from_slice(&new);
+            }
+            match &client_shape {
+                Some(call) => {
+                    let is_usage = chunk["choices"].as_array().is_some_and(Vec::is_empty);
+                    if is_usage && !call.asked_usage() {
+                        continue;
+                    }
+                    if !call.asked("return_token_ids") {
+                        strip_ids(&mut chunk);
+                    }
+                    let _ = payload.out.send(Delta::Chunk { body: chunk, tokens: new.len() });
+                }
+                None if !new.is_empty() => {
+                    let _ = payload.out.send(Delta::Tokens(new));
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// A completion of token ids that continues `payload` after what it generated: its prompt as
+/// the engine first tokenized it (ours when no engine sent it yet), then the tokens streamed.
+fn continuation(engine: &Engine, request: &Request, payload: &Payload) -> Map<String, Value> {
+    let mut prompt = payload.engine_prompt.clone().unwrap_or_else(|| payload.prompt.clone());
+    prompt.extend_from_slice(&payload.generated);
+    let left = request.max_output_tokens.saturating_sub(payload.generated.len() as u32).max(1);
+    let s = payload.sampling;
+    let mut body = json!({
+        "model": engine.probed.model,
+        "prompt": prompt,
+        "max_tokens": left,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "return_token_ids": true,
+    });
+    if s.seed != 0 {
+        body["seed"] = json!(s.seed);
+    }
+    match body {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+fn note_first_token(payload: &mut Payload, report: &Reporter) {
+    if payload.first_token_us.is_none() {
+        payload.first_token_us = NonZeroU64::new(report.now().0.max(1));
+    }
+}
+
+fn ids(a: &[Value]) -> Vec<u32> {
+    a.iter().filter_map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+/// The prompt tokens the engine's cache served (`usage.prompt_tokens_details.cached_tokens`,
+/// which vLLM reports with `--enable-prompt-tokens-details`), all counted as the GPU's.
+fn cached_tokens(body: &Value) -> [u32; 3] {
+    let c = body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    [u32::try_from(c).unwrap_or(u32::MAX), 0, 0]
+}
+
+/// Takes out the token-id fields the relay asked for and the client did not.
+fn strip_ids(body: &mut Value) {
+    if let Some(o) = body.as_object_mut() {
+        o.remove("prompt_token_ids");
+    }
+    if let Some(choices) = body["choices"].as_array_mut() {
+        for c in choices.iter_mut().filter_map(Value::as_object_mut) {
+            c.remove("token_ids");
+            c.remove("prompt_token_ids");
+        }
+    }
+}
+
+/// Server-sent events cut from a byte stream: the `data:` of each complete event.
+#[derive(Default)]
+struct SseBuffer {
+    pending: Vec<u8>,
+}
+
+impl SseBuffer {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = find_event_end(&self.pending) {
+            let event: Vec<u8> = self.pending.drain(..end.1).collect();
+            let text = String::from_utf8_lossy(&event[..end.0]);
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            if !data.is_empty() {
+                out.push(data.join("\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Where the first event ends: (end of its text, end of its blank-line separator).
+fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
+    (0..b.len()).find_map(|i| {
+        if b[i..].starts_with(b"\n\n") {
+            Some((i, i + 2))
+        } else if b[i..].starts_with(b"\r\n\r\n") {
+            Some((i, i + 4))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_cut_wherever_the_bytes_split() {
+        let stream = "data: {\"a\":1}\n\ndata: [DONE]\r\n\r\n";
+        for cut in 0..stream.len() {
+            let mut sse = SseBuffer::default();
+            let mut got = sse.push(&stream.as_bytes()[..cut]);
+            got.extend(sse.push(&stream.as_bytes()[cut..]));
+            assert_eq!(got, ["{\"a\":1}", "[DONE]"], "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn what_the_client_did_not_ask_for_is_taken_out() {
+        let mut chunk = json!({"id": "x", "prompt_token_ids": [1], "choices": [{"text": "a", "token_ids": [5], "prompt_token_ids": [1, 2]}]});
+        strip_ids(&mut chunk);
+        assert_eq!(chunk, json!({"id": "x", "choices": [{"text": "a"}]}));
+        assert_eq!(cached_tokens(&json!({"usage": {"prompt_tokens_details": {"cached_tokens": 64}}})), [64, 0, 0]);
+        assert_eq!(cached_tokens(&json!({"usage": {"prompt_tokens_details": null}})), [0, 0, 0]);
+    }
+}
