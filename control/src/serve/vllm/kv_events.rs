@@ -326,7 +326,7 @@ mod tests {
     fn bad_messages_are_named() {
         assert_eq!(decode_message(&[b"kv", b"x"]), Err(DecodeError::Frames(2)));
         assert_eq!(decode_message(&[b"kv", b"abc", b""]), Err(DecodeError::Sequence(3)));
-        assert!(matches!(decode_batch(&[0xc1]), Err(DecodeError::Msgpack(_))));
+        assert!(matches!(decode_batch(&[0x92, 0x01]), Err(DecodeError::Msgpack(_))), "an array cut short");
         let bad_tokens = Value::Array(vec![
             Value::F64(1.0),
             Value::Array(vec![Value::Array(vec![
@@ -349,5 +349,53 @@ mod tests {
             Value::Array(vec![Value::Array(vec![s("BlockRemoved"), ints(&[1]), s("tape")])]),
         ]);
         assert_eq!(decode_batch(&encode(&medium)).expect_err("medium").to_string(), "event 0: unknown medium `tape`");
+    }
+
+    /// Messages captured from real vLLM 0.32.0 (tiny Llama, block size 32): a completion of
+    /// 39 prompt tokens, then a longer completion and a chat. The first stored block's tokens
+    /// are the prompt's first 32, as vLLM's response listed them (`prompt_token_ids`).
+    #[test]
+    fn frames_captured_from_real_vllm_decode_and_map_to_the_gateways_hashes() {
+        let data = include_bytes!("testdata/vllm-0.32.0-kv-events.bin");
+        // Each message: a frame count, then each frame's length and bytes (big-endian u32s).
+        let (mut at, mut messages) = (0, Vec::new());
+        let take = |at: &mut usize, n: usize| {
+            *at += n;
+            &data[*at - n..*at]
+        };
+        while at < data.len() {
+            let count = u32::from_be_bytes(take(&mut at, 4).try_into().unwrap());
+            let mut frames = Vec::new();
+            for _ in 0..count {
+                let len = u32::from_be_bytes(take(&mut at, 4).try_into().unwrap()) as usize;
+                frames.push(take(&mut at, len));
+            }
+            messages.push(decode_message(&frames).expect("a real message decodes"));
+        }
+        assert_eq!(messages.iter().map(|m| m.seq).collect::<Vec<_>>(), [0, 1, 2]);
+        let prompt: [u32; 32] = [
+            0, 436, 378, 430, 367, 402, 277, 414, 312, 315, 420, 427, 424, 394, 406, 410, 419, 411, 390, 303, 432, 284,
+            418, 379, 415, 303, 417, 409, 429, 405, 408, 377,
+        ];
+        let mut map = super::super::hashes::BlockMap::default();
+        let mut ours = Vec::new();
+        for e in &messages[0].events {
+            map.translate(e, 32, &mut ours).expect("block size 32");
+        }
+        let expected = engine::block_hashes(&prompt, 32)[0];
+        assert_eq!(ours, vec![engine::kv::KvEvent::Stored { tier: Tier::L1, hash: expected, parent: None }]);
+        let blocks: Vec<usize> = messages
+            .iter()
+            .map(|m| {
+                m.events
+                    .iter()
+                    .map(|e| match e {
+                        EngineEvent::Stored { hashes, .. } => hashes.len(),
+                        _ => 0,
+                    })
+                    .sum()
+            })
+            .collect();
+        assert_eq!(blocks, [1, 4, 5], "39 tokens: 1 block; 12 × 11 + 1: 4; the chat: 5");
     }
 }

@@ -200,29 +200,33 @@ async fn relay(
 }
 
 /// A completion of token ids that continues `payload` after what it generated: its prompt as
-/// the engine first tokenized it (ours when no engine sent it yet), then the tokens streamed.
+/// the engine first tokenized it (ours when no engine sent it yet), then the tokens streamed,
+/// with the client's other sampling fields.
 fn continuation(engine: &Engine, request: &Request, payload: &Payload) -> Map<String, Value> {
     let mut prompt = payload.engine_prompt.clone().unwrap_or_else(|| payload.prompt.clone());
     prompt.extend_from_slice(&payload.generated);
     let left = request.max_output_tokens.saturating_sub(payload.generated.len() as u32).max(1);
+    let mut body = payload.call.as_ref().map(|c| c.body.clone()).unwrap_or_default();
+    for chat_only in ["messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "echo", "n"] {
+        body.remove(chat_only);
+    }
     let s = payload.sampling;
-    let mut body = json!({
-        "model": engine.probed.model,
-        "prompt": prompt,
-        "max_tokens": left,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-        "return_token_ids": true,
-    });
+    for (key, value) in [
+        ("model", json!(engine.probed.model)),
+        ("prompt", json!(prompt)),
+        ("max_tokens", json!(left)),
+        ("temperature", json!(s.temperature)),
+        ("top_p", json!(s.top_p)),
+        ("stream", json!(true)),
+        ("stream_options", json!({"include_usage": true})),
+        ("return_token_ids", json!(true)),
+    ] {
+        body.insert(key.into(), value);
+    }
     if s.seed != 0 {
-        body["seed"] = json!(s.seed);
+        body.insert("seed".into(), json!(s.seed));
     }
-    match body {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    body
 }
 
 fn note_first_token(payload: &mut Payload, report: &Reporter) {

@@ -206,6 +206,8 @@ fn send(news: &mpsc::UnboundedSender<News>, instance: InstanceId, out: &mut Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::kv::Tier;
+    use rmpv::Value;
 
     #[test]
     fn sequence_orders() {
@@ -222,5 +224,104 @@ mod tests {
         assert_eq!(s.order(0), Order::Restarted);
         s.reset();
         assert_eq!(s.order(0), Order::Next);
+    }
+
+    /// A batch storing one block of `tokens` (block size 2) after `parent`, in vLLM's encoding.
+    fn stored(hash: u64, parent: Option<u64>, tokens: [u32; 2]) -> Vec<u8> {
+        let s = |x: &str| Value::from(x);
+        let event = Value::Map(vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), Value::Array(vec![Value::from(hash)])),
+            (s("parent_block_hash"), parent.map_or(Value::Nil, Value::from)),
+            (s("token_ids"), Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
+            (s("block_size"), Value::from(2)),
+            (s("medium"), s("GPU")),
+        ]);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::F64(0.0), Value::Array(vec![event])]))
+            .expect("encode");
+        out
+    }
+
+    fn frames(parts: Vec<Bytes>) -> zeromq::ZmqMessage {
+        zeromq::ZmqMessage::try_from(parts).expect("frames")
+    }
+
+    /// A publisher as vLLM's: PUB connects to the subscriber, a ROUTER answers replays from its
+    /// buffer. Messages 0 to 2 went out before the subscriber was up; it fetches them by
+    /// replay, then takes the live ones in order.
+    #[tokio::test]
+    async fn a_gap_is_filled_from_the_replay_socket_over_real_sockets() {
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (events_ep, replay_ep) = (format!("tcp://127.0.0.1:{}", free()), format!("tcp://127.0.0.1:{}", free()));
+        let buffer: Vec<(u64, Vec<u8>)> =
+            vec![(0, stored(10, None, [1, 2])), (1, stored(11, Some(10), [3, 4])), (2, stored(12, Some(11), [5, 6]))];
+        let mut router = zeromq::RouterSocket::new();
+        router.bind(&replay_ep).await.expect("router binds");
+        let replayed = buffer.clone();
+        tokio::spawn(async move {
+            while let Ok(msg) = router.recv().await {
+                let parts = msg.into_vec();
+                let (client, start) = (parts[0].clone(), decode_seq(&parts[2]).expect("seq"));
+                for (seq, payload) in replayed.iter().filter(|(seq, _)| *seq >= start) {
+                    let reply = vec![
+                        client.clone(),
+                        Bytes::new(),
+                        Bytes::from_static(b"kv"),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        Bytes::from(payload.clone()),
+                    ];
+                    router.send(frames(reply)).await.expect("reply");
+                }
+                let end = vec![
+                    client,
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
+                    Bytes::new(),
+                ];
+                router.send(frames(end)).await.expect("end");
+            }
+        });
+        check_replay(&replay_ep).await.expect("the replay socket answers");
+        let sub = bind(&events_ep, Some(replay_ep.clone())).await.expect("binds");
+        let (news, mut rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(sub, InstanceId(3), 2, news));
+        let mut publisher = zeromq::PubSocket::new();
+        publisher.connect(&events_ep).await.expect("pub connects");
+        // Nothing was published live yet: the start-up replay brings the three buffered.
+        let mut ours = Vec::new();
+        while ours.len() < 3 {
+            match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("events").expect("open") {
+                News::Event(FleetEvent::Kv { events }) => ours.extend(events.into_iter().map(|(i, e)| (i, e))),
+                _ => panic!("only KV events"),
+            }
+        }
+        let expected = engine::block_hashes(&[1, 2, 3, 4, 5, 6], 2);
+        let hashes: Vec<_> = ours
+            .iter()
+            .map(|(i, e)| match e {
+                KvEvent::Stored { tier: Tier::L1, hash, .. } => {
+                    assert_eq!(*i, InstanceId(3));
+                    *hash
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(hashes, expected);
+        // Live now: message 2 again (seen already: nothing), then 3, the next one.
+        for (seq, payload) in [(2u64, stored(12, Some(11), [5, 6])), (3, stored(13, Some(12), [7, 8]))] {
+            let msg = vec![Bytes::from_static(b"kv"), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)];
+            publisher.send(frames(msg)).await.expect("publish");
+        }
+        let got = match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("event").expect("open") {
+            News::Event(FleetEvent::Kv { events }) => events,
+            _ => panic!("only KV events"),
+        };
+        let next = engine::block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 2)[3];
+        assert_eq!(
+            got,
+            vec![(InstanceId(3), KvEvent::Stored { tier: Tier::L1, hash: next, parent: Some(expected[2]) })]
+        );
     }
 }

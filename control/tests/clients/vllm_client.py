@@ -1,0 +1,79 @@
+"""Drives fleetplane's gateway in front of real vLLM engines with the official `openai` package.
+
+Usage: python vllm_client.py BASE_URL API_KEY MODEL
+Exits non-zero (with a traceback) on the first check that fails.
+"""
+import random
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+# Random weights may sample the end-of-text token: vLLM's `ignore_eos` keeps lengths exact.
+extra = {"ignore_eos": True}
+
+assert model in [m.id for m in client.models.list()]
+
+c = client.completions.create(model=model, prompt="the fleet routes", max_tokens=6, extra_body=extra)
+assert c.choices[0].finish_reason == "length", c
+assert c.usage.completion_tokens == 6, c.usage
+
+chunks = list(
+    client.completions.create(
+        model=model, prompt="stream me", max_tokens=5, stream=True, stream_options={"include_usage": True}, extra_body=extra
+    )
+)
+usage = [ch.usage for ch in chunks if ch.usage is not None]
+assert len(usage) == 1 and usage[0].completion_tokens == 5, chunks
+assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length", chunks
+
+chat = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Say something."}], max_tokens=4, extra_body=extra
+)
+assert chat.choices[0].message.role == "assistant", chat
+assert chat.usage.completion_tokens == 4, chat.usage
+
+# A conversation's long system prompt is cached on the engine that served it first: the
+# router must send its next turn there. Its block hashes come from the chat template as the
+# control plane renders it, so this also holds the template to vLLM's rendering.
+words = "the fleet routes every request to an engine that holds its prefix in cache while long prompts wait".split()
+for i in range(4):
+    rng = random.Random(i)
+    system = " ".join(rng.choice(words) for _ in range(250))
+    cached = []
+    for turn in ["first question", "second question"]:
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": turn}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
+        )
+        u = [ch.usage for ch in stream if ch.usage is not None][0]
+        assert u.completion_tokens == 3, u
+        cached.append(u.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0 and cached[1] >= 224, f"conversation {i}: cached tokens {cached}"
+
+try:
+    client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    raise AssertionError("an unknown model was accepted")
+except openai.NotFoundError as e:
+    assert e.status_code == 404
+
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=100_000)
+    raise AssertionError("an oversized request was accepted")
+except openai.BadRequestError as e:
+    assert "max_tokens" in str(e), e
+
+# A field only the engine checks: its own 400, passed on in OpenAI's shape.
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"top_k": -5})
+    raise AssertionError("top_k -5 was accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400, e
+
+print("vllm client: all checks passed")
