@@ -130,6 +130,7 @@ pub async fn engines(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResu
                     "capacity_tokens": m.info.capacity_tokens,
                     "state": m.state,
                     "healthy": m.state == MemberState::Serving,
+                    "events": e.spec.kv_events.is_some().then(|| e.events.lock().unwrap_or_else(|p| p.into_inner()).clone()),
                     "seconds_since_seen": m.last_seen.elapsed().as_secs_f64(),
                 }))
             })

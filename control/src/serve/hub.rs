@@ -185,6 +185,7 @@ impl Hub {
             Ok(r) => r,
             Err(e) => return Err((e.into(), payload)),
         };
+        tracing::debug!(request = %request.id, instance = %route.prefill, why = ?route.why, "routed");
         match self.dispatch_routed(now, request, &route, payload) {
             Ok(()) => Ok(route),
             Err((e, payload)) => Err((e.into(), payload)),

@@ -35,6 +35,14 @@ pub struct Metrics {
     /// Load_P and Load_D of a P/D fleet (absent in a colocated one).
     pub load: Family<PoolLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub pool_instances: Family<PoolState, Gauge>,
+    /// Engines by kind (fleetplane, vllm, sglang) and state.
+    pub engines: Family<KindState, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindState {
+    pub kind: String,
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,8 +99,11 @@ impl Metrics {
             "Engines of a P/D pool by state (serving, starting, draining)",
             pool_instances.clone(),
         );
+        let engines = Family::<KindState, Gauge>::default();
+        registry.register("engines", "Engines by kind (fleetplane, vllm, sglang) and state", engines.clone());
         Metrics {
             registry,
+            engines,
             requests,
             tokens_generated,
             prompt_tokens,

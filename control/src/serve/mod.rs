@@ -337,7 +337,17 @@ async fn render_metrics(State(app): State<Arc<App>>) -> String {
     {
         let hub = app.lock_hub();
         let mut serving = 0;
+        let mut by_kind = std::collections::BTreeMap::<(&str, &str), i64>::new();
         for m in hub.fleet.members() {
+            for state in ["serving", "draining", "down"] {
+                by_kind.entry((m.kind().name(), state)).or_default();
+            }
+            let state = match m.state {
+                MemberState::Serving => "serving",
+                MemberState::Draining => "draining",
+                MemberState::Down => "down",
+            };
+            *by_kind.entry((m.kind().name(), state)).or_default() += 1;
             let labels = InstanceLabels { instance: m.info.name.clone(), pool: m.pool.clone() };
             let total = f64::from(m.load.kv_total_blocks.max(1));
             app.metrics.kv_usage.get_or_create(&labels).set(f64::from(m.load.kv_used_blocks) / total);
@@ -345,6 +355,9 @@ async fn render_metrics(State(app): State<Arc<App>>) -> String {
             serving += i64::from(m.state == MemberState::Serving);
         }
         app.metrics.instances_serving.set(serving);
+        for ((kind, state), n) in by_kind {
+            app.metrics.engines.get_or_create(&metrics::KindState { kind: kind.into(), state: state.into() }).set(n);
+        }
         if let Some(st) = hub.controller.pools() {
             for (pool, load, size) in [("prefill", st.loads.load_p, st.prefill), ("decode", st.loads.load_d, st.decode)]
             {

@@ -69,6 +69,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// The output lines it printed since the last call (for a failure's message).
+    pub fn output(&self) -> String {
+        self.lines.try_iter().collect::<Vec<_>>().join("\n")
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -92,7 +97,7 @@ pub fn start(args: &[&str], env: &[(&str, &str)], ready: &str) -> Proc {
     let mut child = Command::new(bin())
         .args(args)
         .envs(env.iter().copied())
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", std::env::var("FLEETPLANE_TEST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

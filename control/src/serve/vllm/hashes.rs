@@ -27,7 +27,6 @@ fn bit(tier: Tier) -> u8 {
 }
 
 impl BlockMap {
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.blocks.len()
     }

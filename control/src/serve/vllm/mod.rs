@@ -220,6 +220,8 @@ pub struct Engine {
     in_flight: Mutex<InFlight>,
     /// Bumped when the engine is taken out: its streams stop waiting and are placed again.
     lost: watch::Sender<u64>,
+    /// How its KV event stream has gone.
+    pub events: Arc<Mutex<subscriber::EventStats>>,
     /// The watcher and KV event tasks, stopped when the engine is removed.
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -234,7 +236,15 @@ impl Drop for Engine {
 
 impl Engine {
     pub fn new(spec: EngineSpec, probed: Probed, http: reqwest::Client) -> Engine {
-        Engine { spec, probed, http, in_flight: Mutex::default(), lost: watch::channel(0).0, tasks: Mutex::default() }
+        Engine {
+            spec,
+            probed,
+            http,
+            in_flight: Mutex::default(),
+            lost: watch::channel(0).0,
+            events: Arc::default(),
+            tasks: Mutex::default(),
+        }
     }
 
     pub fn kv_capacity_tokens(&self) -> u64 {
@@ -274,7 +284,8 @@ impl Engine {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.push(tokio::spawn(watch(instance, self.clone(), news.clone())).abort_handle());
         if let Some(s) = sub {
-            tasks.push(tokio::spawn(subscriber::run(s, instance, self.probed.block_size, news)).abort_handle());
+            let stats = self.events.clone();
+            tasks.push(tokio::spawn(subscriber::run(s, instance, self.probed.block_size, news, stats)).abort_handle());
         }
     }
 }

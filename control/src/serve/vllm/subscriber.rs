@@ -12,6 +12,7 @@ use bytes::Bytes;
 use engine::kv::KvEvent;
 use engine::InstanceId;
 use policies::FleetEvent;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use zeromq::{Socket, SocketRecv, SocketSend};
@@ -82,11 +83,11 @@ pub async fn bind(endpoint: &str, replay: Option<String>) -> Result<Subscriber, 
 
 /// Checks that a replay endpoint answers (an empty replay from far ahead).
 pub async fn check_replay(endpoint: &str) -> Result<(), String> {
-    replay(endpoint, u64::MAX - 1).await.map(|_| ())
+    replay_from(endpoint, u64::MAX - 1).await.map(|_| ())
 }
 
 /// The messages the engine still buffers from `from` on.
-async fn replay(endpoint: &str, from: u64) -> Result<Vec<Batch>, String> {
+async fn replay_from(endpoint: &str, from: u64) -> Result<Vec<Batch>, String> {
     let ask = async {
         let mut dealer = zeromq::DealerSocket::new();
         dealer.connect(endpoint).await.map_err(|e| format!("cannot connect: {e}"))?;
@@ -115,23 +116,108 @@ async fn replay(endpoint: &str, from: u64) -> Result<Vec<Batch>, String> {
     }
 }
 
-/// Reads the engine's events until the task is aborted, translating them into ours.
-pub async fn run(mut s: Subscriber, instance: InstanceId, block_size: u32, news: mpsc::UnboundedSender<News>) {
-    let mut seq = Sequence::default();
-    let mut blocks = BlockMap::default();
-    let mut out = Vec::new();
-    // Whatever the engine published before the subscriber was up, from its replay buffer.
-    if let Some(r) = &s.replay {
-        match replay(r, 0).await {
-            Ok(batches) => {
-                for b in batches {
-                    apply(&mut seq, &mut blocks, b, block_size, instance, &mut out);
-                }
-            }
-            Err(e) => tracing::warn!(%instance, "KV events before this control plane started are lost: {e}"),
+/// How an engine's KV event stream has gone (`GET /api/engines`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct EventStats {
+    /// Messages applied, live or replayed.
+    pub messages: u64,
+    /// The last sequence number applied.
+    pub last_seq: Option<u64>,
+    /// Messages the replay socket gave back (at start-up or for a gap).
+    pub replayed: u64,
+    /// Gaps seen, and messages of them that could not be fetched.
+    pub gaps: u64,
+    pub lost: u64,
+    /// The start-up replay is done: the index knows what the engine cached before.
+    pub caught_up: bool,
+    /// Blocks the engine holds by our hashes, and stored blocks left out (parent unknown).
+    pub blocks: usize,
+    pub unmapped: u64,
+    pub restarts: u64,
+}
+
+/// One engine's event stream as it is read: order, hash map, and what goes to the driver.
+struct Reader {
+    instance: InstanceId,
+    block_size: u32,
+    seq: Sequence,
+    blocks: BlockMap,
+    out: Vec<KvEvent>,
+    news: mpsc::UnboundedSender<News>,
+    stats: Arc<Mutex<EventStats>>,
+}
+
+impl Reader {
+    /// Applies one message unless it was applied already.
+    fn apply(&mut self, batch: Batch) {
+        if self.seq.order(batch.seq) == Order::Seen {
+            return;
         }
-        send(&news, instance, &mut out);
+        tracing::debug!(instance = %self.instance, seq = batch.seq, events = batch.events.len(), "KV events");
+        for e in &batch.events {
+            if let Err(why) = self.blocks.translate(e, self.block_size, &mut self.out) {
+                tracing::warn!(instance = %self.instance, "KV event skipped: {why}");
+            }
+        }
+        self.seq.applied(batch.seq);
+        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.messages += 1;
+        st.last_seq = Some(batch.seq);
     }
+
+    /// Fetches messages `from..to` (`to`: none, all the engine buffers) and applies them.
+    async fn fill(&mut self, replay: &str, from: u64, to: Option<u64>) -> Result<(), String> {
+        let batches = replay_from(replay, from).await?;
+        let batches: Vec<_> = batches.into_iter().filter(|b| to.is_none_or(|t| b.seq < t)).collect();
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).replayed += batches.len() as u64;
+        for b in batches {
+            self.apply(b);
+        }
+        Ok(())
+    }
+
+    /// Hands the translated events to the driver, and updates the stats.
+    fn send(&mut self) {
+        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.blocks = self.blocks.len();
+        st.unmapped = self.blocks.unmapped;
+        drop(st);
+        if self.out.is_empty() {
+            return;
+        }
+        let events = self.out.drain(..).map(|e| (self.instance, e)).collect();
+        let _ = self.news.send(News::Event(FleetEvent::Kv { events }));
+    }
+}
+
+/// Reads the engine's events until the task is aborted, translating them into ours.
+pub async fn run(
+    mut s: Subscriber,
+    instance: InstanceId,
+    block_size: u32,
+    news: mpsc::UnboundedSender<News>,
+    stats: Arc<Mutex<EventStats>>,
+) {
+    let mut r = Reader {
+        instance,
+        block_size,
+        seq: Sequence::default(),
+        blocks: BlockMap::default(),
+        out: Vec::new(),
+        news,
+        stats: stats.clone(),
+    };
+    // Whatever the engine published before the subscriber was up, from its replay buffer.
+    if let Some(replay) = s.replay.clone() {
+        match r.fill(&replay, 0, None).await {
+            Ok(()) => {
+                tracing::info!(%instance, messages = r.seq.next.unwrap_or(0), "KV events from before this control plane started, replayed")
+            }
+            Err(e) => tracing::warn!(%instance, "KV events from before this control plane started are lost: {e}"),
+        }
+    }
+    r.send();
+    stats.lock().unwrap_or_else(|p| p.into_inner()).caught_up = true;
     loop {
         let msg = match s.sub.recv().await {
             Ok(m) => m,
@@ -151,56 +237,29 @@ pub async fn run(mut s: Subscriber, instance: InstanceId, block_size: u32, news:
                 continue;
             }
         };
-        if seq.order(batch.seq) == Order::Restarted {
+        if r.seq.order(batch.seq) == Order::Restarted {
             tracing::info!(%instance, seq = batch.seq, "engine restarted: its cached blocks are forgotten");
-            blocks.clear(&mut out);
-            seq.reset();
+            r.blocks.clear(&mut r.out);
+            r.seq.reset();
+            stats.lock().unwrap_or_else(|p| p.into_inner()).restarts += 1;
         }
-        if let Order::Gap { from } = seq.order(batch.seq) {
-            match &s.replay {
-                Some(r) => match replay(r, from).await {
-                    Ok(batches) => {
-                        tracing::info!(%instance, from, to = batch.seq, "KV event gap filled by replay");
-                        for b in batches.into_iter().filter(|b| b.seq < batch.seq) {
-                            apply(&mut seq, &mut blocks, b, block_size, instance, &mut out);
-                        }
-                    }
-                    Err(e) => tracing::warn!(%instance, from, to = batch.seq, "KV events lost: {e}"),
-                },
-                None => tracing::warn!(%instance, from, to = batch.seq, "KV events lost (no replay endpoint)"),
+        if let Order::Gap { from } = r.seq.order(batch.seq) {
+            stats.lock().unwrap_or_else(|p| p.into_inner()).gaps += 1;
+            let filled = match s.replay.clone() {
+                Some(replay) => r.fill(&replay, from, Some(batch.seq)).await,
+                None => Err("no replay endpoint".to_string()),
+            };
+            match filled {
+                Ok(()) => tracing::info!(%instance, from, to = batch.seq, "KV event gap filled by replay"),
+                Err(e) => tracing::warn!(%instance, from, to = batch.seq, "KV events lost: {e}"),
             }
+            // What the replay could not bring is lost.
+            let got = r.seq.next.unwrap_or(0);
+            stats.lock().unwrap_or_else(|p| p.into_inner()).lost += batch.seq.saturating_sub(got.max(from));
         }
-        apply(&mut seq, &mut blocks, batch, block_size, instance, &mut out);
-        send(&news, instance, &mut out);
+        r.apply(batch);
+        r.send();
     }
-}
-
-/// Applies one message unless it was applied already.
-fn apply(
-    seq: &mut Sequence,
-    blocks: &mut BlockMap,
-    batch: Batch,
-    block_size: u32,
-    instance: InstanceId,
-    out: &mut Vec<KvEvent>,
-) {
-    if seq.order(batch.seq) == Order::Seen {
-        return;
-    }
-    for e in &batch.events {
-        if let Err(why) = blocks.translate(e, block_size, out) {
-            tracing::warn!(%instance, "KV event skipped: {why}");
-        }
-    }
-    seq.applied(batch.seq);
-}
-
-fn send(news: &mpsc::UnboundedSender<News>, instance: InstanceId, out: &mut Vec<KvEvent>) {
-    if out.is_empty() {
-        return;
-    }
-    let events = out.drain(..).map(|e| (instance, e)).collect();
-    let _ = news.send(News::Event(FleetEvent::Kv { events }));
 }
 
 #[cfg(test)]
@@ -286,7 +345,7 @@ mod tests {
         check_replay(&replay_ep).await.expect("the replay socket answers");
         let sub = bind(&events_ep, Some(replay_ep.clone())).await.expect("binds");
         let (news, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(sub, InstanceId(3), 2, news));
+        tokio::spawn(run(sub, InstanceId(3), 2, news, Default::default()));
         let mut publisher = zeromq::PubSocket::new();
         publisher.connect(&events_ep).await.expect("pub connects");
         // Nothing was published live yet: the start-up replay brings the three buffered.
