@@ -339,7 +339,7 @@ async fn serve(
             // The output's bound the controller reserved KV for, also where the client set none.
             body.insert("max_tokens".into(), json!(parsed.max_tokens));
             body.remove("max_completion_tokens");
-            Arc::new(OpenAiCall { chat: kind == Kind::Chat, body })
+            Box::new(OpenAiCall { chat: kind == Kind::Chat, body, engine_prompt: None })
         });
         let payload = Payload {
             prompt: parsed.prompt.clone(),
@@ -349,7 +349,6 @@ async fn serve(
             attempts: 0,
             first_token_us: None,
             call,
-            engine_prompt: None,
         };
         if let Err((e, _)) = hub.place(request, payload) {
             app.metrics.request("rejected");

@@ -165,17 +165,18 @@ impl Hub {
         request: Request,
         route: &Route,
         payload: Payload,
-    ) -> Result<(), (DispatchError, Payload)> {
+    ) -> Result<(), (DispatchError, Box<Payload>)> {
         let id = request.id;
         self.fleet.stage(id, payload);
         self.fleet.dispatch(now, request, route).map_err(|(e, _)| {
             self.controller.on_event(now, &FleetEvent::RequestFinished { instance: route.prefill, request: id });
-            (e, self.fleet.unstage(id).expect("staged payload vanished"))
+            (e, Box::new(self.fleet.unstage(id).expect("staged payload vanished")))
         })
     }
 
     /// Routes and dispatches a request whose tokens are in `payload`.
-    pub fn place(&mut self, request: Request, payload: Payload) -> Result<Route, (PlaceError, Payload)> {
+    /// On failure the payload comes back (boxed: it is large, and failures are rare).
+    pub fn place(&mut self, request: Request, payload: Payload) -> Result<Route, (PlaceError, Box<Payload>)> {
         self.pump();
         let now = self.now();
         let started = Instant::now();
@@ -183,7 +184,7 @@ impl Hub {
         self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
         let route = match routed {
             Ok(r) => r,
-            Err(e) => return Err((e.into(), payload)),
+            Err(e) => return Err((e.into(), Box::new(payload))),
         };
         tracing::debug!(request = %request.id, instance = %route.prefill, why = ?route.why, "routed");
         match self.dispatch_routed(now, request, &route, payload) {

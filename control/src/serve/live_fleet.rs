@@ -68,9 +68,7 @@ pub struct Payload {
     /// the clock has run since the request arrived): its TTFT, and the start of its TPOT.
     pub first_token_us: Option<NonZeroU64>,
     /// The client's OpenAI request, for engines with their own API (vLLM, SGLang).
-    pub call: Option<Arc<OpenAiCall>>,
-    /// The prompt as such an engine tokenized it: what a resumed request continues.
-    pub engine_prompt: Option<Vec<u32>>,
+    pub call: Option<Box<OpenAiCall>>,
 }
 
 impl Payload {

@@ -25,6 +25,9 @@ pub struct OpenAiCall {
     pub chat: bool,
     /// The request's JSON object, with `model` and `max_tokens` as routed.
     pub body: Map<String, Value>,
+    /// The prompt as the engine tokenized it (from its first chunk): what a resumed request
+    /// continues.
+    pub engine_prompt: Option<Vec<u32>>,
 }
 
 impl OpenAiCall {
@@ -126,7 +129,8 @@ async fn relay(
         let _ = payload.out.send(Delta::Whole { body, cached_tokens: cached, instance });
         return Ended::Finished;
     }
-    let client_shape = passthrough.then(|| payload.call.clone()).flatten();
+    let client_shape =
+        if passthrough { payload.call.as_ref().map(|c| (c.asked_usage(), c.asked("return_token_ids"))) } else { None };
     let mut stream = response.bytes_stream();
     let mut events = SseBuffer::default();
     let mut cached = [0u32; 3];
@@ -166,8 +170,8 @@ async fn relay(
                 cached = cached_tokens(&chunk);
             }
             let choice = &chunk["choices"][0];
-            if let Some(p) = choice["prompt_token_ids"].as_array() {
-                payload.engine_prompt = Some(ids(p));
+            if let (Some(p), Some(call)) = (choice["prompt_token_ids"].as_array(), payload.call.as_mut()) {
+                call.engine_prompt = Some(ids(p));
             }
             let new = choice["token_ids"].as_array().map(|a| ids(a)).unwrap_or_default();
             if let Some(r) = choice["finish_reason"].as_str() {
@@ -180,12 +184,12 @@ async fn relay(
                 payload.generated.extend_from_slice(&new);
             }
             match &client_shape {
-                Some(call) => {
+                Some((asked_usage, asked_ids)) => {
                     let is_usage = chunk["choices"].as_array().is_some_and(Vec::is_empty);
-                    if is_usage && !call.asked_usage() {
+                    if is_usage && !asked_usage {
                         continue;
                     }
-                    if !call.asked("return_token_ids") {
+                    if !asked_ids {
                         strip_ids(&mut chunk);
                     }
                     let _ = payload.out.send(Delta::Chunk { body: chunk, tokens: new.len() });
@@ -203,7 +207,8 @@ async fn relay(
 /// the engine first tokenized it (ours when no engine sent it yet), then the tokens streamed,
 /// with the client's other sampling fields.
 fn continuation(engine: &Engine, request: &Request, payload: &Payload) -> Map<String, Value> {
-    let mut prompt = payload.engine_prompt.clone().unwrap_or_else(|| payload.prompt.clone());
+    let engine_prompt = payload.call.as_ref().and_then(|c| c.engine_prompt.clone());
+    let mut prompt = engine_prompt.unwrap_or_else(|| payload.prompt.clone());
     prompt.extend_from_slice(&payload.generated);
     let left = request.max_output_tokens.saturating_sub(payload.generated.len() as u32).max(1);
     let mut body = payload.call.as_ref().map(|c| c.body.clone()).unwrap_or_default();

@@ -101,7 +101,7 @@ async fn replay_from(endpoint: &str, from: u64) -> Result<Vec<Batch>, String> {
             // [empty delimiter, topic, seq, payload]; the end marker has seq -1.
             let frames: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
             let rest = match frames.split_first() {
-                Some((first, rest)) if first.is_empty() => rest,
+                Some((&[], rest)) => rest,
                 _ => &frames[..],
             };
             if rest.len() == 3 && decode_seq(rest[1]) == Ok(END_OF_REPLAY) {
@@ -352,7 +352,7 @@ mod tests {
         let mut ours = Vec::new();
         while ours.len() < 3 {
             match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("events").expect("open") {
-                News::Event(FleetEvent::Kv { events }) => ours.extend(events.into_iter().map(|(i, e)| (i, e))),
+                News::Event(FleetEvent::Kv { events }) => ours.extend(events),
                 _ => panic!("only KV events"),
             }
         }
