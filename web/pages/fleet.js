@@ -30,7 +30,8 @@ function kvBar(load, scheduling) {
 function instanceRow(i, recent) {
   const l = i.load;
   return h('tr', { class: `state-${i.state}`, 'data-instance': i.name },
-    h('td', {}, h('strong', {}, i.name), h('div', { class: 'muted' }, `#${i.id} · ${i.address}`)),
+    h('td', {}, h('strong', {}, i.name), ' ', h('span', { class: `badge kind-${i.kind}`, title: 'engine kind' }, i.kind),
+      h('div', { class: 'muted' }, `#${i.id} · ${i.address}`)),
     h('td', {}, h('span', { class: `badge ${i.state}` }, i.state), l.admission_paused ? h('span', { class: 'badge paused' }, 'admission paused') : null),
     h('td', {}, `${i.model}`, h('div', { class: 'muted' }, i.executor)),
     h('td', { class: 'num' }, fmt(l.running)),
