@@ -17,7 +17,7 @@
 //! spec = "dspark"       # speculative decoding: "none", "eagle3", "dflash" or "dspark"
 //!
 //! [workload]
-//! trace = "../../shared/traces/mooncake-conversation.jsonl"   # relative to this file
+//! trace = "../traces/mooncake-conversation.jsonl"   # relative to this file
 //! format = "mooncake"
 //! rate_scale = 1.0
 //!

@@ -2,19 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-/// The folder of public traces (`shared/traces`, beside the repository), found by walking up
-/// from this crate, or named by `FLEETPLANE_TRACES`. Panics with the places it looked: the
-/// trace tests cannot run without it and must not pass silently.
+/// The folder of public traces: the repository's `traces/`, or the one `FLEETPLANE_TRACES`
+/// names. Panics when the folder lacks the traces: the trace tests cannot run without them
+/// and must not pass silently.
 pub fn traces_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FLEETPLANE_TRACES") {
-        return PathBuf::from(dir);
-    }
-    let start = Path::new(env!("CARGO_MANIFEST_DIR"));
-    start
-        .ancestors()
-        .map(|a| a.join("shared").join("traces"))
-        .find(|p| p.join("mooncake-conversation.jsonl").is_file())
-        .unwrap_or_else(|| panic!("no shared/traces above {}; set FLEETPLANE_TRACES", start.display()))
+    let dir = std::env::var_os("FLEETPLANE_TRACES")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces"), PathBuf::from);
+    assert!(dir.join("mooncake-conversation.jsonl").is_file(), "no traces in {}; set FLEETPLANE_TRACES", dir.display());
+    dir
 }
 
 pub fn trace(name: &str) -> PathBuf {

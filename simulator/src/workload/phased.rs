@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! [workload.phased]
-//! lengths = "../../shared/traces/azure-llm-2023-conv.csv"   # relative to the scenario
+//! lengths = "../traces/azure-llm-2023-conv.csv"   # relative to the scenario
 //! phases = [
 //!   { name = "base",        duration_s = 900, rate_rps = 10, input_scale = 1, output_scale = 1 },
 //!   { name = "long inputs", duration_s = 900, rate_rps = 10, input_scale = 4, output_scale = 1 },
@@ -18,8 +18,8 @@
 //!
 //! ```toml
 //! [workload.phased]
-//! lengths = "../../shared/traces/azure-llm-2023-conv.csv"
-//! servegen = { path = "../../shared/traces/servegen-aggregate.csv", model = "m-large", from_s = 0, to_s = 14400, rate_rps = 60, window_s = 120 }
+//! lengths = "../traces/azure-llm-2023-conv.csv"
+//! servegen = { path = "../traces/servegen-aggregate.csv", model = "m-large", from_s = 0, to_s = 14400, rate_rps = 60, window_s = 120 }
 //! ```
 //!
 //! Each request draws one row of the table uniformly (keeping the trace's joint distribution

@@ -1,6 +1,6 @@
 //! The ServeGen aggregate as the shape of a phased workload: per model and 10-minute window,
 //! the request rate and the mean prompt and output lengths (alibaba/ServeGen, aggregated over
-//! 14 days; `shared/traces/servegen-aggregate.csv`).
+//! 14 days; `traces/servegen-aggregate.csv`).
 //!
 //! ```text
 //! category,model,window_start_s,total_rate_rps,mean_input_tokens,mean_output_tokens,length_coverage_frac

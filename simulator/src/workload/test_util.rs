@@ -4,13 +4,11 @@ use super::{Arrival, Workload, WorkloadError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Paths of the public traces, read in place (see shared/traces/README.md).
+/// Paths of the public traces, shipped in the repository (traces/README.md).
 pub(super) const MOONCAKE_CONVERSATION: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/mooncake-conversation.jsonl");
-pub(super) const AZURE_CONVERSATION: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/azure-llm-2023-conv.csv");
-pub(super) const SERVEGEN_AGGREGATE: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/servegen-aggregate.csv");
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/mooncake-conversation.jsonl");
+pub(super) const AZURE_CONVERSATION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/azure-llm-2023-conv.csv");
+pub(super) const SERVEGEN_AGGREGATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/servegen-aggregate.csv");
 
 /// A file in the temporary directory with a name unique to this process and test, removed on
 /// drop.
