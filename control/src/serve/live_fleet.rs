@@ -92,7 +92,8 @@ pub struct Parked {
 #[derive(Debug)]
 pub enum News {
     Event(FleetEvent),
-    /// An engine registered by an operator answers again after it was lost.
+    /// An engine registered by an operator answers again after failing its health check
+    /// (the driver revives it if it was taken out meanwhile).
     EngineBack {
         instance: InstanceId,
     },

@@ -3,8 +3,11 @@
 Usage: python vllm_client.py BASE_URL API_KEY MODEL
 Exits non-zero (with a traceback) on the first check that fails.
 """
+import json
 import random
 import sys
+import time
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -37,6 +40,22 @@ chat = client.chat.completions.create(
 assert chat.choices[0].message.role == "assistant", chat
 assert chat.usage.completion_tokens == 4, chat.usage
 
+def kv_messages():
+    """KV event messages the control plane has applied, over all engines (`/api/engines`)."""
+    req = urllib.request.Request(base_url.removesuffix("/v1") + "/api/engines", headers={"Authorization": f"Bearer {api_key}"})
+    engines = json.load(urllib.request.urlopen(req, timeout=10))["engines"]
+    return sum((e.get("events") or {}).get("messages", 0) for e in engines)
+
+
+def wait_for_kv_events(before, secs=10):
+    """Waits until the engine's KV events of a request reached the control plane: a next turn
+    sent sooner races them (the index only knows what the events said)."""
+    deadline = time.time() + secs
+    while kv_messages() <= before:
+        assert time.time() < deadline, f"no KV event reached the control plane in {secs} s"
+        time.sleep(0.05)
+
+
 # A conversation's long system prompt is cached on the engine that served it first: the
 # router must send its next turn there. Its block hashes come from the chat template as the
 # control plane renders it, so this also holds the template to vLLM's rendering.
@@ -46,6 +65,9 @@ for i in range(4):
     system = " ".join(rng.choice(words) for _ in range(250))
     cached = []
     for turn in ["first question", "second question"]:
+        if cached:
+            wait_for_kv_events(seen)
+        seen = kv_messages()
         stream = client.chat.completions.create(
             model=model,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": turn}],

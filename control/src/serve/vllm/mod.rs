@@ -307,8 +307,9 @@ async fn watch(instance: InstanceId, engine: Arc<Engine>, news: mpsc::UnboundedS
         ticker.tick().await;
         match scrape(&engine).await {
             Ok(load) => {
-                failing_since = None;
-                if lost {
+                // After any failure, not only one it reported: the driver may have taken the
+                // engine out meanwhile for its silence (reviving a serving one does nothing).
+                if failing_since.take().is_some() {
                     lost = false;
                     let _ = news.send(News::EngineBack { instance });
                 }
