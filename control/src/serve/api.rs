@@ -8,6 +8,7 @@ use super::live_fleet::MemberState;
 use super::policy::{Policy, PREFILL_SCHEDULERS};
 use super::store::Write;
 use super::App;
+use crate::serve::lock;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -47,12 +48,7 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
     let hub = app.lock_hub();
     let mut counts = std::collections::BTreeMap::<&str, u32>::new();
     for m in hub.fleet.members() {
-        let state = match m.state {
-            MemberState::Serving => "serving",
-            MemberState::Draining => "draining",
-            MemberState::Down => "down",
-        };
-        *counts.entry(state).or_default() += 1;
+        *counts.entry(m.state.name()).or_default() += 1;
     }
     Ok(Json(json!({
         "replica": app.replica,
@@ -130,13 +126,13 @@ pub async fn engines(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResu
                     "capacity_tokens": m.info.capacity_tokens,
                     "state": m.state,
                     "healthy": m.state == MemberState::Serving,
-                    "events": e.spec.kv_events.is_some().then(|| e.events.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+                    "events": e.spec.kv_events.is_some().then(|| lock(&e.events).clone()),
                     "seconds_since_seen": m.last_seen.elapsed().as_secs_f64(),
                 }))
             })
             .collect()
     };
-    for (url, (spec, why)) in app.pending_engines.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+    for (url, (spec, why)) in lock(&app.pending_engines).iter() {
         list.push(json!({"id": null, "kind": spec.kind, "url": url, "kv_events": spec.kv_events, "replay": spec.replay, "state": "pending", "healthy": false, "error": why}));
     }
     Ok(Json(json!({"engines": list})).into_response())

@@ -10,6 +10,7 @@ use super::store::Write;
 use super::tokenizer;
 use super::vllm::{self, subscriber, EngineSpec};
 use super::App;
+use crate::serve::lock;
 use axum::http::StatusCode;
 use engine::InstanceId;
 use serde::Deserialize;
@@ -63,18 +64,11 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
     }
     let probed = vllm::probe(&app.http, &spec).await.map_err(unreachable)?;
     let tokenizer_sha256 = ensure_tokenizer(app, &spec, &probed)?;
-    let mismatch = app.lock_hub().fleet.members().find_map(|m| {
-        (m.state != MemberState::Down && m.info.model == probed.model && m.info.block_size != probed.block_size).then(
-            || {
-                format!(
-                    "{}'s block size {} differs from {}'s {} for model `{}`",
-                    spec.url, probed.block_size, m.info.name, m.info.block_size, probed.model
-                )
-            },
-        )
-    });
-    if let Some(why) = mismatch {
-        return Err(bad(why));
+    if let Some(m) = app.lock_hub().fleet.block_size_conflict(&probed.model, probed.block_size) {
+        return Err(bad(format!(
+            "{}'s block size {} differs from {}'s {} for model `{}`",
+            spec.url, probed.block_size, m.info.name, m.info.block_size, probed.model
+        )));
     }
     let sub = match &spec.kv_events {
         Some(endpoint) => {
@@ -86,20 +80,16 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
         None => None,
     };
     let host = spec.url.split("//").nth(1).unwrap_or(&spec.url).to_string();
-    let mut info = crate::proto::EngineInfo {
+    let info = crate::proto::EngineInfo {
         name: format!("{}@{host}", spec.kind.name()),
         model: probed.model.clone(),
         executor: spec.kind.name().to_string(),
         block_size: probed.block_size,
         kv_blocks: u32::try_from(probed.gpu_blocks).unwrap_or(u32::MAX),
-        // Set below: the KV it holds, bounded by the engine's context length.
-        capacity_tokens: 0,
+        capacity_tokens: probed.capacity_tokens(),
         tokenizer_sha256,
     };
     let engine = vllm::Engine::new(spec, probed, app.http.clone());
-    let capacity_tokens = engine.kv_capacity_tokens();
-    let max_model_len = engine.probed.max_model_len;
-    info.capacity_tokens = if max_model_len > 0 { capacity_tokens.min(max_model_len) } else { capacity_tokens };
     let id = app.store.register_external(&engine.spec, &info).await.map_err(|e| RegisterError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         message: format!("cannot record the engine (database: {e:#})"),
@@ -112,7 +102,7 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
     engine.start(id, sub, news);
     hub.pump();
     drop(hub);
-    app.pending_engines.lock().unwrap_or_else(|p| p.into_inner()).remove(&engine.spec.url);
+    lock(&app.pending_engines).remove(&engine.spec.url);
     tracing::info!(instance = %id, url = %engine.spec.url, model = %engine.probed.model, kv_events = ?engine.spec.kv_events, "engine registered");
     Ok(id)
 }
@@ -154,7 +144,7 @@ pub async fn keep_registering(app: Arc<App>, spec: EngineSpec) {
                     tracing::warn!(url = %spec.url, "engine not serving yet: {}", e.message);
                     said = e.message.clone();
                 }
-                match app.pending_engines.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&spec.url) {
+                match lock(&app.pending_engines).get_mut(&spec.url) {
                     Some(p) => p.1 = e.message,
                     None => return, // removed meanwhile
                 }
@@ -201,7 +191,7 @@ pub fn remove(app: &App, id: InstanceId) -> Result<String, RegisterError> {
     hub.fleet.remove(id);
     hub.pump();
     drop(hub);
-    app.pending_engines.lock().unwrap_or_else(|p| p.into_inner()).remove(&url);
+    lock(&app.pending_engines).remove(&url);
     app.store.write(Write::InstanceState { id: id.0 as i32, state: "removed" });
     Ok(url)
 }

@@ -165,7 +165,7 @@ pub async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
     if let Err(e) = app.auth.check(&headers, Role::Inference) {
         return e.into_response();
     }
-    let hub = app.hub.lock().unwrap_or_else(|p| p.into_inner());
+    let hub = app.lock_hub();
     let mut names: Vec<String> =
         hub.fleet.members().filter(|m| m.state == MemberState::Serving).map(|m| m.info.model.clone()).collect();
     names.sort();
@@ -198,11 +198,12 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
     let invalid_json = |e: serde_json::Error| {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not a valid request: {e}"))
     };
-    let raw = match serde_json::from_slice::<Value>(bytes).map_err(invalid_json)? {
-        Value::Object(m) => m,
-        _ => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body is not a JSON object")),
+    let value: Value = serde_json::from_slice(bytes).map_err(invalid_json)?;
+    // Read in place: the object is kept whole for engines with their own API.
+    let body = Body::deserialize(&value).map_err(invalid_json)?;
+    let Value::Object(raw) = value else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body is not a JSON object"));
     };
-    let body: Body = serde_json::from_value(Value::Object(raw.clone())).map_err(invalid_json)?;
     let model =
         body.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
     let unsupported = if body.n.is_some_and(|n| n != 1) {
@@ -300,7 +301,7 @@ async fn serve(
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = parsed.prompt.len() as u32;
     let id = {
-        let mut hub = app.hub.lock().unwrap_or_else(|p| p.into_inner());
+        let mut hub = app.lock_hub();
         let serving: Vec<_> = hub.fleet.members().filter(|m| m.state == MemberState::Serving).collect();
         if serving.is_empty() {
             app.metrics.request("unavailable");
@@ -436,9 +437,14 @@ impl Run {
         }
     }
 
+    /// Counts an engine's own refusal: the client's fault below 500, the engine's above.
+    fn note_refused(&self, status: u16) {
+        self.app.metrics.request(if status < 500 { "rejected" } else { "failed" });
+    }
+
     /// The engine's own refusal, passed on with its status.
     fn refused(&self, status: u16, body: Value) -> Response {
-        self.app.metrics.request(if status < 500 { "rejected" } else { "failed" });
+        self.note_refused(status);
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
         (status, Json(body)).into_response()
     }
@@ -559,7 +565,7 @@ impl Run {
                 }
                 Some(Delta::Whole { body, .. }) => (vec![Event::default().data(body.to_string())], true),
                 Some(Delta::Refused { status, body }) => {
-                    run.app.metrics.request(if status < 500 { "rejected" } else { "failed" });
+                    run.note_refused(status);
                     (vec![Event::default().data(body.to_string())], true)
                 }
                 None => {

@@ -16,6 +16,7 @@
 use super::live_fleet::MemberState;
 use super::metrics::Outcome;
 use super::App;
+use crate::serve::lock;
 use engine::InstanceId;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -55,7 +56,7 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn finished(&self, request: Finished) {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = lock(&self.recent);
         if recent.len() == RECENT_LIMIT {
             recent.pop_front();
         }
@@ -65,7 +66,7 @@ impl Recorder {
     /// Forgets requests older than the window and summarises the rest, in all and per
     /// engine.
     fn window(&self, now: Instant, slo: (f64, f64)) -> (WindowStats, BTreeMap<u32, EngineWindow>) {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = lock(&self.recent);
         while recent.front().is_some_and(|(at, _)| now.duration_since(*at) > WINDOW) {
             recent.pop_front();
         }
@@ -199,7 +200,7 @@ pub struct History {
 
 impl History {
     fn push(&self, sample: Sample) {
-        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let mut samples = lock(&self.samples);
         if samples.len() == CAPACITY {
             samples.pop_front();
         }
@@ -208,7 +209,7 @@ impl History {
 
     /// Samples taken after `since_ms` (all of them for 0), oldest first.
     pub fn since(&self, since_ms: u64) -> Vec<Sample> {
-        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let samples = lock(&self.samples);
         samples.iter().filter(|s| s.at_ms > since_ms).cloned().collect()
     }
 }

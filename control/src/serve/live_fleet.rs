@@ -131,6 +131,16 @@ pub enum MemberState {
     Down,
 }
 
+impl MemberState {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Serving => "serving",
+            MemberState::Draining => "draining",
+            MemberState::Down => "down",
+        }
+    }
+}
+
 /// One engine as the control plane knows it.
 pub struct Member {
     pub id: InstanceId,
@@ -314,6 +324,14 @@ impl LiveFleet {
 
     pub fn member_mut(&mut self, id: InstanceId) -> Option<&mut Member> {
         self.members.get_mut(&id)
+    }
+
+    /// An engine serving `model` with another block size than `block_size`: the index could
+    /// not match one's prompts against the other's blocks.
+    pub fn block_size_conflict(&self, model: &str, block_size: u32) -> Option<&Member> {
+        self.members
+            .values()
+            .find(|m| m.state != MemberState::Down && m.info.model == model && m.info.block_size != block_size)
     }
 
     /// Keeps `payload` for the request's dispatch.

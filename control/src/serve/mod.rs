@@ -129,7 +129,7 @@ pub struct App {
 impl App {
     pub fn lock_hub(&self) -> MutexGuard<'_, Hub> {
         // A panic while routing leaves the controller usable: its state changes are atomic.
-        self.hub.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.hub)
     }
 
     /// Puts a stored policy version in force, unless a newer one already is: the router and
@@ -155,6 +155,12 @@ impl App {
             hub.fleet.set_scheduling(set.scheduling);
         }
     }
+}
+
+/// Locks `m`, also after a panic while it was held: every state change under the control
+/// plane's locks is complete before it is stored.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A new random token (for the demo's children).
@@ -339,15 +345,11 @@ async fn render_metrics(State(app): State<Arc<App>>) -> String {
         let mut serving = 0;
         let mut by_kind = std::collections::BTreeMap::<(&str, &str), i64>::new();
         for m in hub.fleet.members() {
-            for state in ["serving", "draining", "down"] {
-                by_kind.entry((m.kind().name(), state)).or_default();
+            // Every state of a kind present, so that one emptied reads 0.
+            for state in [MemberState::Serving, MemberState::Draining, MemberState::Down] {
+                by_kind.entry((m.kind().name(), state.name())).or_default();
             }
-            let state = match m.state {
-                MemberState::Serving => "serving",
-                MemberState::Draining => "draining",
-                MemberState::Down => "down",
-            };
-            *by_kind.entry((m.kind().name(), state)).or_default() += 1;
+            *by_kind.entry((m.kind().name(), m.state.name())).or_default() += 1;
             let labels = InstanceLabels { instance: m.info.name.clone(), pool: m.pool.clone() };
             let total = f64::from(m.load.kv_total_blocks.max(1));
             app.metrics.kv_usage.get_or_create(&labels).set(f64::from(m.load.kv_used_blocks) / total);

@@ -39,10 +39,7 @@ impl Control for Registry {
         // Known engines (re-)register without the database; a new one needs it for its id.
         let known = {
             let hub = self.app.lock_hub();
-            let mismatch = hub.fleet.members().find(|m| {
-                m.state != MemberState::Down && m.info.model == info.model && m.info.block_size != info.block_size
-            });
-            if let Some(m) = mismatch {
+            if let Some(m) = hub.fleet.block_size_conflict(&info.model, info.block_size) {
                 return Err(Status::invalid_argument(format!(
                     "block size {} differs from {}'s {} for the same model",
                     info.block_size, m.info.name, m.info.block_size

@@ -11,6 +11,7 @@ pub mod relay;
 pub mod subscriber;
 
 use super::live_fleet::News;
+use crate::serve::lock;
 use engine::{InstanceId, Request};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -151,6 +152,18 @@ pub struct Probed {
     pub gpu_blocks: u64,
 }
 
+impl Probed {
+    /// The largest request it can hold: its KV, bounded by its context length.
+    pub fn capacity_tokens(&self) -> u64 {
+        let kv = self.gpu_blocks * u64::from(self.block_size);
+        if self.max_model_len > 0 {
+            kv.min(self.max_model_len)
+        } else {
+            kv
+        }
+    }
+}
+
 /// How long one call to an engine's health or metrics may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -247,16 +260,12 @@ impl Engine {
         }
     }
 
-    pub fn kv_capacity_tokens(&self) -> u64 {
-        self.probed.gpu_blocks * u64::from(self.probed.block_size)
-    }
-
     fn adjust(&self, f: impl FnOnce(&mut InFlight)) {
-        f(&mut self.in_flight.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut lock(&self.in_flight));
     }
 
     pub fn in_flight(&self) -> InFlight {
-        *self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.in_flight)
     }
 
     /// Tells the engine's streams that it is gone.
@@ -269,7 +278,7 @@ impl Engine {
     }
 
     pub fn stop_tasks(&self) {
-        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for t in lock(&self.tasks).drain(..) {
             t.abort();
         }
     }
@@ -281,7 +290,7 @@ impl Engine {
         sub: Option<subscriber::Subscriber>,
         news: mpsc::UnboundedSender<News>,
     ) {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tasks = lock(&self.tasks);
         tasks.push(tokio::spawn(watch(instance, self.clone(), news.clone())).abort_handle());
         if let Some(s) = sub {
             let stats = self.events.clone();

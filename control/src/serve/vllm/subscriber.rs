@@ -8,6 +8,7 @@
 use super::hashes::BlockMap;
 use super::kv_events::{decode_message, decode_seq, Batch, END_OF_REPLAY};
 use crate::serve::live_fleet::News;
+use crate::serve::lock;
 use bytes::Bytes;
 use engine::kv::KvEvent;
 use engine::InstanceId;
@@ -160,7 +161,7 @@ impl Reader {
             }
         }
         self.seq.applied(batch.seq);
-        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock(&self.stats);
         st.messages += 1;
         st.last_seq = Some(batch.seq);
     }
@@ -169,7 +170,7 @@ impl Reader {
     async fn fill(&mut self, replay: &str, from: u64, to: Option<u64>) -> Result<(), String> {
         let batches = replay_from(replay, from).await?;
         let batches: Vec<_> = batches.into_iter().filter(|b| to.is_none_or(|t| b.seq < t)).collect();
-        self.stats.lock().unwrap_or_else(|p| p.into_inner()).replayed += batches.len() as u64;
+        lock(&self.stats).replayed += batches.len() as u64;
         for b in batches {
             self.apply(b);
         }
@@ -178,7 +179,7 @@ impl Reader {
 
     /// Hands the translated events to the driver, and updates the stats.
     fn send(&mut self) {
-        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock(&self.stats);
         st.blocks = self.blocks.len();
         st.unmapped = self.blocks.unmapped;
         drop(st);
@@ -217,7 +218,7 @@ pub async fn run(
         }
     }
     r.send();
-    stats.lock().unwrap_or_else(|p| p.into_inner()).caught_up = true;
+    lock(&stats).caught_up = true;
     loop {
         let msg = match s.sub.recv().await {
             Ok(m) => m,
@@ -241,10 +242,10 @@ pub async fn run(
             tracing::info!(%instance, seq = batch.seq, "engine restarted: its cached blocks are forgotten");
             r.blocks.clear(&mut r.out);
             r.seq.reset();
-            stats.lock().unwrap_or_else(|p| p.into_inner()).restarts += 1;
+            lock(&stats).restarts += 1;
         }
         if let Order::Gap { from } = r.seq.order(batch.seq) {
-            stats.lock().unwrap_or_else(|p| p.into_inner()).gaps += 1;
+            lock(&stats).gaps += 1;
             let filled = match s.replay.clone() {
                 Some(replay) => r.fill(&replay, from, Some(batch.seq)).await,
                 None => Err("no replay endpoint".to_string()),
@@ -255,7 +256,7 @@ pub async fn run(
             }
             // What the replay could not bring is lost.
             let got = r.seq.next.unwrap_or(0);
-            stats.lock().unwrap_or_else(|p| p.into_inner()).lost += batch.seq.saturating_sub(got.max(from));
+            lock(&stats).lost += batch.seq.saturating_sub(got.max(from));
         }
         r.apply(batch);
         r.send();
