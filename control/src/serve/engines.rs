@@ -70,6 +70,15 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
             spec.url, probed.block_size, m.info.name, m.info.block_size, probed.model
         )));
     }
+    let role = super::live_fleet::role_by_name(&spec.role).unwrap_or(policies::Role::Colocated);
+    if let Some(m) = app.lock_hub().fleet.pd_kind_conflict(spec.kind, role) {
+        return Err(bad(format!(
+            "{} cannot serve in a P/D pool beside {} (a {} engine): KV moves between engines of one kind",
+            spec.url,
+            m.info.name,
+            m.kind().name()
+        )));
+    }
     let sub = match &spec.kv_events {
         Some(endpoint) => {
             if let Some(r) = &spec.replay {
@@ -161,6 +170,10 @@ pub async fn start(app: &Arc<App>, mut specs: Vec<EngineSpec>) {
         Ok(rows) => {
             for (id, spec) in rows {
                 match serde_json::from_value::<EngineSpec>(spec) {
+                    Ok(s) if s.actuated => {
+                        // Its process stopped with the control plane that started it.
+                        app.store.write(Write::InstanceState { id, state: "removed" });
+                    }
                     Ok(s) if specs.iter().all(|c| c.url != s.url) => specs.push(s),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(instance = id, "stored engine spec not understood: {e}"),

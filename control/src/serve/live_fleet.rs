@@ -86,6 +86,9 @@ pub struct Parked {
     pub payload: Payload,
     pub kv_tokens: u64,
     pub ttft: Dur,
+    /// What an engine with its own API returned for the decode engine to find the KV by
+    /// (vLLM's `kv_transfer_params`); ours export it over gRPC instead.
+    pub handoff: Option<serde_json::Value>,
 }
 
 /// What the fleet's tasks report to the driver.
@@ -160,6 +163,7 @@ pub struct Member {
 }
 
 /// How the control plane reaches an engine.
+#[derive(Clone)]
 enum Link {
     /// `fleetplane engine`: our gRPC protocol.
     Grpc(EngineClient<Channel>),
@@ -303,15 +307,23 @@ impl LiveFleet {
 
     /// Stops the process of a drained engine (when the actuator started it) and marks it gone.
     pub fn retire(&mut self, id: InstanceId) {
+        let holds_parked = self.parked.values().any(|p| p.from == id);
         let Some(m) = self.members.get_mut(&id) else { return };
         m.drain_watched = false;
-        if m.state != MemberState::Draining {
+        if m.state != MemberState::Draining || (holds_parked && m.external().is_some()) {
+            // A prefill engine that is not ours holds the KV of requests not yet paired
+            // (they pull it from there): it is watched again at the next tick.
             return;
         }
         if let Some(a) = &mut self.actuator {
             a.stop(&m.address);
         }
-        self.lose(id);
+        if m.external().is_some_and(|e| e.spec.actuated) {
+            // Its process is gone for good: nothing will register it again.
+            self.remove(id);
+        } else {
+            self.lose(id);
+        }
     }
 
     pub fn members(&self) -> impl Iterator<Item = &Member> {
@@ -484,19 +496,40 @@ impl LiveFleet {
 impl LiveFleet {
     /// Moves a parked request's KV from `from` to `to` on a task of its own.
     fn transfer(&mut self, request: RequestId, from: InstanceId, to: InstanceId) {
-        let clients = self.members.get(&from).zip(self.members.get(&to)).and_then(|(f, t)| f.client().zip(t.client()));
+        let links = self.members.get(&from).zip(self.members.get(&to)).map(|(f, t)| (f.link.clone(), t.link.clone()));
         let parked = self.parked.remove(&request);
-        let (Some(parked), Some((from_client, to_client))) = (parked, clients) else {
+        let (Some(parked), Some(links)) = (parked, links) else {
             // The request is no longer here (its client left, or a policy change re-sent a
             // request already on its way): close the transfer the controller opened.
             self.events.push(FleetEvent::TransferDone { request, from, to });
             self.events.push(FleetEvent::RequestFinished { instance: to, request });
             return;
         };
-        let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
-        let carry =
-            super::transfer::Carry { parked, to, from_client, to_client, transfer_us, report: self.report.clone() };
-        tokio::spawn(carry.run());
+        let report = self.report.clone();
+        match links {
+            (Link::Grpc(from_client), Link::Grpc(to_client)) => {
+                let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
+                let carry = super::transfer::Carry { parked, to, from_client, to_client, transfer_us, report };
+                tokio::spawn(carry.run());
+            }
+            (Link::Http(_), Link::Http(engine)) => {
+                tokio::spawn(vllm::relay::decode(to, engine, parked, report));
+            }
+            _ => {
+                // Registration keeps a P/D pair to one kind; this is a fleet changed meanwhile.
+                self.events.push(FleetEvent::TransferDone { request, from, to });
+                let why = format!("{from} and {to} are engines of different kinds: no KV hand-off between them");
+                let _ = parked.payload.out.send(Delta::Failed(why));
+                report.finished(to, &parked.request, &parked.payload, false);
+            }
+        }
+    }
+
+    /// A P/D engine of another kind than `kind` (a hand-off moves KV between engines of one
+    /// kind only: ours over gRPC, vLLM's through its KV connector).
+    pub fn pd_kind_conflict(&self, kind: EngineKind, role: Role) -> Option<&Member> {
+        (role != Role::Colocated).then_some(())?;
+        self.members.values().find(|m| m.state != MemberState::Down && m.role != Role::Colocated && m.kind() != kind)
     }
 }
 
@@ -516,7 +549,8 @@ impl Fleet for LiveFleet {
                 tokio::spawn(stream_request(instance, client.clone(), request, payload, self.report.clone()));
             }
             Link::Http(engine) => {
-                tokio::spawn(vllm::relay::run(instance, engine.clone(), request, payload, self.report.clone()));
+                let step = if m.role == Role::Prefill { vllm::relay::Step::Prefill } else { vllm::relay::Step::Whole };
+                tokio::spawn(vllm::relay::run(instance, engine.clone(), request, payload, self.report.clone(), step));
             }
         }
         Ok(())

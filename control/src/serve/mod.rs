@@ -266,16 +266,23 @@ async fn serve(
     let (http_addr, grpc_addr) = (http.local_addr()?, grpc.local_addr()?);
     if args.pools.actuator == pools::ActuatorKind::Local {
         let p = &args.pools;
-        let spec = actuator::EngineSpec {
-            exe: std::env::current_exe().context("cannot find this binary to start engines")?,
-            control: if p.engine_control.is_empty() { grpc_addr.to_string() } else { p.engine_control.join(",") },
-            engine_token: engine_token.clone(),
-            model: p.engine_model.clone(),
-            gpu: p.engine_gpu.clone(),
-            time_scale: p.engine_time_scale,
-            kv_blocks: p.engine_kv_blocks,
+        let launch = match &p.engine_command {
+            Some(template) => {
+                let (register, started) = mpsc::unbounded_channel();
+                tokio::spawn(register_started(app.clone(), started));
+                actuator::Launch::Command(actuator::EngineCommand { template: template.clone(), register })
+            }
+            None => actuator::Launch::Ours(actuator::OurEngine {
+                exe: std::env::current_exe().context("cannot find this binary to start engines")?,
+                control: if p.engine_control.is_empty() { grpc_addr.to_string() } else { p.engine_control.join(",") },
+                engine_token: engine_token.clone(),
+                model: p.engine_model.clone(),
+                gpu: p.engine_gpu.clone(),
+                time_scale: p.engine_time_scale,
+                kv_blocks: p.engine_kv_blocks,
+            }),
         };
-        app.lock_hub().fleet.set_actuator(Box::new(actuator::LocalProcesses::new(spec)));
+        app.lock_hub().fleet.set_actuator(Box::new(actuator::LocalProcesses::new(launch)));
     }
 
     tokio::spawn(drive(app.clone(), news_rx));
@@ -446,13 +453,26 @@ fn watch_drains(hub: &mut Hub) {
         .fleet
         .members()
         .filter(|m| m.state == MemberState::Draining && !m.drain_watched && actuator.owns(&m.address))
-        .filter_map(|m| Some((m.id, m.client()?)))
+        .map(|m| (m.id, m.client(), m.external().cloned()))
         .collect();
-    for (id, client) in watch {
+    for (id, client, external) in watch {
         if let Some(m) = hub.fleet.member_mut(id) {
             m.drain_watched = true;
         }
-        tokio::spawn(actuator::watch_drain(id, client, news.clone()));
+        match (client, external) {
+            (Some(client), _) => drop(tokio::spawn(actuator::watch_drain(id, client, news.clone()))),
+            (None, Some(engine)) => drop(tokio::spawn(actuator::watch_drain_external(id, engine, news.clone()))),
+            (None, None) => {}
+        }
+    }
+}
+
+/// Registers the engines the actuator started from `--engine-command` (each tried every
+/// second until it answers, as one named on the command line).
+async fn register_started(app: Arc<App>, mut started: mpsc::UnboundedReceiver<vllm::EngineSpec>) {
+    while let Some(spec) = started.recv().await {
+        lock(&app.pending_engines).insert(spec.url.clone(), (spec.clone(), "starting".into()));
+        tokio::spawn(engines::keep_registering(app.clone(), spec));
     }
 }
 

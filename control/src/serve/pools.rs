@@ -95,6 +95,13 @@ pub struct PoolArgs {
     #[arg(long)]
     pub engine_kv_blocks: Option<u32>,
 
+    /// With `--actuator local`: start vLLM servers with this command line instead of
+    /// `fleetplane engine` (run by `sh -c 'exec LINE'`; `{port}`, `{kv_port}`,
+    /// `{replay_port}`, `{side_port}`, `{role}`, `{name}` filled in). Each is registered as a
+    /// vLLM engine of its role once it answers at `http://127.0.0.1:{port}`.
+    #[arg(long)]
+    pub engine_command: Option<String>,
+
     /// gRPC addresses of every replica, comma-separated: the engines the actuator starts
     /// register with all of them [default: this replica's].
     #[arg(long, value_delimiter = ',')]
@@ -109,8 +116,8 @@ impl PoolArgs {
     /// The controller's pool settings (`None` for a colocated fleet), for SLO targets `slo`.
     pub fn pd_config(&self, slo: Slo) -> anyhow::Result<Option<PdConfig>> {
         if self.mode == Mode::Colocated {
-            if self.actuator != ActuatorKind::None || self.autoscaler != "none" {
-                bail!("--actuator and --autoscaler size the pools of --mode pd");
+            if self.actuator != ActuatorKind::None || self.autoscaler != "none" || self.engine_command.is_some() {
+                bail!("--actuator, --autoscaler and --engine-command size the pools of --mode pd");
             }
             return Ok(None);
         }
@@ -129,6 +136,12 @@ impl PoolArgs {
         }
         if self.scale_tick_ms == 0 {
             bail!("--scale-tick-ms must be at least 1");
+        }
+        if let Some(template) = &self.engine_command {
+            if self.actuator != ActuatorKind::Local {
+                bail!("--engine-command is what --actuator local starts: give --actuator local");
+            }
+            super::actuator::EngineCommand::check(template).map_err(|e| anyhow!(e))?;
         }
         let min_per_pool = self.min_per_pool.max(1);
         if self.gpu_budget < 2 * min_per_pool {
@@ -286,6 +299,8 @@ pub(super) mod tests {
             (&["--mode", "pd", "--transfer-gb-s", "0"], "--transfer-gb-s"),
             (&["--mode", "pd", "--autoscaler", "magic"], "magic"),
             (&["--mode", "pd", "--engine-model", "gpt-9"], "gpt-9"),
+            (&["--mode", "pd", "--engine-command", "vllm --port {port}"], "--actuator local"),
+            (&["--mode", "pd", "--actuator", "local", "--engine-command", "vllm"], "no {port}"),
         ] {
             let e = format!("{:#}", args(flags).pd_config(SLO).unwrap_err());
             assert!(e.contains(named), "{flags:?}: {e}");

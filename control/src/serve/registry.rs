@@ -45,6 +45,15 @@ impl Control for Registry {
                     info.block_size, m.info.name, m.info.block_size
                 )));
             }
+            let role = super::live_fleet::role_by_name(&r.pool).unwrap_or(policies::Role::Colocated);
+            if let Some(m) = hub.fleet.pd_kind_conflict(super::vllm::EngineKind::Fleetplane, role) {
+                return Err(Status::failed_precondition(format!(
+                    "pool {} has {} (a {} engine): KV moves between engines of one kind",
+                    r.pool,
+                    m.info.name,
+                    m.kind().name()
+                )));
+            }
             let known = hub.fleet.members().find(|m| m.address == r.address).map(|m| (m.id, m.state));
             known
         };

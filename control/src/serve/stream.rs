@@ -16,8 +16,9 @@ use tonic::transport::Channel;
 pub(super) enum Ended {
     /// The request finished; its client has the last message.
     Finished,
-    /// A prefill engine computed its prompt and first token and holds its KV.
-    Prefilled { kv_tokens: u64 },
+    /// A prefill engine computed its prompt and first token and holds its KV (`handoff`:
+    /// what the decode engine finds it by, from an engine with its own API).
+    Prefilled { kv_tokens: u64, handoff: Option<serde_json::Value> },
     /// Its client went away (dropping the stream cancels the call; the engine drops it).
     ClientGone,
     /// The stream broke or the engine evicted the request: it must be placed again.
@@ -51,7 +52,7 @@ pub(super) async fn relay(
         match chunk.finish_reason.as_str() {
             "" => {}
             "evicted" => return Ended::Broke(format!("{instance} evicted it under KV pressure")),
-            "prefilled" => return Ended::Prefilled { kv_tokens: chunk.kv_tokens },
+            "prefilled" => return Ended::Prefilled { kv_tokens: chunk.kv_tokens, handoff: None },
             _ => {
                 let mut cached_tokens = [0; 3];
                 for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
@@ -113,7 +114,7 @@ impl Reporter {
         match ended {
             Ended::Finished => self.finished(instance, &request, &payload, true),
             Ended::ClientGone => self.finished(instance, &request, &payload, false),
-            Ended::Prefilled { kv_tokens } => {
+            Ended::Prefilled { kv_tokens, handoff } => {
                 let ttft = payload.first_token_at().unwrap_or_else(|| self.now()).since(request.arrival);
                 let done = FleetEvent::PrefillDone {
                     instance,
@@ -122,7 +123,8 @@ impl Reporter {
                     output_tokens: request.max_output_tokens,
                     ttft,
                 };
-                let _ = self.news.send(News::Parked(Parked { from: instance, request, payload, kv_tokens, ttft }));
+                let _ =
+                    self.news.send(News::Parked(Parked { from: instance, request, payload, kv_tokens, ttft, handoff }));
                 self.event(done);
             }
             Ended::Broke(why) => {

@@ -12,7 +12,7 @@ pub mod subscriber;
 
 use super::live_fleet::News;
 use crate::serve::lock;
-use engine::{InstanceId, Request};
+use engine::InstanceId;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -61,6 +61,10 @@ pub struct EngineSpec {
     /// folder the engine reports as its model's root, when this machine can read it.
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
+    /// Started by this control plane's actuator (`serve --engine-command`): not registered
+    /// again at a restart, since its process went with the control plane that started it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub actuated: bool,
 }
 
 fn colocated() -> String {
@@ -91,6 +95,7 @@ impl std::str::FromStr for EngineSpec {
             replay: None,
             role: colocated(),
             tokenizer: None,
+            actuated: false,
         };
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| format!("`{part}` in `{arg}` is not KEY=VALUE"))?;
@@ -130,11 +135,8 @@ impl EngineSpec {
         if self.replay.is_some() && self.kv_events.is_none() {
             return Err("replay: a replay endpoint needs kv_events too".into());
         }
-        if self.role != "colocated" {
-            return Err(format!(
-                "role: `{}`: vLLM engines serve colocated only for now (P/D through kv_transfer_params is not built yet)",
-                self.role
-            ));
+        if !matches!(self.role.as_str(), "colocated" | "prefill" | "decode") {
+            return Err(format!("role: `{}` is not colocated, prefill or decode", self.role));
         }
         Ok(())
     }
@@ -369,9 +371,9 @@ pub struct Share<'a> {
 }
 
 impl<'a> Share<'a> {
-    pub fn new(engine: &'a Engine, request: &Request) -> Share<'a> {
-        let prefill = u64::from(request.prompt_tokens);
-        let decode = u64::from(request.max_output_tokens);
+    /// The share of a request with `prompt_tokens` to compute and `output_tokens` to make.
+    pub fn new(engine: &'a Engine, prompt_tokens: u32, output_tokens: u32) -> Share<'a> {
+        let (prefill, decode) = (u64::from(prompt_tokens), u64::from(output_tokens));
         engine.adjust(|f| {
             f.requests += 1;
             f.prefill_tokens += prefill;
@@ -428,7 +430,7 @@ mod tests {
             ("vllm=http://x:1,kv-events=x:1", "kv_events: `x:1` is not a tcp://host:port"),
             ("vllm=http://x:1,replay=tcp://x:2", "needs kv_events"),
             ("vllm=http://x:1,colour=blue", "unknown engine option `colour`"),
-            ("vllm=http://x:1,role=prefill", "role: `prefill`"),
+            ("vllm=http://x:1,role=mixed", "role: `mixed` is not colocated, prefill or decode"),
         ] {
             let e = arg.parse::<EngineSpec>().unwrap_err();
             assert!(e.contains(says), "{arg}: {e}");
