@@ -145,6 +145,18 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
         common::client().post(format!("{}/v1/completions", s.http)).bearer_auth(ADMIN).body(huge).send().expect("post");
     assert_eq!(raw.status().as_u16(), 413);
 
+    // The scheme is case-insensitive (RFC 9110): `bearer` is Bearer.
+    let lower = common::client().get(&fleet).header("authorization", format!("bearer {ADMIN}")).send().expect("get");
+    assert_eq!(lower.status().as_u16(), 200);
+    // A token name with a control character is the caller's mistake, named.
+    let (status, v) =
+        post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "a\u{0}b", "role": "inference"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("name")), "{v}");
+    // Revoking a token that does not exist changes nothing, so audits nothing.
+    let (status, _) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/nobody", s.http), Some(ADMIN), &json!({}));
+    assert_eq!(status, 404);
+    assert_eq!(db.query("SELECT count(*) FROM audit_log WHERE action = 'token.revoke'"), "0");
+
     // The server is still fine.
     assert_eq!(completion(&s.http, ADMIN, ok).0, 200);
 }

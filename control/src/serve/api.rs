@@ -351,6 +351,10 @@ pub async fn create_token(
     if t.name.is_empty() || t.name.len() > 64 {
         return Err(ApiError::invalid("name", "name must be 1 to 64 characters"));
     }
+    if t.name.chars().any(char::is_control) {
+        // PostgreSQL's text cannot hold NUL; no name needs a control character.
+        return Err(ApiError::invalid("name", "name must not contain control characters"));
+    }
     let token = auth::generate()
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no_randomness", e.to_string()))?;
     let hash = auth::hash(&token);

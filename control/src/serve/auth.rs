@@ -87,7 +87,13 @@ impl Auth {
                 "send `Authorization: Bearer <token>`",
             ));
         };
-        let token = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` and `BEARER` are Bearer.
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim());
         let Some(token) = token.filter(|t| !t.is_empty()) else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -131,6 +137,11 @@ mod tests {
         auth.learn([(hash("inf"), Principal { name: "app".into(), role: Role::Inference })]);
         assert!(auth.check(&bearer("root"), Role::Admin).is_ok());
         assert!(auth.check(&bearer("inf"), Role::Inference).is_ok());
+        let mut lower = HeaderMap::new();
+        lower.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer root"));
+        assert!(auth.check(&lower, Role::Admin).is_ok());
+        lower.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic root"));
+        assert!(auth.check(&lower, Role::Admin).is_err());
         assert_eq!(auth.check(&bearer("inf"), Role::Admin).err().map(|e| e.status()), Some(StatusCode::FORBIDDEN));
         assert_eq!(
             auth.check(&bearer("nope"), Role::Inference).err().map(|e| e.status()),

@@ -304,7 +304,10 @@ impl Store {
         .bind(name)
         .fetch_optional(&mut *tx)
         .await?;
-        audit(&mut *tx, author, "token.revoke", serde_json::json!({"name": name})).await?;
+        // Only a revocation that happened is audited (an unknown name changes nothing).
+        if hash.is_some() {
+            audit(&mut *tx, author, "token.revoke", serde_json::json!({"name": name})).await?;
+        }
         tx.commit().await?;
         Ok(hash.and_then(|h| h.try_into().ok()))
     }
