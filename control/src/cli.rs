@@ -30,11 +30,11 @@ pub struct SimFlags {
     #[arg(long, value_name = "N")]
     pub instances: Option<u32>,
 
-    /// Model served: llama-3.1-8b, llama-3.1-70b, qwen3-32b or deepseek-v3 [default: llama-3.1-8b].
+    /// Model served: llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3 or vllm-tiny [default: llama-3.1-8b].
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
 
-    /// GPU of each instance: a100, h100, h200 or b200 [default: h100].
+    /// GPU of each instance: a100, h100, h200, b200 (or cpu-2core, for vLLM on CPUs) [default: h100].
     #[arg(long, value_name = "NAME")]
     pub gpu: Option<String>,
 

@@ -12,6 +12,7 @@
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `make_model` | `fleetplane make-model`: a random-weight Llama model in the Hugging Face layout |
 //! | `profile` | `fleetplane profile`: the CUDA engine's step times over batch shapes, for `simulate --profile` |
+//! | `profile_vllm` | `fleetplane profile-vllm`: a vLLM server's step times through its API, for `simulate --profile` |
 //! | `progress` | progress display on stderr for runs longer than a second |
 //! | `serve` | `fleetplane serve`: the live control plane (gateway, API, metrics, engine registry, PostgreSQL) |
 //! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
@@ -32,6 +33,7 @@ mod latency;
 mod make_model;
 mod max_rate;
 mod profile;
+mod profile_vllm;
 mod progress;
 mod proto;
 mod replay;
@@ -79,6 +81,9 @@ enum Command {
     /// Measure the CUDA engine's step times over a grid of batch shapes and write them as a
     /// profile that `simulate --profile` calibrates the cost model on.
     Profile(profile::Args),
+    /// Measure a running vLLM server's step times through its OpenAI API and write them as a
+    /// profile that `simulate --profile` calibrates the cost model on.
+    ProfileVllm(profile_vllm::Args),
     /// Run the live control plane: OpenAI-compatible gateway, REST API, Prometheus metrics and
     /// the engine registry, with fleet state in PostgreSQL (DATABASE_URL).
     Serve(serve::Args),
@@ -195,6 +200,7 @@ fn main() -> ExitCode {
         Command::Latency(args) => latency::run(args),
         Command::MakeModel(args) => make_model::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::ProfileVllm(args) => profile_vllm::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Engine(args) => engine_proc::run(args),
         Command::Demo(args) => demo::run(args),

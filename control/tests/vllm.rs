@@ -179,6 +179,33 @@ fn vllm_engines_behind_fleetplane() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("all checks passed"), "the openai client failed:\n{text}");
 
+    // The engine's step times, measured through its API, calibrate the simulator's cost model.
+    let profile = dir.join("profile.json");
+    let out = Command::new(bin())
+        .args(["profile-vllm", "--url", &a.url(), "--model", "vllm-tiny", "--gpu", "cpu-2core"])
+        .args(["--prompt-tokens", "32,128", "--batches", "1,4", "--repeat", "1", "--out"])
+        .arg(&profile)
+        .output()
+        .expect("profile-vllm runs");
+    assert!(out.status.success(), "profile-vllm: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&profile).expect("profile")).expect("JSON");
+    assert_eq!((v["model"].as_str(), v["block_size"].as_u64()), (Some("vllm-tiny"), Some(32)), "{v}");
+    assert_eq!(v["samples"].as_array().map(Vec::len), Some(4), "{v}");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/mooncake-conversation.jsonl");
+    let out = Command::new(bin())
+        .args(["simulate", "--trace", trace, "--max-requests", "20", "--model", "vllm-tiny", "--gpu", "cpu-2core"])
+        .args(["--instances", "1", "--block-size", "32", "--kv-blocks", "4000", "--profile"])
+        .arg(&profile)
+        .output()
+        .expect("simulate runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("calibrated on 4 samples"), "{text}");
+    let out = Command::new(bin())
+        .args(["profile-vllm", "--url", &a.url(), "--model", "gpt-9", "--gpu", "cpu-2core", "--out", "/dev/null"])
+        .output()
+        .expect("profile-vllm runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--model: unknown model `gpt-9`"), "{out:?}");
+
     // What the API, the instances and /metrics say of them.
     let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
     let kinds: Vec<&str> =

@@ -30,7 +30,7 @@ pub struct GpuSpec {
     pub usd_per_hour: f64,
 }
 
-static GPUS: [GpuSpec; 4] = [
+static GPUS: [GpuSpec; 5] = [
     // A100 SXM 80GB: nvidia-smi reports 81920 MiB; 2039 GB/s HBM2e; 312 TFLOP/s BF16; no
     // FP8; NVLink 3 600 GB/s bidirectional.
     GpuSpec {
@@ -75,6 +75,18 @@ static GPUS: [GpuSpec; 4] = [
         link_bytes_per_s: 900e9,
         usd_per_hour: 5.0,
     },
+    // Not a GPU: two x86 cores with AVX2 (2 FMA units × 8 f32 lanes × 2 FLOP × 3 GHz per
+    // core) and a share of DRAM bandwidth, the machines the vLLM-CPU tests run on. Only a
+    // calibration's starting point: `profile-vllm` measures what they do.
+    GpuSpec {
+        name: "cpu-2core",
+        memory_bytes: 24 * GIB,
+        hbm_bytes_per_s: 20e9,
+        bf16_flops: 192e9,
+        fp8_flops: 192e9,
+        link_bytes_per_s: 10e9,
+        usd_per_hour: 0.1,
+    },
 ];
 
 /// Looks a GPU up by its catalog name.
@@ -94,7 +106,7 @@ mod tests {
     #[test]
     fn an_unknown_gpu_name_lists_the_valid_ones() {
         let err = gpu_by_name("tpu-v5").expect_err("not a catalog gpu");
-        assert_eq!(err.to_string(), "unknown gpu `tpu-v5` (valid: a100, h100, h200, b200)");
+        assert_eq!(err.to_string(), "unknown gpu `tpu-v5` (valid: a100, h100, h200, b200, cpu-2core)");
     }
 
     #[test]

