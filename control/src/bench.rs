@@ -74,7 +74,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
 }
 
 /// Peak resident set size of this process (Linux's VmHWM), in KiB.
-fn peak_rss_kib() -> Option<u64> {
+pub fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
