@@ -9,9 +9,9 @@
 //! block from it leaves it there for the other instances, so it is inclusive of what
 //! instances hold.
 
+use crate::block_map::{BlockMap, Probe};
 use crate::ids::BlockHash;
 use crate::slots;
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,10 +89,12 @@ struct Entry {
 
 /// A set of block hashes with a capacity, evicting the least recently used: the L2 and L3
 /// stores. Only hashes are kept: the simulator needs to know what is there, not its bytes.
+/// The L3 store holds millions of blocks, so the hash-to-entry map is a [`BlockMap`]: one
+/// cache miss a probe where a SwissTable takes two.
 #[derive(Clone, Debug, Default)]
 pub struct BlockLru {
     capacity: u32,
-    slots: FxHashMap<BlockHash, u32>,
+    slots: BlockMap<u32>,
     entries: Vec<Entry>,
     free: Vec<u32>,
     /// Least recently used (evicted first), and most recently used.
@@ -118,7 +120,7 @@ impl BlockLru {
     }
 
     pub fn contains(&self, hash: BlockHash) -> bool {
-        self.slots.contains_key(&hash)
+        self.slots.get(hash).is_some()
     }
 
     /// Adds `hash` as the most recently used (or refreshes it). When the store is full, the
@@ -137,34 +139,41 @@ impl BlockLru {
         if self.capacity == 0 {
             return Put::Added { evicted: Some(hash) };
         }
-        // Make room first, so that one probe of the map finds or places `hash`.
-        let evicted = if self.len() >= self.capacity && !self.contains(hash) { self.pop_front() } else { None };
-        match self.slots.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(o) => {
-                let s = *o.get();
+        let vacancy = match self.slots.probe(hash) {
+            Probe::Found(s) => {
                 self.unlink(s);
                 self.push_back(s);
-                Put::Refreshed
+                return Put::Refreshed;
             }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let entry = Entry { hash, prev: NIL, next: NIL };
-                let s = *v.insert(slots::place(&mut self.entries, &mut self.free, entry));
-                self.push_back(s);
-                Put::Added { evicted }
+            Probe::Vacant(v) => v,
+        };
+        // Making room moves entries of the map (removal shifts them back): probe again then,
+        // the lines just read still in the cache.
+        let (evicted, vacancy) = if self.len() >= self.capacity {
+            let evicted = self.pop_front();
+            match self.slots.probe(hash) {
+                Probe::Vacant(v) => (evicted, v),
+                Probe::Found(_) => unreachable!("{hash:?} was not in the store"),
             }
-        }
+        } else {
+            (None, vacancy)
+        };
+        let s = slots::place(&mut self.entries, &mut self.free, Entry { hash, prev: NIL, next: NIL });
+        self.slots.fill(vacancy, hash, s);
+        self.push_back(s);
+        Put::Added { evicted }
     }
 
     /// Marks `hash` as just used; false when it is not here.
     pub fn touch(&mut self, hash: BlockHash) -> bool {
-        let Some(&s) = self.slots.get(&hash) else { return false };
+        let Some(s) = self.slots.get(hash) else { return false };
         self.unlink(s);
         self.push_back(s);
         true
     }
 
     pub fn remove(&mut self, hash: BlockHash) -> bool {
-        let Some(s) = self.slots.remove(&hash) else { return false };
+        let Some(s) = self.slots.remove(hash) else { return false };
         self.unlink(s);
         self.free.push(s);
         true
@@ -196,7 +205,7 @@ impl BlockLru {
         let s = self.head;
         let hash = self.entries[s as usize].hash;
         self.unlink(s);
-        self.slots.remove(&hash);
+        self.slots.remove(hash);
         self.free.push(s);
         Some(hash)
     }
@@ -237,7 +246,7 @@ impl BlockLru {
         while s != NIL {
             let e = &self.entries[s as usize];
             assert_eq!(e.prev, prev, "LRU list back link");
-            assert_eq!(self.slots.get(&e.hash), Some(&s), "listed hash not in the map");
+            assert_eq!(self.slots.get(e.hash), Some(s), "listed hash not in the map");
             listed += 1;
             prev = s;
             s = e.next;
@@ -284,6 +293,67 @@ mod tests {
         assert_eq!(lru.insert(h(4)), None);
         assert_eq!(lru.insert(h(5)), Some(h(3)));
         lru.check_invariants();
+    }
+
+    /// The obvious LRU: a vector, least recently used first.
+    #[derive(Default)]
+    struct Model {
+        capacity: usize,
+        order: Vec<BlockHash>,
+    }
+
+    impl Model {
+        fn put(&mut self, hash: BlockHash) -> Put {
+            if self.capacity == 0 {
+                return Put::Added { evicted: Some(hash) };
+            }
+            if self.touch(hash) {
+                return Put::Refreshed;
+            }
+            let evicted = (self.order.len() >= self.capacity).then(|| self.order.remove(0));
+            self.order.push(hash);
+            Put::Added { evicted }
+        }
+
+        fn touch(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            self.order.push(hash);
+            true
+        }
+
+        fn remove(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            true
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the uses, the store answers as the obvious LRU does: the same evictions,
+        /// refreshes, removals and order.
+        #[test]
+        fn the_store_answers_as_a_plain_lru(
+            capacity in 0usize..12,
+            ops in proptest::collection::vec((0u8..4, 0u64..24), 0..400),
+        ) {
+            let mut lru = BlockLru::new(capacity as u32);
+            let mut model = Model { capacity, ..Model::default() };
+            for (op, key) in ops {
+                let hash = h(key);
+                match op {
+                    0 | 1 => proptest::prop_assert_eq!(lru.put(hash), model.put(hash)),
+                    2 => proptest::prop_assert_eq!(lru.touch(hash), model.touch(hash)),
+                    _ => proptest::prop_assert_eq!(lru.remove(hash), model.remove(hash)),
+                }
+                proptest::prop_assert_eq!(lru.contains(hash), model.order.contains(&hash));
+                proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
+                lru.check_invariants();
+            }
+            proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order);
+            lru.clear();
+            proptest::prop_assert!(lru.is_empty() && lru.iter().next().is_none());
+        }
     }
 
     #[test]
