@@ -78,7 +78,8 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Events of L2 and L3 (the tree keeps L1's), when recording.
+    /// Events of every tier in the order they happened, when recording: L1's are moved here
+    /// from the tree before each event of a lower tier.
     events: Option<Vec<KvEvent>>,
 }
 
@@ -108,12 +109,14 @@ impl KvCache {
         self.events.get_or_insert_with(Vec::new);
     }
 
-    /// Moves the recorded events into `out`: L1's, then the lower tiers'. Within a tier they
-    /// are in order, which is all an index needs (a block's tiers are indexed separately).
+    /// Moves the recorded events into `out`, in the order they happened across tiers.
     pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
-        self.tree.drain_events(out);
-        if let Some(ev) = &mut self.events {
-            out.append(ev);
+        match &mut self.events {
+            Some(ev) => {
+                self.tree.drain_events(ev);
+                out.append(ev);
+            }
+            None => self.tree.drain_events(out),
         }
     }
 
@@ -157,8 +160,13 @@ impl KvCache {
         &mut self.tree
     }
 
+    /// Records an event of L2 or L3 after L1's so far. One stream in the order things
+    /// happened lets an index see a demotion as "removed from L1, stored in L2" back to back
+    /// and keep the block where it is; L1's events first, then the lower tiers', made it
+    /// drop and re-add every block demoted.
     fn emit(&mut self, event: KvEvent) {
         if let Some(ev) = &mut self.events {
+            self.tree.drain_events(ev);
             ev.push(event);
         }
     }
