@@ -81,6 +81,8 @@ pub struct KvCache {
     /// Events of every tier in the order they happened, when recording: L1's are moved here
     /// from the tree before each event of a lower tier.
     events: Option<Vec<KvEvent>>,
+    /// Scratch: the blocks an allocation is about to evict.
+    evicting: Vec<BlockHash>,
 }
 
 impl KvCache {
@@ -100,6 +102,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             events: None,
+            evicting: Vec::new(),
         }
     }
 
@@ -197,6 +200,7 @@ impl KvCache {
         if n > self.available_blocks() {
             return false;
         }
+        self.prefetch_demotions(n.saturating_sub(self.pool.free_count()));
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
@@ -209,6 +213,30 @@ impl KvCache {
             seq.blocks.push(b);
         }
         true
+    }
+
+    /// Loads the L2 and L3 map entries that demoting the next `evictions` blocks will probe,
+    /// all at once: in stores of millions of blocks each probe is a cache miss, and loads
+    /// issued back to back wait for memory together instead of one after another.
+    fn prefetch_demotions(&mut self, evictions: u32) {
+        if evictions < 2 || (self.l2.capacity() == 0 && self.l3.is_none()) {
+            return;
+        }
+        self.evicting.clear();
+        self.tree.next_evictions(evictions as usize, &mut self.evicting);
+        let mut sink = 0u64;
+        if self.l2.capacity() > 0 {
+            for &h in &self.evicting {
+                sink ^= self.l2.prefetch(h);
+            }
+        }
+        if let Some(l3) = &self.l3 {
+            let l3 = l3.lock();
+            for &h in &self.evicting {
+                sink ^= l3.prefetch(h);
+            }
+        }
+        std::hint::black_box(sink);
     }
 
     /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it

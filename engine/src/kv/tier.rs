@@ -164,6 +164,12 @@ impl BlockLru {
         Put::Added { evicted }
     }
 
+    /// Loads the map entry where `hash` would be found, so that its cache miss overlaps with
+    /// other work; returns what it read, for the caller to keep (a prefetch in safe code).
+    pub fn prefetch(&self, hash: BlockHash) -> u64 {
+        self.slots.touch(hash)
+    }
+
     /// Marks `hash` as just used; false when it is not here.
     pub fn touch(&mut self, hash: BlockHash) -> bool {
         let Some(s) = self.slots.get(hash) else { return false };
