@@ -224,17 +224,20 @@ impl KvCache {
         }
         self.evicting.clear();
         self.tree.next_evictions(evictions as usize, &mut self.evicting);
+        // The demoted blocks' entries, and those of the victims they will push out.
         let mut sink = 0u64;
         if self.l2.capacity() > 0 {
             for &h in &self.evicting {
                 sink ^= self.l2.prefetch(h);
             }
+            sink ^= self.l2.prefetch_victims(self.evicting.len());
         }
         if let Some(l3) = &self.l3 {
             let l3 = l3.lock();
             for &h in &self.evicting {
                 sink ^= l3.prefetch(h);
             }
+            sink ^= l3.prefetch_victims(self.evicting.len());
         }
         std::hint::black_box(sink);
     }
