@@ -13,7 +13,7 @@
 //! per phase of the driver loop ([`simulator::phases`]). The infinite-cache bound is off: it
 //! would hold every distinct block of the tiled trace.
 
-use crate::bench::peak_rss_kib;
+use crate::bench::{peak_rss_kib, Size};
 use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
@@ -33,13 +33,8 @@ const INSTANCES_PER_COPY: u32 = 8;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// Requests per case.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub requests: u64,
-
-    /// Instances of the tiered cases.
-    #[arg(long, default_value_t = 64)]
-    pub instances: u32,
+    #[command(flatten)]
+    pub size: Size,
 
     /// Cases to run, comma-separated: tiered-cache-aware, tiered-dynamo-kv, pd-slo-load,
     /// instances-1000 [default: all].
@@ -100,7 +95,7 @@ fn measure(args: &Args, case: &str) -> Result<Measured, Failure> {
     let (scenario_path, instances, width) = match case {
         "pd-slo-load" => (&args.pd_scenario, None, None),
         "instances-1000" => (&args.tiers_scenario, Some(1000), Some(1000 / INSTANCES_PER_COPY)),
-        _ => (&args.tiers_scenario, Some(args.instances), Some(args.instances.div_ceil(INSTANCES_PER_COPY))),
+        _ => (&args.tiers_scenario, Some(args.size.instances), Some(args.size.instances.div_ceil(INSTANCES_PER_COPY))),
     };
     let base = Scenario::load(scenario_path).map_err(|e| input(anyhow!("{}: {e}", scenario_path.display())))?;
     let over = Scenario {
@@ -127,11 +122,12 @@ fn measure(args: &Args, case: &str) -> Result<Measured, Failure> {
         Some(width) => {
             let settings = settings.clone();
             let open: Opener = Box::new(move || settings.open_workload(settings.rate_scale));
-            workload::tile(open, width, args.requests)
+            workload::tile(open, width, args.size.requests)
         }
-        None => {
-            workload::limit(settings.open_workload(settings.rate_scale).map_err(|e| input(e.into()))?, args.requests)
-        }
+        None => workload::limit(
+            settings.open_workload(settings.rate_scale).map_err(|e| input(e.into()))?,
+            args.size.requests,
+        ),
     };
     let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(run) };
     // Resets the kernel's peak-memory mark, so that each case reports its own peak.
