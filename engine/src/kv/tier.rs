@@ -209,6 +209,13 @@ impl BlockLru {
     /// Records a use of `hash` stamped `stamp` (already in the map).
     fn used(&mut self, hash: BlockHash, stamp: u64) {
         self.next_stamp = stamp + 1;
+        let len = self.order.len();
+        if len == self.order.capacity() {
+            // Doubling a full store's queue would leave a quarter of it unused forever: it never
+            // holds more than the compaction threshold.
+            let most = self.capacity as usize + self.capacity as usize / 2 + STALE_SLACK + 1;
+            self.order.reserve_exact(len.max(16).min(most.saturating_sub(len).max(1)));
+        }
         self.order.push_back((hash, stamp));
         self.compact_if_stale();
     }
