@@ -13,15 +13,22 @@ use simulator::sim::{self, SimConfig};
 use simulator::workload::SyntheticConfig;
 use std::time::Instant;
 
+/// The size of a benchmark run (`bench`, and the cases of `bench-suite`).
 #[derive(ClapArgs, Debug)]
-pub struct Args {
-    /// Requests to simulate.
+pub struct Size {
+    /// Requests to simulate (per case).
     #[arg(long, default_value_t = 1_000_000)]
     pub requests: u64,
 
-    /// Engine instances.
+    /// Engine instances (of the tiered cases).
     #[arg(long, default_value_t = 64)]
     pub instances: u32,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub size: Size,
 
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
@@ -30,12 +37,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let mut synthetic = SyntheticConfig::bench_default();
-    synthetic.requests = args.requests;
+    synthetic.requests = args.size.requests;
     let scenario = Scenario {
         seed: Some(args.seed),
         routers: Some(vec!["least-outstanding".into()]),
         fleet: FleetSection {
-            instances: Some(args.instances),
+            instances: Some(args.size.instances),
             model: Some("llama-3.1-8b".into()),
             gpu: Some("h100".into()),
             tp: Some(1),
@@ -61,20 +68,20 @@ pub fn run(args: Args) -> Result<(), Failure> {
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     println!(
         "| {simulated} | {} | {:.0} | {wall_s:.2} | {:.0} | {peak_mib} | {:.3} | {:.3} |",
-        args.instances,
+        args.size.instances,
         s.duration_s,
         simulated as f64 / wall_s,
         s.slo_attainment,
         s.cache_hit_rate
     );
-    if simulated != args.requests {
-        return Err(Failure::Output(anyhow!("simulated {simulated} requests of {}", args.requests)));
+    if simulated != args.size.requests {
+        return Err(Failure::Output(anyhow!("simulated {simulated} requests of {}", args.size.requests)));
     }
     Ok(())
 }
 
 /// Peak resident set size of this process (Linux's VmHWM), in KiB.
-fn peak_rss_kib() -> Option<u64> {
+pub fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()

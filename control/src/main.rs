@@ -6,6 +6,7 @@
 //! | `simulate` | `fleetplane simulate`: routers side by side on the same arrivals |
 //! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
+//! | `bench_suite` | `fleetplane bench-suite`: the simulator on tiered, cache-aware, P/D and 1,000-instance fleets |
 //! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
 //! | `bench_gateway` | `fleetplane bench-gateway`: latency the gateway adds over calling an engine directly |
 //! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
@@ -25,6 +26,7 @@ mod bench;
 mod bench_gateway;
 mod bench_index;
 mod bench_matching;
+mod bench_suite;
 mod capacity;
 mod cli;
 mod demo;
@@ -63,6 +65,10 @@ enum Command {
     /// Measure the simulator: a million synthetic requests on 64 instances; prints requests
     /// simulated per wall-clock second and peak memory.
     Bench(bench::Args),
+    /// Measure the simulator on the configurations people run: a trace tiled to a million
+    /// requests on 64 instances with L1+L2+L3 (cache-aware, dynamo-kv), P/D pools under
+    /// slo-load, 1,000 instances; prints simulated req/s, peak memory and time per phase.
+    BenchSuite(bench_suite::Args),
     /// Measure the KV cache's per-sequence cursor: a 128K-token prompt prefilled in 8K chunks,
     /// matching and insertion resumed from the cursor vs rescanned from the root at every chunk.
     BenchMatching(bench_matching::Args),
@@ -193,6 +199,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::MaxRate(args) => max_rate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchSuite(args) => bench_suite::run(args),
         Command::BenchMatching(args) => bench_matching::run(args),
         Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),

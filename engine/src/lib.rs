@@ -6,6 +6,7 @@
 //! or a random source: `now` is always an argument.
 
 pub mod batch;
+pub mod block_map;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod executor;

@@ -56,6 +56,7 @@
 //! any tier assumed prefix-closed: holes anywhere are matched exactly. Interning is only an
 //! optimisation too: two ids with equal sets split a run in two, with the same result.
 
+use engine::block_map::{BlockMap, Probe};
 use engine::kv::{KvEvent, Tier};
 use engine::{BlockHash, InstanceId};
 use rustc_hash::FxHashMap;
@@ -174,175 +175,6 @@ impl Segment {
     }
 }
 
-/// Block hash to location: open addressing with linear probing over 16-byte entries, so that
-/// a probe of a map far larger than the caches usually costs one cache miss (hashbrown keeps
-/// control bytes and buckets apart: two dependent misses), and a store probes once for both
-/// "is it there" and "where would it go".
-#[derive(Clone, Debug, Default)]
-struct BlockMap {
-    /// A power of two long (or empty); a key of 0 marks a free entry.
-    entries: Vec<Entry>,
-    /// Keys in `entries` (not counting `zero`).
-    len: usize,
-    /// The block whose hash is 0, which cannot be in `entries`.
-    zero: Option<Loc>,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Entry {
-    key: u64,
-    loc: Loc,
-}
-
-/// Where a key is, or the free entry it would take.
-enum Probe {
-    Found(Loc),
-    Vacant(usize),
-}
-
-/// The entry used for the key 0 in [`Probe::Vacant`].
-const ZERO_SLOT: usize = usize::MAX;
-
-impl BlockMap {
-    fn len(&self) -> usize {
-        self.len + usize::from(self.zero.is_some())
-    }
-
-    fn bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry>()
-    }
-
-    /// Fibonacci hashing: the top bits of `key × 2^64/φ`, well spread even for keys that are
-    /// not hashes (small test values).
-    fn home(&self, key: u64) -> usize {
-        let bits = self.entries.len().trailing_zeros();
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
-    }
-
-    fn find(&self, key: u64) -> Option<usize> {
-        if self.entries.is_empty() {
-            return None;
-        }
-        let mask = self.entries.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            let k = self.entries[i].key;
-            if k == key {
-                return Some(i);
-            }
-            if k == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    fn get(&self, hash: BlockHash) -> Option<Loc> {
-        if hash.0 == 0 {
-            return self.zero;
-        }
-        self.find(hash.0).map(|i| self.entries[i].loc)
-    }
-
-    /// Looks `hash` up, making room for one more key first so that a vacancy can be filled.
-    fn probe(&mut self, hash: BlockHash) -> Probe {
-        if hash.0 == 0 {
-            return self.zero.map_or(Probe::Vacant(ZERO_SLOT), Probe::Found);
-        }
-        // At most 13/16 full: linear probing's runs grow fast beyond that.
-        if (self.len + 1) * 16 > self.entries.len() * 13 {
-            self.grow();
-        }
-        let mask = self.entries.len() - 1;
-        let mut i = self.home(hash.0);
-        loop {
-            let e = self.entries[i];
-            if e.key == hash.0 {
-                return Probe::Found(e.loc);
-            }
-            if e.key == 0 {
-                return Probe::Vacant(i);
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    /// Fills the vacancy [`BlockMap::probe`] returned for `hash` (nothing changed between).
-    fn fill(&mut self, slot: usize, hash: BlockHash, loc: Loc) {
-        if slot == ZERO_SLOT {
-            self.zero = Some(loc);
-        } else {
-            debug_assert_eq!(self.entries[slot].key, 0);
-            self.entries[slot] = Entry { key: hash.0, loc };
-            self.len += 1;
-        }
-    }
-
-    fn set(&mut self, hash: BlockHash, loc: Loc) {
-        if hash.0 == 0 {
-            self.zero = Some(loc);
-        } else {
-            let i = self.find(hash.0).expect("set a key that is in the map");
-            self.entries[i].loc = loc;
-        }
-    }
-
-    /// Removes `hash`, shifting back the entries after it that probed past it (no tombstones,
-    /// so probes never lengthen with churn).
-    fn remove(&mut self, hash: BlockHash) -> Option<Loc> {
-        if hash.0 == 0 {
-            return self.zero.take();
-        }
-        let mut hole = self.find(hash.0)?;
-        let loc = self.entries[hole].loc;
-        let mask = self.entries.len() - 1;
-        let mut j = (hole + 1) & mask;
-        loop {
-            let e = self.entries[j];
-            if e.key == 0 {
-                break;
-            }
-            // `e` may fill the hole if the hole lies between its home and where it is.
-            let home = self.home(e.key);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.entries[hole] = e;
-                hole = j;
-            }
-            j = (j + 1) & mask;
-        }
-        self.entries[hole] = Entry::default();
-        self.len -= 1;
-        Some(loc)
-    }
-
-    fn grow(&mut self) {
-        let size = (self.entries.len() * 2).max(16);
-        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); size]);
-        let mask = size - 1;
-        for e in old.into_iter().filter(|e| e.key != 0) {
-            let mut i = self.home(e.key);
-            while self.entries[i].key != 0 {
-                i = (i + 1) & mask;
-            }
-            self.entries[i] = e;
-        }
-    }
-
-    /// Loads the entry `hash` would be probed at first, so that its cache miss overlaps with
-    /// other work (a prefetch in safe code: the load's value is kept, and thrown away).
-    fn touch(&self, hash: BlockHash) -> u64 {
-        if self.entries.is_empty() {
-            return 0;
-        }
-        self.entries[self.home(hash.0)].key
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (BlockHash, Loc)> + '_ {
-        let zero = self.zero.map(|loc| (BlockHash(0), loc));
-        self.entries.iter().filter(|e| e.key != 0).map(|e| (BlockHash(e.key), e.loc)).chain(zero)
-    }
-}
-
 /// A set of holders, shared by every block it describes.
 #[derive(Clone, Debug, Default)]
 struct State {
@@ -408,7 +240,7 @@ const NO_TRANSITION: Transition = Transition { from: DEAD, change: 0, to: 0, fro
 /// documentation for the structure and its costs).
 #[derive(Clone, Debug)]
 pub struct PrefixIndex {
-    map: BlockMap,
+    map: BlockMap<Loc>,
     segments: Vec<Segment>,
     free_segments: Vec<u32>,
     /// Holder sets by id; `states[EMPTY]` is the empty set and is never freed.
@@ -1251,24 +1083,6 @@ mod tests {
         assert_eq!(m.get(InstanceId(300)), tm(0, 0, 0));
         assert_eq!(m.iter().count(), 300);
         assert_eq!(m.iter().filter(|(_, t)| t.total() > 4).count(), 2);
-    }
-
-    #[test]
-    fn block_map_survives_removal_in_any_order() {
-        let mut map = BlockMap::default();
-        let keys: Vec<BlockHash> = (0..2000u64).map(|k| BlockHash(k * 7)).collect();
-        for (k, &h) in keys.iter().enumerate() {
-            let Probe::Vacant(slot) = map.probe(h) else { panic!("{h:?} found before insertion") };
-            map.fill(slot, h, Loc { seg: k as u32, idx: 0 });
-        }
-        for (k, &h) in keys.iter().enumerate().filter(|(k, _)| k % 3 != 1) {
-            assert_eq!(map.remove(h), Some(Loc { seg: k as u32, idx: 0 }));
-        }
-        for (k, &h) in keys.iter().enumerate() {
-            let want = (k % 3 == 1).then_some(Loc { seg: k as u32, idx: 0 });
-            assert_eq!(map.get(h), want, "{h:?}");
-        }
-        assert_eq!(map.len(), keys.len().div_ceil(3));
     }
 
     /// The index against the semantics written out: per (instance, tier) sets and a walk.

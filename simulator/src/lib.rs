@@ -7,6 +7,7 @@
 //! | module | purpose |
 //! | --- | --- |
 //! | `sim` | the driver loop: arrivals, fleet events, controller deadlines |
+//! | `phases` | benchmarks only: the driver loop's wall-clock time by phase |
 //! | `fleet` | [`fleet::SimFleet`]: engine instances stepped in virtual time |
 //! | `queue` | the event queue |
 //! | `cost` | roofline cost model, model and GPU catalogs, the cost-model executor |
@@ -21,6 +22,7 @@
 pub mod cost;
 pub mod fleet;
 pub mod metrics;
+pub mod phases;
 pub mod plot;
 pub mod pools;
 mod queue;

@@ -15,6 +15,7 @@
 use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
 use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, SpeculationReport, Summary};
+use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
@@ -129,8 +130,29 @@ const PROGRESS_EVERY: u64 = 8192;
 /// Runs `workload` through a fleet built from `config` until every request has finished.
 pub fn run(
     config: &SimConfig,
+    workload: Box<dyn Workload>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<RunOutput, SimError> {
+    drive(config, workload, progress, &mut NoStopwatch)
+}
+
+/// [`run`], also measuring where its wall-clock time went (for benchmarks; the output is the
+/// same as [`run`]'s).
+pub fn run_timed(
+    config: &SimConfig,
+    workload: Box<dyn Workload>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(RunOutput, PhaseTimes), SimError> {
+    let mut times = PhaseTimes::default();
+    let out = drive(config, workload, progress, &mut times)?;
+    Ok((out, times))
+}
+
+fn drive<S: Stopwatch>(
+    config: &SimConfig,
     mut workload: Box<dyn Workload>,
     progress: &mut dyn FnMut(Progress),
+    watch: &mut S,
 ) -> Result<RunOutput, SimError> {
     let hints = cost_hints(&config.cost, &config.instance);
     let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
@@ -177,6 +199,7 @@ pub fn run(
         controller.on_event(now, &e);
     }
     let mut next = workload.next_arrival(Vec::new())?;
+    watch.lap(Phase::Workload);
     loop {
         // A request is routed `dispatch` after it arrives: a constant, so arrivals keep their order.
         let t_arrival = next.as_ref().map(|a| a.at + config.dispatch);
@@ -200,6 +223,7 @@ pub fn run(
             for c in commands.drain(..) {
                 fleet.apply(now, &c);
             }
+            watch.lap(Phase::Controller);
         } else if t_arrival.is_some_and(|a| t_fleet.is_none_or(|f| a <= f)) {
             let a = next.take().expect("an arrival is due");
             now = a.at + config.dispatch;
@@ -215,7 +239,10 @@ pub fn run(
             if let Some(b) = &mut bound {
                 b.observe(&request, config.instance.block_size);
             }
-            let refused = match controller.route(now, &request) {
+            watch.lap(Phase::Metrics);
+            let routed = controller.route(now, &request);
+            watch.lap(Phase::Routing);
+            let refused = match routed {
                 Ok(route) => {
                     if request.id.0.is_multiple_of(DECISION_EVERY) && decisions.len() < DECISIONS_KEPT {
                         decisions.push(Decision {
@@ -230,6 +257,7 @@ pub fn run(
                 }
                 Err(e) => Some((e.to_string(), request)),
             };
+            watch.lap(Phase::Engine);
             if let Some((reason, request)) = refused {
                 metrics.record_rejected(&request);
                 first_rejection.get_or_insert_with(|| format!("{}: {reason}", request.id));
@@ -241,8 +269,10 @@ pub fn run(
             let mut buf = spare.pop().unwrap_or_default();
             buf.clear();
             next = workload.next_arrival(buf)?;
+            watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
             now = fleet.step();
+            watch.lap(Phase::Engine);
         } else {
             break;
         }
@@ -250,6 +280,7 @@ pub fn run(
         for e in events.drain(..) {
             transfers += u64::from(matches!(e, FleetEvent::TransferDone { .. }));
             controller.on_event(now, &e);
+            watch.lap(if matches!(e, FleetEvent::Kv { .. }) { Phase::Index } else { Phase::Controller });
         }
         if let Some(tl) = timeline.as_mut().filter(|tl| tl.due(now)) {
             tl.sample(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller);
@@ -262,6 +293,7 @@ pub fn run(
             metrics.record(&f);
             spare.push(f.request.block_hashes);
         }
+        watch.lap(Phase::Metrics);
         fleet.take_evicted(&mut evicted);
         for (from, request) in evicted.drain(..) {
             metrics.record_eviction();
@@ -277,6 +309,7 @@ pub fn run(
                     spare.push(request.block_hashes);
                 }
             }
+            watch.lap(Phase::Routing);
         }
     }
     assert_eq!(fleet.in_flight(), 0, "the fleet went idle with requests in flight");

@@ -78,8 +78,11 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Events of L2 and L3 (the tree keeps L1's), when recording.
+    /// Events of every tier in the order they happened, when recording: L1's are moved here
+    /// from the tree before each event of a lower tier.
     events: Option<Vec<KvEvent>>,
+    /// Scratch: the blocks an allocation is about to evict.
+    evicting: Vec<BlockHash>,
 }
 
 impl KvCache {
@@ -99,6 +102,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             events: None,
+            evicting: Vec::new(),
         }
     }
 
@@ -108,12 +112,14 @@ impl KvCache {
         self.events.get_or_insert_with(Vec::new);
     }
 
-    /// Moves the recorded events into `out`: L1's, then the lower tiers'. Within a tier they
-    /// are in order, which is all an index needs (a block's tiers are indexed separately).
+    /// Moves the recorded events into `out`, in the order they happened across tiers.
     pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
-        self.tree.drain_events(out);
-        if let Some(ev) = &mut self.events {
-            out.append(ev);
+        match &mut self.events {
+            Some(ev) => {
+                self.tree.drain_events(ev);
+                out.append(ev);
+            }
+            None => self.tree.drain_events(out),
         }
     }
 
@@ -157,8 +163,13 @@ impl KvCache {
         &mut self.tree
     }
 
+    /// Records an event of L2 or L3 after L1's so far. One stream in the order things
+    /// happened lets an index see a demotion as "removed from L1, stored in L2" back to back
+    /// and keep the block where it is; L1's events first, then the lower tiers', made it
+    /// drop and re-add every block demoted.
     fn emit(&mut self, event: KvEvent) {
         if let Some(ev) = &mut self.events {
+            self.tree.drain_events(ev);
             ev.push(event);
         }
     }
@@ -189,6 +200,7 @@ impl KvCache {
         if n > self.available_blocks() {
             return false;
         }
+        self.prefetch_demotions(n.saturating_sub(self.pool.free_count()));
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
@@ -201,6 +213,33 @@ impl KvCache {
             seq.blocks.push(b);
         }
         true
+    }
+
+    /// Loads the L2 and L3 map entries that demoting the next `evictions` blocks will probe,
+    /// all at once: in stores of millions of blocks each probe is a cache miss, and loads
+    /// issued back to back wait for memory together instead of one after another.
+    fn prefetch_demotions(&mut self, evictions: u32) {
+        if evictions < 2 || (self.l2.capacity() == 0 && self.l3.is_none()) {
+            return;
+        }
+        self.evicting.clear();
+        self.tree.next_evictions(evictions as usize, &mut self.evicting);
+        // The demoted blocks' entries, and those of the victims they will push out.
+        let mut sink = 0u64;
+        if self.l2.capacity() > 0 {
+            for &h in &self.evicting {
+                sink ^= self.l2.prefetch(h);
+            }
+            sink ^= self.l2.prefetch_victims(self.evicting.len());
+        }
+        if let Some(l3) = &self.l3 {
+            let l3 = l3.lock();
+            for &h in &self.evicting {
+                sink ^= l3.prefetch(h);
+            }
+            sink ^= l3.prefetch_victims(self.evicting.len());
+        }
+        std::hint::black_box(sink);
     }
 
     /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it

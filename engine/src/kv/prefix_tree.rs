@@ -408,6 +408,20 @@ impl PrefixTree {
         }
     }
 
+    /// The hashes of the next `n` blocks [`PrefixTree::evict_one`] would evict, in order
+    /// (fewer when fewer are evictable), into `out`: the LRU list from its head, each run's
+    /// blocks from its last. Reads only; for loading what eviction will touch ahead of it.
+    pub fn next_evictions(&self, n: usize, out: &mut Vec<BlockHash>) {
+        let mut node = self.lru_head;
+        let stop = out.len() + n;
+        while node != NIL && out.len() < stop {
+            let run = &self.nodes[node as usize];
+            let take = (stop - out.len()).min(run.hashes.len());
+            out.extend(run.hashes.iter().rev().take(take));
+            node = run.next;
+        }
+    }
+
     /// Evicts the last block of the least recently used unreferenced leaf and returns it.
     pub fn evict_one(&mut self) -> Option<Evicted> {
         let n = self.lru_head;

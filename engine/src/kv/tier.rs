@@ -9,10 +9,10 @@
 //! block from it leaves it there for the other instances, so it is inclusive of what
 //! instances hold.
 
+use crate::block_map::{BlockMap, Probe};
 use crate::ids::BlockHash;
-use crate::slots;
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -77,32 +77,34 @@ pub enum Put {
     Added { evicted: Option<BlockHash> },
 }
 
-/// End of the LRU list.
-const NIL: u32 = u32::MAX;
-
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    hash: BlockHash,
-    prev: u32,
-    next: u32,
-}
-
 /// A set of block hashes with a capacity, evicting the least recently used: the L2 and L3
 /// stores. Only hashes are kept: the simulator needs to know what is there, not its bytes.
+///
+/// Each use stamps the hash with the next number and appends (hash, stamp) to a queue; a
+/// queue entry is live while its stamp is the hash's latest, so the live entries, oldest
+/// first, are the exact LRU order. The next victims are then known ahead, at the queue's
+/// front, and their map entries can be loaded before they are needed
+/// ([`BlockLru::prefetch_victims`]); a linked list would have to be chased, one cache miss a
+/// link. Stale entries are skipped when they reach the front, and dropped all at once when
+/// they outnumber half the live ones. The map is a [`BlockMap`]: one cache miss a probe.
 #[derive(Clone, Debug, Default)]
 pub struct BlockLru {
     capacity: u32,
-    slots: FxHashMap<BlockHash, u32>,
-    entries: Vec<Entry>,
-    free: Vec<u32>,
-    /// Least recently used (evicted first), and most recently used.
-    head: u32,
-    tail: u32,
+    /// Each held hash's latest stamp.
+    stamps: BlockMap<u64>,
+    /// Uses, oldest first.
+    order: VecDeque<(BlockHash, u64)>,
+    /// The next use's stamp.
+    next_stamp: u64,
 }
+
+/// Stale queue entries tolerated besides the live ones before a compaction (a half of
+/// them, plus this).
+const STALE_SLACK: usize = 64;
 
 impl BlockLru {
     pub fn new(capacity: u32) -> BlockLru {
-        BlockLru { capacity, head: NIL, tail: NIL, ..BlockLru::default() }
+        BlockLru { capacity, ..BlockLru::default() }
     }
 
     pub fn capacity(&self) -> u32 {
@@ -110,15 +112,15 @@ impl BlockLru {
     }
 
     pub fn len(&self) -> u32 {
-        self.slots.len() as u32
+        self.stamps.len() as u32
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.stamps.is_empty()
     }
 
     pub fn contains(&self, hash: BlockHash) -> bool {
-        self.slots.contains_key(&hash)
+        self.stamps.get(hash).is_some()
     }
 
     /// Adds `hash` as the most recently used (or refreshes it). When the store is full, the
@@ -137,113 +139,114 @@ impl BlockLru {
         if self.capacity == 0 {
             return Put::Added { evicted: Some(hash) };
         }
-        // Make room first, so that one probe of the map finds or places `hash`.
-        let evicted = if self.len() >= self.capacity && !self.contains(hash) { self.pop_front() } else { None };
-        match self.slots.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(o) => {
-                let s = *o.get();
-                self.unlink(s);
-                self.push_back(s);
-                Put::Refreshed
+        let stamp = self.next_stamp;
+        let vacancy = match self.stamps.probe(hash) {
+            Probe::Found(_) => {
+                self.stamps.set(hash, stamp);
+                self.used(hash, stamp);
+                return Put::Refreshed;
             }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let entry = Entry { hash, prev: NIL, next: NIL };
-                let s = *v.insert(slots::place(&mut self.entries, &mut self.free, entry));
-                self.push_back(s);
-                Put::Added { evicted }
+            Probe::Vacant(v) => v,
+        };
+        // Making room moves entries of the map (removal shifts them back): probe again then,
+        // the lines just read still in the cache.
+        let (evicted, vacancy) = if self.len() >= self.capacity {
+            let evicted = self.pop_front();
+            match self.stamps.probe(hash) {
+                Probe::Vacant(v) => (evicted, v),
+                Probe::Found(_) => unreachable!("{hash:?} was not in the store"),
             }
-        }
+        } else {
+            (None, vacancy)
+        };
+        self.stamps.fill(vacancy, hash, stamp);
+        self.used(hash, stamp);
+        Put::Added { evicted }
     }
 
     /// Marks `hash` as just used; false when it is not here.
     pub fn touch(&mut self, hash: BlockHash) -> bool {
-        let Some(&s) = self.slots.get(&hash) else { return false };
-        self.unlink(s);
-        self.push_back(s);
+        if self.stamps.get(hash).is_none() {
+            return false;
+        }
+        let stamp = self.next_stamp;
+        self.stamps.set(hash, stamp);
+        self.used(hash, stamp);
         true
     }
 
     pub fn remove(&mut self, hash: BlockHash) -> bool {
-        let Some(s) = self.slots.remove(&hash) else { return false };
-        self.unlink(s);
-        self.free.push(s);
-        true
+        let removed = self.stamps.remove(hash).is_some();
+        if removed {
+            self.compact_if_stale();
+        }
+        removed
+    }
+
+    /// Loads the map entry where `hash` would be found, so that its cache miss overlaps with
+    /// other work; returns what it read, for the caller to keep (a prefetch in safe code).
+    pub fn prefetch(&self, hash: BlockHash) -> u64 {
+        self.stamps.touch(hash)
+    }
+
+    /// [`BlockLru::prefetch`] for the next `n` victims (fewer if stale entries are among
+    /// them).
+    pub fn prefetch_victims(&self, n: usize) -> u64 {
+        self.order.iter().take(n).fold(0, |sink, &(h, _)| sink ^ self.stamps.touch(h))
     }
 
     /// The hashes held, least recently used first.
     pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        let mut s = self.head;
-        std::iter::from_fn(move || {
-            let e = self.entries.get(s as usize)?;
-            s = e.next;
-            Some(e.hash)
-        })
+        self.order.iter().filter(|&&(h, s)| self.stamps.get(h) == Some(s)).map(|&(h, _)| h)
     }
 
     /// Drops everything.
     pub fn clear(&mut self) {
-        self.slots.clear();
-        self.entries.clear();
-        self.free.clear();
-        self.head = NIL;
-        self.tail = NIL;
+        self.stamps.clear();
+        self.order.clear();
+    }
+
+    /// Records a use of `hash` stamped `stamp` (already in the map).
+    fn used(&mut self, hash: BlockHash, stamp: u64) {
+        self.next_stamp = stamp + 1;
+        let len = self.order.len();
+        if len == self.order.capacity() {
+            // Doubling a full store's queue would leave a quarter of it unused forever: it never
+            // holds more than the compaction threshold.
+            let most = self.capacity as usize + self.capacity as usize / 2 + STALE_SLACK + 1;
+            self.order.reserve_exact(len.max(16).min(most.saturating_sub(len).max(1)));
+        }
+        self.order.push_back((hash, stamp));
+        self.compact_if_stale();
     }
 
     fn pop_front(&mut self) -> Option<BlockHash> {
-        if self.head == NIL {
-            return None;
+        while let Some((hash, stamp)) = self.order.pop_front() {
+            if self.stamps.get(hash) == Some(stamp) {
+                self.stamps.remove(hash);
+                return Some(hash);
+            }
         }
-        let s = self.head;
-        let hash = self.entries[s as usize].hash;
-        self.unlink(s);
-        self.slots.remove(&hash);
-        self.free.push(s);
-        Some(hash)
+        None
     }
 
-    fn push_back(&mut self, s: u32) {
-        let tail = self.tail;
-        let e = &mut self.entries[s as usize];
-        e.prev = tail;
-        e.next = NIL;
-        if tail == NIL {
-            self.head = s;
-        } else {
-            self.entries[tail as usize].next = s;
-        }
-        self.tail = s;
-    }
-
-    fn unlink(&mut self, s: u32) {
-        let Entry { prev, next, .. } = self.entries[s as usize];
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.entries[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            self.entries[next as usize].prev = prev;
+    /// Drops the stale queue entries once they outnumber half the live ones.
+    fn compact_if_stale(&mut self) {
+        let live = self.stamps.len();
+        if self.order.len() > live + live / 2 + STALE_SLACK {
+            let stamps = &self.stamps;
+            self.order.retain(|&(h, s)| stamps.get(h) == Some(s));
         }
     }
 
-    /// Checks that the map and the list agree; panics naming the broken rule.
+    /// Checks that the map and the queue agree; panics naming the broken rule.
     pub fn check_invariants(&self) {
         assert!(self.len() <= self.capacity, "store holds {} blocks, capacity {}", self.len(), self.capacity);
-        let mut listed = 0u32;
-        let mut s = self.head;
-        let mut prev = NIL;
-        while s != NIL {
-            let e = &self.entries[s as usize];
-            assert_eq!(e.prev, prev, "LRU list back link");
-            assert_eq!(self.slots.get(&e.hash), Some(&s), "listed hash not in the map");
-            listed += 1;
-            prev = s;
-            s = e.next;
-        }
-        assert_eq!(prev, self.tail, "LRU list tail");
-        assert_eq!(listed, self.len(), "LRU list length");
+        assert!(self.order.iter().zip(self.order.iter().skip(1)).all(|(a, b)| a.1 < b.1), "queue stamps increase");
+        assert!(self.order.iter().all(|&(_, s)| s < self.next_stamp), "queue stamps were handed out");
+        assert_eq!(self.iter().count(), self.stamps.len(), "one live queue entry per held hash");
+        let live = self.stamps.len();
+        assert!(self.order.len() <= live + live / 2 + STALE_SLACK, "stale entries compacted");
     }
 }
 
@@ -284,6 +287,67 @@ mod tests {
         assert_eq!(lru.insert(h(4)), None);
         assert_eq!(lru.insert(h(5)), Some(h(3)));
         lru.check_invariants();
+    }
+
+    /// The obvious LRU: a vector, least recently used first.
+    #[derive(Default)]
+    struct Model {
+        capacity: usize,
+        order: Vec<BlockHash>,
+    }
+
+    impl Model {
+        fn put(&mut self, hash: BlockHash) -> Put {
+            if self.capacity == 0 {
+                return Put::Added { evicted: Some(hash) };
+            }
+            if self.touch(hash) {
+                return Put::Refreshed;
+            }
+            let evicted = (self.order.len() >= self.capacity).then(|| self.order.remove(0));
+            self.order.push(hash);
+            Put::Added { evicted }
+        }
+
+        fn touch(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            self.order.push(hash);
+            true
+        }
+
+        fn remove(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            true
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the uses, the store answers as the obvious LRU does: the same evictions,
+        /// refreshes, removals and order.
+        #[test]
+        fn the_store_answers_as_a_plain_lru(
+            capacity in 0usize..12,
+            ops in proptest::collection::vec((0u8..4, 0u64..24), 0..400),
+        ) {
+            let mut lru = BlockLru::new(capacity as u32);
+            let mut model = Model { capacity, ..Model::default() };
+            for (op, key) in ops {
+                let hash = h(key);
+                match op {
+                    0 | 1 => proptest::prop_assert_eq!(lru.put(hash), model.put(hash)),
+                    2 => proptest::prop_assert_eq!(lru.touch(hash), model.touch(hash)),
+                    _ => proptest::prop_assert_eq!(lru.remove(hash), model.remove(hash)),
+                }
+                proptest::prop_assert_eq!(lru.contains(hash), model.order.contains(&hash));
+                proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
+                lru.check_invariants();
+            }
+            proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order);
+            lru.clear();
+            proptest::prop_assert!(lru.is_empty() && lru.iter().next().is_none());
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
 //! | `servegen.rs` | [`ServeGenShape`]: phases from the ServeGen aggregate's per-window rates and mean lengths |
 //! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
+//! | `tile.rs` | any workload [`tile`]d to a size: copies side by side and wave after wave, hashes salted per copy |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
 //! Guardrails:
@@ -37,6 +38,7 @@ mod mooncake;
 mod phased;
 mod servegen;
 mod synthetic;
+mod tile;
 
 #[cfg(test)]
 mod test_util;
@@ -53,6 +55,7 @@ pub use servegen::{ServeGenShape, SERVEGEN_WINDOW_S};
 pub use synthetic::{
     synthetic, ArrivalProcess, LengthDist, LongInputs, LongOutputs, PrefixGroups, RateStep, SyntheticConfig,
 };
+pub use tile::{tile, Opener};
 
 /// One request entering the fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]
