@@ -145,6 +145,12 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
         common::client().post(format!("{}/v1/completions", s.http)).bearer_auth(ADMIN).body(huge).send().expect("post");
     assert_eq!(raw.status().as_u16(), 413);
 
+    // A field of the wrong type is named, in the gateway and in the API.
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "hi", "max_tokens": "five"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("max_tokens")), "{v}");
+    let (status, v) = post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": 7, "role": "admin"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("name")), "{v}");
+
     // The scheme is case-insensitive (RFC 9110): `bearer` is Bearer.
     let lower = common::client().get(&fleet).header("authorization", format!("bearer {ADMIN}")).send().expect("get");
     assert_eq!(lower.status().as_u16(), 200);

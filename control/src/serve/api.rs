@@ -35,8 +35,8 @@ fn db_error(e: anyhow::Error) -> ApiError {
 
 fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = bytes.map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid: {e}")))
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
+        .map_err(|e| ApiError::invalid_json("the body is not valid", e))
 }
 
 pub async fn openapi() -> Response {

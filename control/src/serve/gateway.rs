@@ -35,7 +35,7 @@ pub struct ApiError {
     status: StatusCode,
     kind: &'static str,
     code: &'static str,
-    param: Option<&'static str>,
+    param: Option<std::borrow::Cow<'static, str>>,
     message: String,
 }
 
@@ -53,13 +53,25 @@ impl ApiError {
     }
 
     pub fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
+        ApiError { param: Some(param.into()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
+    }
+
+    /// A body that is not JSON, or not of the request's shape: the field at fault named
+    /// (its path, e.g. `messages[0].role`) where there is one.
+    pub fn invalid_json<E: std::fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> ApiError {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(p) => format!("{what}: `{p}`: {}", e.inner()),
+            None => format!("{what}: {}", e.inner()),
+        };
+        ApiError { param: param.map(Into::into), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message) }
     }
 
     /// The field a 400 names, if any.
     #[cfg(test)]
-    pub fn param(&self) -> Option<&'static str> {
-        self.param
+    pub fn param(&self) -> Option<&str> {
+        self.param.as_deref()
     }
 
     pub fn message(&self) -> &str {
@@ -200,7 +212,8 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
     };
     let value: Value = serde_json::from_slice(bytes).map_err(invalid_json)?;
     // Read in place: the object is kept whole for engines with their own API.
-    let body = Body::deserialize(&value).map_err(invalid_json)?;
+    let body: Body = serde_path_to_error::deserialize(&value)
+        .map_err(|e| ApiError::invalid_json("the body is not a valid request", e))?;
     let Value::Object(raw) = value else {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body is not a JSON object"));
     };
@@ -355,7 +368,7 @@ async fn serve(
             app.metrics.request("rejected");
             return Err(match e {
                 PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError {
-                    param: Some("max_tokens"),
+                    param: Some("max_tokens".into()),
                     ..ApiError::new(
                         StatusCode::BAD_REQUEST,
                         "context_length_exceeded",

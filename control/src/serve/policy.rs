@@ -108,10 +108,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn error(policy: Value) -> (Option<&'static str>, String) {
+    fn error(policy: Value) -> (Option<String>, String) {
         let p: Policy = serde_json::from_value(policy).expect("parses");
         let e = p.validate(None).unwrap_err();
-        (e.param(), e.message().to_string())
+        (e.param().map(str::to_string), e.message().to_string())
     }
 
     #[test]
@@ -126,21 +126,21 @@ mod tests {
     #[test]
     fn each_invalid_field_is_named_with_the_valid_values() {
         let (param, message) = error(json!({"router": "magic"}));
-        assert_eq!(param, Some("router"));
+        assert_eq!(param, Some("router".into()));
         assert!(message.contains("valid:"), "{message}");
         assert_eq!(
             error(json!({"router": "round-robin", "prefill_scheduler": "lifo"})),
-            (Some("prefill_scheduler"), "unknown prefill scheduler `lifo` (valid: fcfs, fair)".into())
+            (Some("prefill_scheduler".into()), "unknown prefill scheduler `lifo` (valid: fcfs, fair)".into())
         );
         assert_eq!(
             error(json!({"router": "round-robin", "kv_high_water": 1.2})),
-            (Some("kv_high_water"), "1.2 is not a share in (0, 1]".into())
+            (Some("kv_high_water".into()), "1.2 is not a share in (0, 1]".into())
         );
         assert_eq!(
             error(json!({"router": "round-robin", "kv_high_water": 0.5, "kv_low_water": 0.6})),
-            (Some("kv_low_water"), "0.6 is not a share in (0, kv_high_water = 0.5)".into())
+            (Some("kv_low_water".into()), "0.6 is not a share in (0, kv_high_water = 0.5)".into())
         );
-        assert_eq!(error(json!({"router": "round-robin", "autoscaler": "slo-load"})).0, Some("autoscaler"));
+        assert_eq!(error(json!({"router": "round-robin", "autoscaler": "slo-load"})).0, Some("autoscaler".into()));
     }
 
     #[test]
