@@ -26,6 +26,7 @@ use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -240,6 +241,18 @@ fn stop_group(mut child: Child, grace: Duration) {
 
 /// A port free now on the loopback interface (the engine binds it a moment later).
 fn free_port() -> anyhow::Result<u16> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Below Linux's ephemeral range (32768 and up): a port handed out here is bound by the
+    // engine a while later, and a server starting meanwhile (vLLM binds its own ZMQ sockets
+    // to ephemeral ports) must not take it first.
+    let base = 20_000 + std::process::id() % 6_000;
+    for _ in 0..2_000 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 6_000;
+        let Ok(port) = u16::try_from(port) else { continue };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port for an engine")?;
     Ok(listener.local_addr()?.port())
 }

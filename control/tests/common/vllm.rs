@@ -56,8 +56,17 @@ pub fn tiny_model(python: &Path, dir: &Path) -> PathBuf {
     model
 }
 
+/// A free port below Linux's ephemeral range (32768 and up): a vLLM server starting while
+/// another's ports are picked but not yet bound takes ephemeral ports for its own sockets.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("address").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = 8_000 + std::process::id() % 6_000;
+    (0..2_000)
+        .map(|_| base + NEXT.fetch_add(1, Ordering::Relaxed) % 6_000)
+        .filter_map(|p| u16::try_from(p).ok())
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port below the ephemeral range")
 }
 
 /// The last 40 lines of a log.
