@@ -14,6 +14,7 @@
 //! Prompts are token ids (from the server's `/tokenize` of random words) so their lengths
 //! are exact, each drawn afresh so that nothing of one is in the prefix cache.
 
+use crate::serve::vllm::{self, metrics};
 use crate::Failure;
 use anyhow::{anyhow, bail, Context};
 use clap::Args as ClapArgs;
@@ -141,13 +142,7 @@ impl Server {
     async fn histogram(&self, name: &str) -> anyhow::Result<(f64, f64)> {
         let url = format!("{}/metrics", self.url);
         let page = self.http.get(&url).send().await.with_context(|| format!("cannot reach {url}"))?.text().await?;
-        let total = |suffix: &str| -> f64 {
-            let series = format!("{name}{suffix}");
-            page.lines()
-                .filter(|l| l.strip_prefix(series.as_str()).is_some_and(|r| r.starts_with(['{', ' '])))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
+        let total = |suffix: &str| metrics::total(&page, &format!("{name}{suffix}"));
         Ok((total("_sum"), total("_count")))
     }
 
@@ -220,23 +215,13 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 
 async fn measure(args: &Args, model: &str, gpu: &str) -> anyhow::Result<StepProfile> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
-    let url = args.url.trim_end_matches('/').to_string();
-    let models: Value = http
-        .get(format!("{url}/v1/models"))
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {url}/v1/models"))?
-        .json()
-        .await
-        .with_context(|| format!("{url}/v1/models is not JSON"))?;
-    let served = models["data"][0]["id"].as_str().ok_or_else(|| anyhow!("{url}/v1/models lists no model"))?;
-    let metrics = http.get(format!("{url}/metrics")).send().await?.text().await?;
-    let page = crate::serve::vllm::metrics::parse(&metrics);
-    let block_size = page.block_size.ok_or_else(|| anyhow!("{url}/metrics has no vllm:cache_config_info"))?;
+    let spec: vllm::EngineSpec = format!("vllm={}", args.url).parse().map_err(|e: String| anyhow!("--url {e}"))?;
+    let probed = vllm::probe(&http, &spec).await.map_err(|e| anyhow!(e))?;
+    let (url, served, block_size) = (spec.url, probed.model, probed.block_size);
     let mut server = Server {
         http,
         url: url.clone(),
-        model: served.to_string(),
+        model: served.clone(),
         block_size,
         rng: rand::rngs::StdRng::seed_from_u64(args.seed),
     };

@@ -50,6 +50,16 @@ pub fn parse(page: &str) -> Scrape {
     s
 }
 
+/// The sum of series `name` over its label sets (0 where the page has none).
+pub fn total(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(split)
+        .filter(|(n, _, _)| *n == name)
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
 /// `name{labels} value [timestamp]` → (name, labels, value).
 fn split(line: &str) -> Option<(&str, &str, f64)> {
     let (head, rest) = match line.find('{') {
@@ -97,6 +107,14 @@ vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 320.0
 vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1024"} 1.0
 python_gc_objects_collected_total{generation="0"} 1234.0
 "#;
+
+    #[test]
+    fn a_series_is_summed_over_its_label_sets() {
+        let page =
+            "# HELP x\nvllm:t_sum{engine=\"0\"} 1.5\nvllm:t_sum{engine=\"1\"} 2 1700000000\nvllm:t_sum_other 9\n";
+        assert_eq!(total(page, "vllm:t_sum"), 3.5);
+        assert_eq!(total(page, "vllm:none"), 0.0);
+    }
 
     #[test]
     fn vllm_page() {
