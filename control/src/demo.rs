@@ -183,6 +183,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         model: args.model.clone(),
         block_size: settings.instance.block_size,
         max_requests: args.requests.or(settings.max_requests),
+        vocab: replay::DEFAULT_VOCAB,
     };
     let workload = settings.open_workload(settings.rate_scale)?;
     let mut summary = replay::replay(opts, workload, crate::shutdown_signal()).await?;

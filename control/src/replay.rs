@@ -14,7 +14,8 @@ use simulator::workload::Workload;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-const VOCAB: u64 = 32_000;
+/// Token ids prompts use when `--vocab` is not given: a Llama-2-sized vocabulary.
+pub const DEFAULT_VOCAB: u32 = 32_000;
 
 pub struct Options {
     /// Gateway base URL, e.g. http://127.0.0.1:8080.
@@ -23,6 +24,8 @@ pub struct Options {
     pub model: String,
     pub block_size: u32,
     pub max_requests: Option<u64>,
+    /// Prompts use token ids below this (the served model's vocabulary).
+    pub vocab: u32,
 }
 
 /// One request's outcome as the client saw it.
@@ -94,15 +97,17 @@ impl Summary {
     }
 }
 
-/// The prompt's token ids: blocks from their hashes, the tail from the request's index.
-pub fn prompt_tokens(hashes: &[BlockHash], prompt_tokens: u32, block_size: u32, salt: u64) -> Vec<u32> {
+/// The prompt's token ids, each below `vocab`: blocks from their hashes, the tail from the
+/// request's index.
+pub fn prompt_tokens(hashes: &[BlockHash], prompt_tokens: u32, block_size: u32, salt: u64, vocab: u32) -> Vec<u32> {
+    let vocab = u64::from(vocab.max(1));
     let mut tokens = Vec::with_capacity(prompt_tokens as usize);
     for h in hashes {
-        tokens.extend((0..u64::from(block_size)).map(|j| (mix64(h.0 ^ (j << 48)) % VOCAB) as u32));
+        tokens.extend((0..u64::from(block_size)).map(|j| (mix64(h.0 ^ (j << 48)) % vocab) as u32));
     }
     let mut k = 0u64;
     while tokens.len() < prompt_tokens as usize {
-        tokens.push((mix64(salt.wrapping_mul(0x9e37_79b9) ^ k) % VOCAB) as u32);
+        tokens.push((mix64(salt.wrapping_mul(0x9e37_79b9) ^ k) % vocab) as u32);
         k += 1;
     }
     tokens.truncate(prompt_tokens as usize);
@@ -130,11 +135,14 @@ pub async fn replay(
             _ = tokio::time::sleep_until(at.into()) => {}
             _ = &mut stop => break,
         }
-        let prompt = prompt_tokens(&a.block_hashes, a.prompt_tokens, opts.block_size, summary.sent);
+        let prompt = prompt_tokens(&a.block_hashes, a.prompt_tokens, opts.block_size, summary.sent, opts.vocab);
         let body = json!({
             "model": opts.model,
             "prompt": prompt,
             "max_tokens": a.output_tokens.max(1),
+            // The trace's output length, also where a sampling engine (vLLM) would have
+            // sampled its end-of-sequence token first; engines of ours always run to it.
+            "ignore_eos": true,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -187,7 +195,7 @@ pub(crate) async fn one(request: reqwest::RequestBuilder) -> Outcome {
     }
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
-    let (mut first, mut last, mut tokens) = (None, None, 0u64);
+    let (mut first, mut last, mut chunks, mut completion_tokens) = (None, None, 0u64, None);
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Outcome { error: Some("the stream broke".into()), ..out };
@@ -208,19 +216,23 @@ pub(crate) async fn one(request: reqwest::RequestBuilder) -> Outcome {
             if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                 out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
                 out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+                completion_tokens = u["completion_tokens"].as_u64();
             }
-            let has_text = v["choices"].get(0).and_then(|c| c["text"].as_str()).is_some_and(|t| !t.is_empty());
-            if has_text {
+            // A chunk with a choice carries new tokens, also when their text is empty (an
+            // engine holds back the text of a token that ends inside a UTF-8 character).
+            if v["choices"].get(0).is_some() {
                 let now = Instant::now();
                 first.get_or_insert(now);
                 last = Some(now);
-                tokens += 1;
+                chunks += 1;
             }
         }
     }
     if let Some(f) = first {
         out.ttft = Some(f - sent);
-        if let Some(l) = last.filter(|_| tokens > 1) {
+        // Tokens after the first one: the usage's count where given (a chunk may carry several).
+        let tokens = completion_tokens.unwrap_or(chunks);
+        if let Some(l) = last.filter(|_| tokens > 1 && chunks > 1) {
             out.tpot = Some((l - f) / (tokens - 1) as u32);
         }
     }
@@ -238,10 +250,20 @@ mod tests {
     fn shared_blocks_give_shared_tokens() {
         let a = [BlockHash(1), BlockHash(2)];
         let b = [BlockHash(1), BlockHash(3)];
-        let (ta, tb) = (prompt_tokens(&a, 40, 16, 0), prompt_tokens(&b, 40, 16, 1));
+        let (ta, tb) = (prompt_tokens(&a, 40, 16, 0, DEFAULT_VOCAB), prompt_tokens(&b, 40, 16, 1, DEFAULT_VOCAB));
         assert_eq!(ta.len(), 40);
         assert_eq!(ta[..16], tb[..16]);
         assert_ne!(ta[16..32], tb[16..32]);
+    }
+
+    #[test]
+    fn token_ids_stay_inside_the_vocabulary() {
+        let hashes: Vec<BlockHash> = (0..8).map(BlockHash).collect();
+        let tokens = prompt_tokens(&hashes, 300, 32, 5, 484);
+        assert_eq!(tokens.len(), 300);
+        assert!(tokens.iter().all(|&t| t < 484));
+        // Not all one id: a small vocabulary still gives varied prompts.
+        assert!(tokens.iter().collect::<std::collections::HashSet<_>>().len() > 100);
     }
 }
 
@@ -260,6 +282,11 @@ pub struct GatewayArgs {
     /// Model name to ask for [default: the cost-model name the scenario or profile gives].
     #[arg(long)]
     pub served_model: Option<String>,
+
+    /// Size of the served model's vocabulary: prompts use token ids below it (the engines
+    /// refuse larger ones).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_VOCAB, value_parser = clap::value_parser!(u32).range(1..))]
+    pub vocab: u32,
 }
 
 impl GatewayArgs {
@@ -298,6 +325,7 @@ pub fn run(args: Args) -> Result<(), crate::Failure> {
         model: args.gateway.model(settings.cost.model().name),
         block_size: settings.instance.block_size,
         max_requests: settings.max_requests,
+        vocab: args.gateway.vocab,
     };
     let workload = settings.open_workload(settings.rate_scale).map_err(|e| Failure::Input(e.into()))?;
     let mut summary =

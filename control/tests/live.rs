@@ -290,8 +290,10 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     assert_eq!(v2["policy"]["prefill_scheduler"], "fcfs", "history shows every field, defaults filled: {v2}");
 }
 
-#[test]
-fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
+/// Two engines and a 600-token stream on one of them; after 50 tokens `fault` strikes the
+/// engine running it, and the stream must still end within `within` with every token once.
+/// Returns the fleet (the struck engine's index beside it) for further checks.
+fn a_stream_outlives(fault: fn(&mut Proc), within: Duration) -> (Db, Serve, Vec<Proc>, usize) {
     let db = Db::fresh("fault");
     let s = serve(&db, &["--router", "least-outstanding"]);
     let mut engines = vec![engine(&s.grpc, "a", &[]), engine(&s.grpc, "b", &[])];
@@ -303,13 +305,20 @@ fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
         .json(&json!({"model": MODEL, "prompt": "a long story", "max_tokens": 600, "stream": true}))
         .send()
         .expect("stream");
-    let mut lines = BufReader::new(response).lines().map_while(Result::ok);
+    // Read on a thread of its own, so that a stalled stream fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(response).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let mut tokens = 0;
     while tokens < 50 {
-        let line = lines.next().expect("stream open");
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("stream open");
         tokens += usize::from(line.starts_with("data: {"));
     }
-    // Kill the engine that runs it.
     let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
     let busy =
         v["instances"].as_array().expect("list").iter().find(|i| i["load"]["running"] == 1).expect("a busy engine")
@@ -318,11 +327,24 @@ fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
             .expect("name")
             .to_string();
     let k = engines.iter().position(|e| e.first_line.contains(&format!("engine {busy} "))).expect("its process");
-    engines[k].kill();
-    let rest: Vec<String> = lines.filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect();
-    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "the stream completes: {:?}", rest.last());
+    fault(&mut engines[k]);
+    let deadline = std::time::Instant::now() + within;
+    let mut rest = Vec::new();
+    while rest.last().map(String::as_str) != Some("[DONE]") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => rest.extend(line.strip_prefix("data: ").map(str::to_string)),
+            Err(e) => panic!("the stream did not end within {within:?} ({e}); last: {:?}", rest.last()),
+        }
+    }
     let more = rest.iter().filter(|e| e.contains("\"text\":\"") && !e.contains("\"text\":\"\"")).count();
     assert_eq!(tokens + more, 600, "every token arrives exactly once");
+    (db, s, engines, k)
+}
+
+#[test]
+fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
+    let (_db, s, mut engines, _) = a_stream_outlives(Proc::kill, Duration::from_secs(30));
     // The dead engine is known to be down; new requests go to the other one.
     eventually(10, "the killed engine is down", || {
         let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
@@ -338,6 +360,21 @@ fn a_request_on_an_engine_killed_mid_stream_resumes_elsewhere() {
     });
     let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "anyone?", "max_tokens": 3}));
     assert_eq!((status, v["error"]["code"].as_str()), (503, Some("no_engine")));
+}
+
+#[test]
+fn a_request_on_an_engine_that_stops_answering_resumes_elsewhere() {
+    // SIGSTOP: the process and its sockets stay, nothing comes out of them. The engine is
+    // taken out after 5 s of silence, and its stream must move as a dead engine's does.
+    let stop = |e: &mut Proc| {
+        let _ = std::process::Command::new("kill").args(["-STOP", &e.child.id().to_string()]).status();
+    };
+    let (_db, s, mut engines, k) = a_stream_outlives(stop, Duration::from_secs(20));
+    let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+    assert_eq!(v["instances"]["down"], 1, "{v}");
+    let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "next", "max_tokens": 3}));
+    assert_eq!(status, 200);
+    engines[k].kill();
 }
 
 #[test]
@@ -606,4 +643,46 @@ fn an_engine_logs_the_steps_it_served_as_a_profile_simulate_calibrates_on() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("calibrated on"), "{stdout}");
+}
+
+#[test]
+fn clients_that_hold_half_sent_requests_are_cut_off_and_the_rest_are_served() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let db = Db::fresh("slow");
+    let flags = ["--header-timeout-s", "1", "--body-timeout-s", "1", "--max-connections", "8"];
+    let s = serve(&db, &flags);
+    let address = s.http.trim_start_matches("http://").to_string();
+    // Closed by the server: a read that ends (0 bytes, a response, or a reset) within `secs`.
+    let closed_within = |c: &mut TcpStream, secs: u64| {
+        c.set_read_timeout(Some(Duration::from_secs(secs))).expect("timeout");
+        let mut buf = Vec::new();
+        match c.read_to_end(&mut buf) {
+            Ok(_) => Some(String::from_utf8_lossy(&buf).to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(String::new()),
+            Err(_) => None,
+        }
+    };
+    // As many half-sent headers as the server takes connections, and one idle connection.
+    let mut slow: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut c = TcpStream::connect(&address).expect("connect");
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").expect("part of the headers");
+            c
+        })
+        .collect();
+    for c in &mut slow {
+        assert!(closed_within(c, 5).is_some(), "a connection holding half its headers stays open");
+    }
+    // A body that stops halfway: the request fails and the connection closes.
+    let mut c = TcpStream::connect(&address).expect("connect");
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"",
+    )
+    .expect("part of the body");
+    let answer = closed_within(&mut c, 5).expect("a half-sent body is not waited for");
+    assert!(answer.is_empty() || !answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The server still serves everyone else.
+    let (status, _) = get(&format!("{}/healthz", s.http), None);
+    assert_eq!(status, 200);
 }

@@ -183,14 +183,18 @@ fn vllm_engines_behind_fleetplane() {
     let profile = dir.join("profile.json");
     let out = Command::new(bin())
         .args(["profile-vllm", "--url", &a.url(), "--model", "vllm-tiny", "--gpu", "cpu-2core"])
-        .args(["--prompt-tokens", "32,128", "--batches", "1,4", "--repeat", "1", "--out"])
+        .args(["--prompt-tokens", "32,128", "--batches", "1,4", "--mixed-prompt-tokens", "64", "--mixed-batches", "2"])
+        .args(["--repeat", "1", "--warmup-s", "1", "--out"])
         .arg(&profile)
         .output()
         .expect("profile-vllm runs");
     assert!(out.status.success(), "profile-vllm: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&profile).expect("profile")).expect("JSON");
     assert_eq!((v["model"].as_str(), v["block_size"].as_u64()), (Some("vllm-tiny"), Some(32)), "{v}");
-    assert_eq!(v["samples"].as_array().map(Vec::len), Some(4), "{v}");
+    // Two lone prefills, two decode batches, and the 64-token prompt beside 2 decoding streams.
+    assert_eq!(v["samples"].as_array().map(Vec::len), Some(5), "{v}");
+    let mixed = &v["samples"][4];
+    assert_eq!((mixed["prefill_tokens"].as_u64(), mixed["decode_seqs"].as_u64()), (Some(64), Some(2)), "{v}");
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/mooncake-conversation.jsonl");
     let out = Command::new(bin())
         .args(["simulate", "--trace", trace, "--max-requests", "20", "--model", "vllm-tiny", "--gpu", "cpu-2core"])
@@ -199,7 +203,7 @@ fn vllm_engines_behind_fleetplane() {
         .output()
         .expect("simulate runs");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("calibrated on 4 samples"), "{text}");
+    assert!(out.status.success() && text.contains("calibrated on 5 samples"), "{text}");
     let out = Command::new(bin())
         .args(["profile-vllm", "--url", &a.url(), "--model", "gpt-9", "--gpu", "cpu-2core", "--out", "/dev/null"])
         .output()

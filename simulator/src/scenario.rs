@@ -40,7 +40,8 @@
 
 use crate::cost::{
     calibrate, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, Calibration,
-    CalibrationError, CostError, CostModel, CostParams, CpMode, Deployment, Drafter, UnknownName, NO_SPECULATION,
+    CalibrationError, CostError, CostModel, CostParams, CpMode, Deployment, Drafter, GpuSpec, ModelSpec, UnknownName,
+    NO_SPECULATION,
 };
 use crate::metrics::Slo;
 use crate::pools::PdRun;
@@ -680,19 +681,7 @@ impl Scenario {
             cp: f.cp.unwrap_or(1),
             cp_mode: f.cp_mode.unwrap_or_default(),
         };
-        let calibration =
-            match &f.profile {
-                Some(path) => {
-                    let profile = load_profile(path)?;
-                    Some(calibrate(model, gpu, deployment, &params, &profile).map_err(|source| {
-                        ScenarioError::Calibration { path: path.clone(), source: Box::new(source) }
-                    })?)
-                }
-                None => None,
-            };
-        let params = calibration.as_ref().map_or(params, |c| c.params.clone());
-        let cost = CostModel::new(model, gpu, deployment, params)?
-            .with_decode_table(calibration.as_ref().and_then(|c| c.decode_table.clone()));
+        let (cost, calibration) = calibrated_cost(model, gpu, deployment, params, f.profile.as_deref())?;
         let drafter = drafter_or_none(f.spec.as_deref().unwrap_or(NO_SPECULATION))?;
         let defaults = InstanceConfig::default();
         let block_size = f.block_size.unwrap_or(defaults.block_size);
@@ -880,6 +869,32 @@ impl Scenario {
             gpu_share_efficiency,
         })
     }
+}
+
+/// The cost model of `model` on `gpu`, fitted to the step profile at `profile` when one is
+/// given (the fit beside it, to report): what the simulator, the engine process and the
+/// control plane's pools each price steps with.
+pub fn calibrated_cost(
+    model: &'static ModelSpec,
+    gpu: &'static GpuSpec,
+    deployment: Deployment,
+    params: CostParams,
+    profile: Option<&Path>,
+) -> Result<(CostModel, Option<Calibration>), ScenarioError> {
+    let calibration = match profile {
+        Some(path) => {
+            let measured = load_profile(path)?;
+            Some(
+                calibrate(model, gpu, deployment, &params, &measured)
+                    .map_err(|source| ScenarioError::Calibration { path: path.into(), source: Box::new(source) })?,
+            )
+        }
+        None => None,
+    };
+    let params = calibration.as_ref().map_or(params, |c| c.params.clone());
+    let cost = CostModel::new(model, gpu, deployment, params)?
+        .with_decode_table(calibration.as_ref().and_then(|c| c.decode_table.clone()));
+    Ok((cost, calibration))
 }
 
 /// Reads a step profile (JSON, or gzipped JSON when the name ends in `.gz`).

@@ -17,10 +17,9 @@ use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Executor, Instance, InstanceConfig};
 use runner::{Backend, Runner, Shared};
 use simulator::cost::{
-    calibrate, drafter_or_none, gpu_by_name, model_by_name, CostModel, CostModelExecutor, CostParams, Deployment,
-    NO_SPECULATION,
+    drafter_or_none, gpu_by_name, model_by_name, CostModelExecutor, CostParams, Deployment, NO_SPECULATION,
 };
-use simulator::scenario::load_profile;
+use simulator::scenario::calibrated_cost;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
@@ -219,17 +218,10 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
     let model = model_by_name(&args.model)?;
     let gpu = gpu_by_name(&args.gpu)?;
     let deployment = Deployment::tensor_parallel(args.tp);
-    let (params, table) = match &args.profile {
-        Some(path) => {
-            let profile = load_profile(path)?;
-            let fit = calibrate(model, gpu, deployment, &CostParams::default(), &profile)
-                .with_context(|| format!("calibrating on profile {}", path.display()))?;
-            tracing::info!(median_error = fit.median_error, "cost model calibrated on {}", path.display());
-            (fit.params, fit.decode_table)
-        }
-        None => (CostParams::default(), None),
-    };
-    let cost = CostModel::new(model, gpu, deployment, params)?.with_decode_table(table);
+    let (cost, fit) = calibrated_cost(model, gpu, deployment, CostParams::default(), args.profile.as_deref())?;
+    if let (Some(fit), Some(path)) = (fit, &args.profile) {
+        tracing::info!(median_error = fit.median_error, "cost model calibrated on {}", path.display());
+    }
     if args.block_size == 0 || !args.block_size.is_power_of_two() || args.block_size > 512 {
         return Err(anyhow!("--block-size {} is not a power of two between 1 and 512", args.block_size));
     }

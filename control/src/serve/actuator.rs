@@ -65,6 +65,8 @@ pub struct OurEngine {
     pub engine_token: String,
     pub model: String,
     pub gpu: String,
+    /// The step profile its cost model is calibrated on (`serve --engine-profile`).
+    pub profile: Option<PathBuf>,
     pub time_scale: f64,
     pub kv_blocks: Option<u32>,
 }
@@ -167,6 +169,9 @@ impl LocalProcesses {
             .stdout(Stdio::null());
         if let Some(n) = s.kv_blocks {
             command.args(["--kv-blocks", &n.to_string()]);
+        }
+        if let Some(p) = &s.profile {
+            command.arg("--profile").arg(p);
         }
         let child = command.spawn().with_context(|| format!("cannot run {}", s.exe.display()))?;
         tracing::info!(role = role.name(), %address, pid = child.id(), "engine process started");

@@ -3,7 +3,7 @@
 //! the engines' event streams learn comes back to the driver as [`News`].
 
 use super::actuator::Actuator;
-use super::stream::{stream_request, Reporter};
+use super::stream::{stream_request, LostSignal, Reporter};
 use super::vllm::{self, relay::OpenAiCall, EngineKind};
 use crate::engine_proc::Sampling;
 use crate::proto::{self, engine_client::EngineClient};
@@ -165,8 +165,8 @@ pub struct Member {
 /// How the control plane reaches an engine.
 #[derive(Clone)]
 enum Link {
-    /// `fleetplane engine`: our gRPC protocol.
-    Grpc(EngineClient<Channel>),
+    /// `fleetplane engine`: our gRPC protocol, and the signal its streams watch.
+    Grpc(EngineClient<Channel>, LostSignal),
     /// An engine with its own OpenAI API (vLLM, SGLang).
     Http(Arc<vllm::Engine>),
 }
@@ -179,14 +179,14 @@ impl Member {
     /// Its gRPC client; `None` for engines that are not ours.
     pub fn client(&self) -> Option<EngineClient<Channel>> {
         match &self.link {
-            Link::Grpc(c) => Some(c.clone()),
+            Link::Grpc(c, _) => Some(c.clone()),
             Link::Http(_) => None,
         }
     }
 
     pub fn kind(&self) -> EngineKind {
         match &self.link {
-            Link::Grpc(_) => EngineKind::Fleetplane,
+            Link::Grpc(..) => EngineKind::Fleetplane,
             Link::Http(e) => e.spec.kind,
         }
     }
@@ -195,7 +195,7 @@ impl Member {
     pub fn external(&self) -> Option<&Arc<vllm::Engine>> {
         match &self.link {
             Link::Http(e) => Some(e),
-            Link::Grpc(_) => None,
+            Link::Grpc(..) => None,
         }
     }
 }
@@ -388,7 +388,7 @@ impl LiveFleet {
             state: MemberState::Serving,
             load: engine::Load::default(),
             last_seen: now,
-            link: Link::Grpc(client.clone()),
+            link: Link::Grpc(client.clone(), LostSignal::new()),
             events_task,
             drain_watched: false,
             scheduling: None,
@@ -484,8 +484,9 @@ impl LiveFleet {
                     t.abort();
                 }
                 // Its streams stop waiting on it and are placed again.
-                if let Link::Http(e) = &m.link {
-                    e.signal_lost();
+                match &m.link {
+                    Link::Http(e) => e.signal_lost(),
+                    Link::Grpc(_, lost) => lost.raise(),
                 }
                 self.events.push(FleetEvent::InstanceDown { instance: id });
             }
@@ -507,9 +508,10 @@ impl LiveFleet {
         };
         let report = self.report.clone();
         match links {
-            (Link::Grpc(from_client), Link::Grpc(to_client)) => {
+            (Link::Grpc(from_client, _), Link::Grpc(to_client, to_lost)) => {
                 let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
-                let carry = super::transfer::Carry { parked, to, from_client, to_client, transfer_us, report };
+                let to_lost = to_lost.watch();
+                let carry = super::transfer::Carry { parked, to, from_client, to_client, to_lost, transfer_us, report };
                 tokio::spawn(carry.run());
             }
             (Link::Http(_), Link::Http(engine)) => {
@@ -545,8 +547,9 @@ impl Fleet for LiveFleet {
             return Err((DispatchError::NotServing { instance }, request));
         };
         match &m.link {
-            Link::Grpc(client) => {
-                tokio::spawn(stream_request(instance, client.clone(), request, payload, self.report.clone()));
+            Link::Grpc(client, lost) => {
+                let lost = lost.watch();
+                tokio::spawn(stream_request(instance, client.clone(), lost, request, payload, self.report.clone()));
             }
             Link::Http(engine) => {
                 let step = if m.role == Role::Prefill { vllm::relay::Step::Prefill } else { vllm::relay::Step::Whole };

@@ -13,6 +13,7 @@ mod gateway;
 mod history;
 mod hub;
 mod leader;
+mod listener;
 mod live_fleet;
 mod metrics;
 mod policy;
@@ -61,6 +62,9 @@ pub struct Args {
     /// gRPC address engines register at.
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub grpc_listen: SocketAddr,
+
+    #[command(flatten)]
+    pub limits: listener::Limits,
 
     /// PostgreSQL database (created if missing).
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
@@ -195,6 +199,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     // Checked before anything starts; the stored SLO targets replace the defaults.
     args.pools.pd_config(default_slo()).map_err(Failure::Input)?;
+    args.limits.check().map_err(|e| Failure::Input(anyhow::anyhow!(e)))?;
     let mut engines = Vec::new();
     for arg in &args.engines {
         engines
@@ -278,6 +283,7 @@ async fn serve(
                 engine_token: engine_token.clone(),
                 model: p.engine_model.clone(),
                 gpu: p.engine_gpu.clone(),
+                profile: p.engine_profile.clone(),
                 time_scale: p.engine_time_scale,
                 kv_blocks: p.engine_kv_blocks,
             }),
@@ -301,11 +307,7 @@ async fn serve(
             .serve_with_incoming_shutdown(crate::incoming(grpc), crate::shutdown_signal()),
     );
     println!("fleetplane {} serving http://{http_addr} (console /console/, gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
-    // Nagle off: SSE writes one small event per token.
-    let http = axum::serve::ListenerExt::tap_io(http, |s: &mut tokio::net::TcpStream| {
-        let _ = s.set_nodelay(true);
-    });
-    axum::serve(http, routes(app)).with_graceful_shutdown(crate::shutdown_signal()).await?;
+    listener::serve(http, routes(app), args.limits, crate::shutdown_signal()).await?;
     grpc_task.await??;
     Ok(())
 }

@@ -10,6 +10,7 @@ use policies::{AutoscalerConfig, CostHints, Knobs, PdConfig};
 use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
 use simulator::metrics::Slo;
 use simulator::pools::PdRun;
+use simulator::scenario::calibrated_cost;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -86,6 +87,12 @@ pub struct PoolArgs {
     /// GPU the engines' cost model stands for.
     #[arg(long, default_value = "h100")]
     pub engine_gpu: String,
+
+    /// A step profile of the engines (`fleetplane profile` of our CUDA engine, `fleetplane
+    /// profile-vllm` of a vLLM server): the controller's rates are calibrated on it, and the
+    /// engines the actuator starts of ours get it as their `--profile`.
+    #[arg(long, value_name = "FILE.json")]
+    pub engine_profile: Option<std::path::PathBuf>,
 
     /// The engines' `--time-scale` (0.1: ten times faster than the GPU would be).
     #[arg(long, default_value_t = 1.0)]
@@ -200,8 +207,15 @@ impl PoolArgs {
     fn cost_model(&self) -> anyhow::Result<CostModel> {
         let model = model_by_name(&self.engine_model).context("--engine-model")?;
         let gpu = gpu_by_name(&self.engine_gpu).context("--engine-gpu")?;
-        CostModel::new(model, gpu, Deployment::tensor_parallel(1), CostParams::default())
-            .map_err(|e| anyhow!("--engine-model on --engine-gpu: {e}"))
+        let (cost, _) = calibrated_cost(
+            model,
+            gpu,
+            Deployment::tensor_parallel(1),
+            CostParams::default(),
+            self.engine_profile.as_deref(),
+        )
+        .map_err(|e| anyhow!("--engine-model on --engine-gpu (--engine-profile): {e}"))?;
+        Ok(cost)
     }
 
     /// The engines' instance settings, as `fleetplane engine` resolves its defaults.
@@ -276,6 +290,24 @@ pub(super) mod tests {
         let (t1, t2) = (one.transfer.time(10_000).0, two.transfer.time(10_000).0);
         assert!(t2.abs_diff(2 * t1) <= 1, "twice as long, to the µs: {t1} µs then {t2} µs");
         assert_eq!((one.slo.ttft_target_ms, one.min_per_pool, one.gpu_budget), (2000.0, 1, 8));
+    }
+
+    #[test]
+    fn an_engine_profile_calibrates_the_controllers_rates() {
+        let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/profile-h200-llama-8b.json");
+        let on = |gpu: &str, extra: &[&str]| {
+            let mut flags = vec!["--mode", "pd", "--autoscaler", "slo-load", "--engine-gpu", gpu];
+            flags.extend_from_slice(extra);
+            args(&flags).pd_config(SLO)
+        };
+        let plain = on("h200", &[]).expect("valid").expect("pools");
+        let fitted = on("h200", &["--engine-profile", profile]).expect("the profile fits").expect("pools");
+        assert_ne!(plain.slo.decode.base_us, fitted.slo.decode.base_us);
+        let e = on("h200", &["--engine-profile", "/nonexistent/p.json"]).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/p.json"), "{e}");
+        // Measured on an H200, not an H100: named, not fitted anyway.
+        let e = on("h100", &["--engine-profile", profile]).unwrap_err().to_string();
+        assert!(e.contains("h200"), "{e}");
     }
 
     #[test]

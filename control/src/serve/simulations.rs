@@ -48,7 +48,7 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 16] = [
+const EXAMPLES: [(&str, &str); 17] = [
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
@@ -65,6 +65,7 @@ const EXAMPLES: [(&str, &str); 16] = [
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
     ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
+    ("vllm-fidelity.toml", include_str!("../../../examples/vllm-fidelity.toml")),
 ];
 
 const EXAMPLES_DIR: &str = "examples";

@@ -7,8 +7,9 @@ use crate::proto::{self, engine_client::EngineClient};
 use engine::{Dur, InstanceId, Request, Time};
 use policies::FleetEvent;
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
@@ -25,10 +26,46 @@ pub(super) enum Ended {
     Broke(String),
 }
 
+/// Raised when an engine is taken out (its connection lost, or silent past the timeout while
+/// its sockets stay open, as a stopped process's do): the requests streaming from it stop
+/// waiting and are placed again.
+#[derive(Clone)]
+pub(super) struct LostSignal(Arc<watch::Sender<u64>>);
+
+impl LostSignal {
+    pub(super) fn new() -> LostSignal {
+        LostSignal(Arc::new(watch::channel(0).0))
+    }
+
+    pub(super) fn raise(&self) {
+        self.0.send_modify(|g| *g += 1);
+    }
+
+    /// What one request watches: only raises after this call count, so take it before the
+    /// request is sent.
+    pub(super) fn watch(&self) -> Lost {
+        Lost(self.0.subscribe())
+    }
+}
+
+/// One request's watch on its engine's [`LostSignal`].
+pub(super) struct Lost(watch::Receiver<u64>);
+
+impl Lost {
+    /// Resolves when the engine is taken out. An engine whose signal is gone (removed from
+    /// the fleet) never resolves it: the stream's own end or error decides then.
+    pub(super) async fn taken_out(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Relays an engine's token stream to the request's client until it ends.
 pub(super) async fn relay(
     instance: InstanceId,
     stream: &mut tonic::Streaming<proto::GenerateChunk>,
+    lost: &mut Lost,
     payload: &mut Payload,
     report: &Reporter,
 ) -> Ended {
@@ -36,6 +73,7 @@ pub(super) async fn relay(
         let next = tokio::select! {
             next = stream.next() => next,
             () = payload.out.closed() => return Ended::ClientGone,
+            () = lost.taken_out() => return Ended::Broke(format!("{instance} was taken out mid-stream")),
         };
         let chunk = match next {
             Some(Ok(chunk)) => chunk,
@@ -138,6 +176,7 @@ impl Reporter {
 pub(super) async fn stream_request(
     instance: InstanceId,
     mut client: EngineClient<Channel>,
+    mut lost: Lost,
     request: Request,
     mut payload: Payload,
     report: Reporter,
@@ -152,13 +191,18 @@ pub(super) async fn stream_request(
         seed: payload.sampling.seed,
         generated: payload.generated.clone(),
     };
-    let ended = match client.generate(wire).await {
-        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+    let answer = tokio::select! {
+        answer = client.generate(wire) => Some(answer),
+        () = lost.taken_out() => None,
+    };
+    let ended = match answer {
+        None => Ended::Broke(format!("{instance} was taken out before it took the request")),
+        Some(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
             let _ = payload.out.send(Delta::Failed(format!("{instance} refused the request: {}", status.message())));
             Ended::ClientGone
         }
-        Err(status) => Ended::Broke(format!("{instance} did not take the request: {}", status.message())),
-        Ok(stream) => relay(instance, &mut stream.into_inner(), &mut payload, &report).await,
+        Some(Err(status)) => Ended::Broke(format!("{instance} did not take the request: {}", status.message())),
+        Some(Ok(stream)) => relay(instance, &mut stream.into_inner(), &mut lost, &mut payload, &report).await,
     };
     report.ended(instance, request, payload, ended);
 }

@@ -13,7 +13,7 @@
 //! request, it is placed again like one whose engine vanished.
 
 use super::live_fleet::{Delta, News, Parked};
-use super::stream::{relay, Ended, Reporter};
+use super::stream::{relay, Ended, Lost, Reporter};
 use crate::proto::{self, engine_client::EngineClient};
 use engine::InstanceId;
 use policies::FleetEvent;
@@ -25,6 +25,8 @@ pub(super) struct Carry {
     pub(super) to: InstanceId,
     pub(super) from_client: EngineClient<Channel>,
     pub(super) to_client: EngineClient<Channel>,
+    /// The decode engine's lost signal, watched from before the import.
+    pub(super) to_lost: Lost,
     /// The link's time for this KV, which the decode engine waits (a cost-model KV has no
     /// bytes to copy).
     pub(super) transfer_us: u64,
@@ -55,7 +57,11 @@ impl Carry {
             seed: s.seed,
             transfer_us: self.transfer_us,
         };
-        let mut stream = match self.to_client.import(import).await {
+        let imported = tokio::select! {
+            imported = self.to_client.import(import) => imported,
+            () = self.to_lost.taken_out() => Err(tonic::Status::unavailable(format!("{to} was taken out"))),
+        };
+        let mut stream = match imported {
             Ok(stream) => stream.into_inner(),
             Err(status) if status.code() == Code::InvalidArgument => {
                 // The decode engine will never take it: nothing better to do than fail it.
@@ -76,7 +82,7 @@ impl Carry {
         self.release(from, id).await;
         self.report.event(FleetEvent::TransferDone { request: id, from, to });
         let Parked { request, mut payload, .. } = self.parked;
-        let ended = relay(to, &mut stream, &mut payload, &self.report).await;
+        let ended = relay(to, &mut stream, &mut self.to_lost, &mut payload, &self.report).await;
         self.report.ended(to, request, payload, ended);
     }
 

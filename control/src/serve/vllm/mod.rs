@@ -11,13 +11,14 @@ pub mod relay;
 pub mod subscriber;
 
 use super::live_fleet::News;
+use super::stream::{Lost, LostSignal};
 use crate::serve::lock;
 use engine::InstanceId;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Which kind of engine a member is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,8 +234,8 @@ pub struct Engine {
     pub probed: Probed,
     pub http: reqwest::Client,
     in_flight: Mutex<InFlight>,
-    /// Bumped when the engine is taken out: its streams stop waiting and are placed again.
-    lost: watch::Sender<u64>,
+    /// Raised when the engine is taken out: its streams stop waiting and are placed again.
+    lost: LostSignal,
     /// How its KV event stream has gone.
     pub events: Arc<Mutex<subscriber::EventStats>>,
     /// The watcher and KV event tasks, stopped when the engine is removed.
@@ -256,7 +257,7 @@ impl Engine {
             probed,
             http,
             in_flight: Mutex::default(),
-            lost: watch::channel(0).0,
+            lost: LostSignal::new(),
             events: Arc::default(),
             tasks: Mutex::default(),
         }
@@ -272,11 +273,11 @@ impl Engine {
 
     /// Tells the engine's streams that it is gone.
     pub fn signal_lost(&self) {
-        self.lost.send_modify(|g| *g += 1);
+        self.lost.raise();
     }
 
-    pub fn lost_signal(&self) -> watch::Receiver<u64> {
-        self.lost.subscribe()
+    pub(in crate::serve) fn lost_signal(&self) -> Lost {
+        self.lost.watch()
     }
 
     pub fn stop_tasks(&self) {
@@ -301,8 +302,13 @@ impl Engine {
     }
 }
 
-/// How often an engine's health and metrics are read.
+/// How often an engine's health is checked and a load report made (the engine's fields from
+/// the last scrape, the control plane's own tally of what it has in flight there fresh).
 const SCRAPE_EVERY: Duration = Duration::from_millis(250);
+/// How often its `/metrics` is read. vLLM renders the page on its API server's event loop
+/// (~30 ms on these 2-core machines): read every 250 ms it held the server's requests back,
+/// TTFT p90 20 → 124 ms (docs/BENCHMARKS.md, "Simulator fidelity against vLLM").
+const METRICS_EVERY: Duration = Duration::from_secs(1);
 /// An engine whose health check fails this long is taken out.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -314,9 +320,10 @@ async fn watch(instance: InstanceId, engine: Arc<Engine>, news: mpsc::UnboundedS
     let mut lost = false;
     let mut ticker = tokio::time::interval(SCRAPE_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut scraped: Option<(Instant, metrics::Scrape)> = None;
     loop {
         ticker.tick().await;
-        match scrape(&engine).await {
+        match scrape(&engine, &mut scraped).await {
             Ok(load) => {
                 // After any failure, not only one it reported: the driver may have taken the
                 // engine out meanwhile for its silence (reviving a serving one does nothing).
@@ -338,12 +345,17 @@ async fn watch(instance: InstanceId, engine: Arc<Engine>, news: mpsc::UnboundedS
     }
 }
 
-/// One health check and scrape, as a load report.
-async fn scrape(engine: &Engine) -> Result<engine::Load, String> {
+/// One health check, and a scrape when the last is [`METRICS_EVERY`] old, as a load report.
+async fn scrape(engine: &Engine, scraped: &mut Option<(Instant, metrics::Scrape)>) -> Result<engine::Load, String> {
     let url = &engine.spec.url;
     get(&engine.http, url, "/health").await?;
-    let page = get(&engine.http, url, "/metrics").await?;
-    Ok(load(&metrics::parse(&page), engine.in_flight(), engine.probed.gpu_blocks))
+    let last = match scraped.take() {
+        Some((at, s)) if at.elapsed() < METRICS_EVERY => (at, s),
+        _ => (Instant::now(), metrics::parse(&get(&engine.http, url, "/metrics").await?)),
+    };
+    let load = load(&last.1, engine.in_flight(), engine.probed.gpu_blocks);
+    *scraped = Some(last);
+    Ok(load)
 }
 
 /// A load report from a scrape and what the control plane has in flight there: requests it

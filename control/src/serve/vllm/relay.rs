@@ -12,14 +12,13 @@
 
 use super::{error_chain, Engine, Share};
 use crate::serve::live_fleet::{Delta, News, Parked, Payload};
-use crate::serve::stream::{Ended, Reporter};
+use crate::serve::stream::{Ended, Lost, Reporter};
 use engine::{InstanceId, Request};
 use futures_util::StreamExt;
 use policies::FleetEvent;
 use serde_json::{json, Map, Value};
 use std::num::NonZeroU64;
 use std::sync::Arc;
-use tokio::sync::watch;
 
 /// The client's OpenAI request, as an engine with its own API takes it.
 #[derive(Debug, Clone)]
@@ -176,7 +175,7 @@ impl Call {
 struct Leg<'a> {
     instance: InstanceId,
     engine: &'a Engine,
-    lost: watch::Receiver<u64>,
+    lost: Lost,
 }
 
 impl<'a> Leg<'a> {
@@ -192,7 +191,7 @@ impl<'a> Leg<'a> {
         let response = tokio::select! {
             r = send => r,
             () = payload.out.closed() => return Err(Ended::ClientGone),
-            _ = self.lost.changed() => return Err(Ended::Broke(format!("{instance} ({url}) stopped answering"))),
+            () = self.lost.taken_out() => return Err(Ended::Broke(format!("{instance} ({url}) stopped answering"))),
         };
         let response = match response {
             Ok(r) => r,
@@ -260,7 +259,7 @@ impl<'a> Leg<'a> {
             let next = tokio::select! {
                 next = stream.next() => next,
                 () = payload.out.closed() => return Ended::ClientGone,
-                _ = self.lost.changed() => return Ended::Broke(format!("{instance} ({url}) stopped answering mid-stream")),
+                () = self.lost.taken_out() => return Ended::Broke(format!("{instance} ({url}) stopped answering mid-stream")),
             };
             let bytes = match next {
                 Some(Ok(b)) => b,
