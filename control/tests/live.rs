@@ -646,6 +646,26 @@ fn an_engine_logs_the_steps_it_served_as_a_profile_simulate_calibrates_on() {
 }
 
 #[test]
+fn an_engine_given_sigterm_finishes_its_streams_and_exits() {
+    let term = |e: &mut Proc| {
+        let _ = std::process::Command::new("kill").args(["-TERM", &e.child.id().to_string()]).status();
+    };
+    // Its stream ends whole (from it or, past the drain bound, elsewhere), and the process exits.
+    let (_db, s, mut engines, k) = a_stream_outlives(term, Duration::from_secs(20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engines[k].child.try_wait().expect("wait").is_none() {
+        assert!(std::time::Instant::now() < deadline, "the engine still runs 10 s after the stream ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eventually(10, "the stopped engine is down", || {
+        let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+        v["instances"]["down"] == 1
+    });
+    let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "next", "max_tokens": 3}));
+    assert_eq!(status, 200);
+}
+
+#[test]
 fn clients_that_hold_half_sent_requests_are_cut_off_and_the_rest_are_served() {
     use std::io::{Read, Write};
     use std::net::TcpStream;

@@ -21,7 +21,9 @@ use simulator::cost::{
 };
 use simulator::scenario::calibrated_cost;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExecutorKind {
@@ -143,6 +145,12 @@ pub struct Args {
     #[arg(long)]
     pub exit_with_parent: bool,
 
+    /// On SIGTERM (or Ctrl-C): seconds to wait for the requests in flight (parked hand-offs
+    /// too) to finish, with no new ones taken, before exiting; control planes place what is
+    /// left elsewhere.
+    #[arg(long, default_value_t = 30.0, value_name = "S")]
+    pub drain_timeout_s: f64,
+
     /// The engine's name in the fleet [default: engine-PORT].
     #[arg(long)]
     pub name: Option<String>,
@@ -191,6 +199,9 @@ impl Backend for SimBackend {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
+    if !(args.drain_timeout_s.is_finite() && args.drain_timeout_s >= 0.0) {
+        return Err(Failure::Input(anyhow!("--drain-timeout-s {} must be a number >= 0", args.drain_timeout_s)));
+    }
     if !(args.parked_limit_s.is_finite() && args.parked_limit_s > 0.0) {
         return Err(Failure::Input(anyhow!("--parked-limit-s {} must be a positive number", args.parked_limit_s)));
     }
@@ -253,7 +264,7 @@ fn sim_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)
 async fn parent_gone() {
     let parent = std::os::unix::process::parent_id();
     loop {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         if std::os::unix::process::parent_id() != parent {
             return;
         }
@@ -361,7 +372,8 @@ async fn serve(
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();
-    let parked_limit = std::time::Duration::from_secs_f64(args.parked_limit_s);
+    let parked_limit = Duration::from_secs_f64(args.parked_limit_s);
+    let drain_timeout = Duration::from_secs_f64(args.drain_timeout_s);
     let step_log = match &args.step_log {
         None => None,
         Some(path) => {
@@ -410,17 +422,40 @@ async fn serve(
                 .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(crate::incoming(listener), crate::shutdown_signal());
-    if args.exit_with_parent {
-        // Not a graceful stop: it would wait for every open stream, and other control planes
-        // keep their event streams open. Their requests here are placed again elsewhere.
-        tokio::select! {
-            served = server => served?,
-            () = parent_gone() => tracing::info!("the process that started this engine is gone: stopping"),
+        .serve_with_incoming(crate::incoming(listener));
+    // No graceful stop of the server: it would wait for every open stream, and control
+    // planes keep their event streams open for as long as the engine lives. Exiting closes
+    // them; what is still here is placed again elsewhere.
+    let parent = async {
+        if args.exit_with_parent {
+            parent_gone().await;
+        } else {
+            std::future::pending::<()>().await;
         }
-    } else {
-        server.await?;
+    };
+    tokio::select! {
+        served = server => served?,
+        () = parent => tracing::info!("the process that started this engine is gone: stopping"),
+        () = drain_on_signal(&shared, drain_timeout) => {}
     }
     drop(loop_thread);
     Ok(())
+}
+
+/// Waits for SIGTERM or Ctrl-C, then drains: no new requests (the heartbeat tells the control
+/// planes, and `Generate` refuses them), and returns once nothing is in flight or `bound` has
+/// passed.
+async fn drain_on_signal(shared: &Shared, bound: Duration) {
+    crate::shutdown_signal().await;
+    shared.draining.store(true, Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + bound;
+    let left = || shared.in_flight.load(Ordering::Relaxed);
+    tracing::info!(in_flight = left(), "stopping: draining for up to {bound:?}");
+    while left() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match left() {
+        0 => tracing::info!("drained: stopping"),
+        n => tracing::warn!(in_flight = n, "drain bound reached: stopping; the control planes place them again"),
+    }
 }
