@@ -5,7 +5,7 @@
 //! take only their CPU time and the difference is the gateway's.
 
 use crate::demo::{serve_addresses, start};
-use crate::proto::{self, engine_client::EngineClient};
+use crate::proto;
 use crate::serve::DEFAULT_DATABASE_URL;
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -125,7 +125,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let engine = EngineClient::connect(format!("http://{engine_addr}")).await.context("cannot reach the engine")?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{engine_addr}"))?
+        .connect()
+        .await
+        .context("cannot reach the engine")?;
+    let engine = crate::engine_auth::Present::new(&engine_token)?.link(channel);
     let prompt =
         |k: u32| -> Vec<u32> { (0..args.prompt_tokens).map(|i| 1000 + (k * 7919 + i * 104_729) % 30_000).collect() };
 

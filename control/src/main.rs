@@ -30,6 +30,7 @@ mod bench_suite;
 mod capacity;
 mod cli;
 mod demo;
+mod engine_auth;
 mod engine_proc;
 mod latency;
 mod make_model;

@@ -16,6 +16,27 @@ mod proto {
 
 use common::bin;
 use proto::engine_client::EngineClient;
+use tonic::service::interceptor::InterceptedService;
+
+/// A client of the engine presenting the engine token, as control planes do.
+type Link = EngineClient<
+    InterceptedService<tonic::transport::Channel, fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>>,
+>;
+
+fn with_token(mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    let bearer = format!("Bearer {}", common::ENGINE).parse().expect("ascii token");
+    r.metadata_mut().insert("authorization", bearer);
+    Ok(r)
+}
+
+async fn connect(addr: &str) -> Link {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("the engine accepts a connection");
+    EngineClient::with_interceptor(channel, with_token as fn(_) -> _)
+}
 use proto::{GenerateChunk, GenerateRequest};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -91,11 +112,7 @@ impl Engine {
 }
 
 /// Streams one greedy request of 16 tokens to its end; returns its tokens and last chunk.
-async fn generate(
-    client: &mut EngineClient<tonic::transport::Channel>,
-    id: u64,
-    prompt: &[u32],
-) -> (Vec<u32>, GenerateChunk) {
+async fn generate(client: &mut Link, id: u64, prompt: &[u32]) -> (Vec<u32>, GenerateChunk) {
     let req = GenerateRequest {
         request_id: id,
         prompt: prompt.to_vec(),
@@ -126,8 +143,7 @@ async fn cuda_engine_streams_greedy_tokens_and_reuses_the_prefix_cache() {
 
     let (engine, addr) = Engine::start(&dir, &[]);
     let run = async {
-        let mut client =
-            EngineClient::connect(format!("http://{addr}")).await.expect("the engine accepts a connection");
+        let mut client = connect(&addr).await;
         // 100 ids inside the tiny model's vocabulary of 512.
         let prompt: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % 500).collect();
         let first = generate(&mut client, 1, &prompt).await;
@@ -203,7 +219,7 @@ fn cuda_prefill_and_decode_engines_behind_the_gateway_generate_as_one_engine() {
         let (engine, addr) = Engine::start(&dir, &[]);
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
         let run = async {
-            let mut client = EngineClient::connect(format!("http://{addr}")).await.expect("the engine accepts");
+            let mut client = connect(&addr).await;
             generate(&mut client, 1, &prompt).await
         };
         let (tokens, last) = match runtime.block_on(async { tokio::time::timeout(Duration::from_secs(60), run).await })

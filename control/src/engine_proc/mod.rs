@@ -10,6 +10,7 @@ mod service;
 
 pub use runner::Sampling;
 
+use crate::engine_auth;
 use crate::proto;
 use crate::Failure;
 use anyhow::{anyhow, Context};
@@ -24,6 +25,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExecutorKind {
@@ -349,6 +351,10 @@ async fn serve(
     config: InstanceConfig,
     tokenizer: Option<crate::serve::tokenizer::Loaded>,
 ) -> anyhow::Result<()> {
+    // The token it registers with and requires on every call to it.
+    let token = std::env::var(engine_auth::ENV).ok().filter(|t| !t.is_empty()).ok_or_else(|| {
+        anyhow!("set {}: the engine registers with it and requires it on every call", engine_auth::ENV)
+    })?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -410,18 +416,24 @@ async fn serve(
     };
     let pool = policies::Role::from(args.role).name();
     for control in &args.control {
-        let beat = register::keep_registered(control.clone(), addr, pool.to_string(), info.clone(), shared.clone());
+        let beat = register::keep_registered(
+            control.clone(),
+            token.clone(),
+            addr,
+            pool.to_string(),
+            info.clone(),
+            shared.clone(),
+        );
         tokio::spawn(beat);
     }
     // Tests and the demo read this line to find the port.
     println!("engine {name} listening on {addr}");
     tracing::info!(%addr, %model, kv_blocks = config.total_blocks, "engine serving");
+    let engine_service = proto::engine_server::EngineServer::new(service)
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let server = tonic::transport::Server::builder()
-        .add_service(
-            proto::engine_server::EngineServer::new(service)
-                .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(proto::MAX_MESSAGE_BYTES),
-        )
+        .add_service(InterceptedService::new(engine_service, engine_auth::Require::new(&token)))
         .serve_with_incoming(crate::incoming(listener));
     // No graceful stop of the server: it would wait for every open stream, and control
     // planes keep their event streams open for as long as the engine lives. Exiting closes

@@ -13,13 +13,13 @@ const FIRST_BEAT: Duration = Duration::from_millis(500);
 
 pub async fn keep_registered(
     control: String,
+    token: String,
     addr: SocketAddr,
     pool: String,
     info: proto::EngineInfo,
     shared: Arc<Shared>,
 ) {
     let url = if control.contains("://") { control.clone() } else { format!("http://{control}") };
-    let token = std::env::var("FLEETPLANE_ENGINE_TOKEN").unwrap_or_default();
     let mut registered = false;
     loop {
         let request = proto::RegisterRequest {

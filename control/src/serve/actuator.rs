@@ -17,7 +17,8 @@
 
 use super::live_fleet::News;
 use super::vllm::{self, EngineKind};
-use crate::proto::{self, engine_client::EngineClient};
+use crate::engine_auth::EngineLink;
+use crate::proto;
 use anyhow::Context;
 use engine::InstanceId;
 use policies::Role;
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 /// Starts and stops engines.
 pub trait Actuator: Send {
@@ -326,7 +326,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(250);
 
 /// Asks a draining engine until it holds no request, then reports it drained (also when it
 /// cannot be asked: it is gone, and nothing on it can be saved).
-pub async fn watch_drain(instance: InstanceId, mut client: EngineClient<Channel>, news: mpsc::UnboundedSender<News>) {
+pub async fn watch_drain(instance: InstanceId, mut client: EngineLink, news: mpsc::UnboundedSender<News>) {
     loop {
         match client.drain(proto::DrainRequest {}).await {
             Ok(r) if r.get_ref().in_flight > 0 => tokio::time::sleep(DRAIN_POLL).await,

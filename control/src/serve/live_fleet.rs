@@ -5,8 +5,9 @@
 use super::actuator::Actuator;
 use super::stream::{stream_request, LostSignal, Reporter};
 use super::vllm::{self, relay::OpenAiCall, EngineKind};
+use crate::engine_auth::{EngineLink, Present};
 use crate::engine_proc::Sampling;
-use crate::proto::{self, engine_client::EngineClient};
+use crate::proto;
 use engine::{Dur, InstanceId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::{BTreeMap, HashMap};
@@ -166,7 +167,7 @@ pub struct Member {
 #[derive(Clone)]
 enum Link {
     /// `fleetplane engine`: our gRPC protocol, and the signal its streams watch.
-    Grpc(EngineClient<Channel>, LostSignal),
+    Grpc(Box<EngineLink>, LostSignal),
     /// An engine with its own OpenAI API (vLLM, SGLang).
     Http(Arc<vllm::Engine>),
 }
@@ -177,9 +178,9 @@ impl Member {
     }
 
     /// Its gRPC client; `None` for engines that are not ours.
-    pub fn client(&self) -> Option<EngineClient<Channel>> {
+    pub fn client(&self) -> Option<EngineLink> {
         match &self.link {
-            Link::Grpc(c, _) => Some(c.clone()),
+            Link::Grpc(c, _) => Some((**c).clone()),
             Link::Http(_) => None,
         }
     }
@@ -209,6 +210,8 @@ pub fn role_by_name(pool: &str) -> Option<Role> {
 pub const MAX_ATTEMPTS: u32 = 3;
 
 pub struct LiveFleet {
+    /// The engine token each call to an engine of ours carries.
+    present: Present,
     members: BTreeMap<InstanceId, Member>,
     /// Payloads of requests routed but not yet dispatched.
     staged: HashMap<RequestId, Payload>,
@@ -226,8 +229,10 @@ pub struct LiveFleet {
 }
 
 impl LiveFleet {
-    pub fn new(news: mpsc::UnboundedSender<News>) -> LiveFleet {
+    /// A fleet whose calls to engines of ours present `present`'s token.
+    pub fn new(news: mpsc::UnboundedSender<News>, present: Present) -> LiveFleet {
         LiveFleet {
+            present,
             members: BTreeMap::new(),
             staged: HashMap::new(),
             parked: BTreeMap::new(),
@@ -375,7 +380,9 @@ impl LiveFleet {
             tracing::warn!("engine pool `{pool}` is not a role");
             return false;
         };
-        let client = EngineClient::new(endpoint.connect_lazy())
+        let client = self
+            .present
+            .link(endpoint.connect_lazy())
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
         let events_task = Some(tokio::spawn(read_events(id, client.clone(), self.news())).abort_handle());
@@ -388,7 +395,7 @@ impl LiveFleet {
             state: MemberState::Serving,
             load: engine::Load::default(),
             last_seen: now,
-            link: Link::Grpc(client.clone(), LostSignal::new()),
+            link: Link::Grpc(Box::new(client.clone()), LostSignal::new()),
             events_task,
             drain_watched: false,
             scheduling: None,
@@ -511,6 +518,7 @@ impl LiveFleet {
             (Link::Grpc(from_client, _), Link::Grpc(to_client, to_lost)) => {
                 let transfer_us = self.transfer.map_or(0, |t| t.time(parked.kv_tokens).0);
                 let to_lost = to_lost.watch();
+                let (from_client, to_client) = (*from_client, *to_client);
                 let carry = super::transfer::Carry { parked, to, from_client, to_client, to_lost, transfer_us, report };
                 tokio::spawn(carry.run());
             }
@@ -549,7 +557,7 @@ impl Fleet for LiveFleet {
         match &m.link {
             Link::Grpc(client, lost) => {
                 let lost = lost.watch();
-                tokio::spawn(stream_request(instance, client.clone(), lost, request, payload, self.report.clone()));
+                tokio::spawn(stream_request(instance, (**client).clone(), lost, request, payload, self.report.clone()));
             }
             Link::Http(engine) => {
                 let step = if m.role == Role::Prefill { vllm::relay::Step::Prefill } else { vllm::relay::Step::Whole };
@@ -590,7 +598,7 @@ impl Fleet for LiveFleet {
 }
 
 /// Reads an engine's load reports and KV events until the stream ends.
-async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, news: mpsc::UnboundedSender<News>) {
+async fn read_events(instance: InstanceId, mut client: EngineLink, news: mpsc::UnboundedSender<News>) {
     let why = match client.events(proto::EventsRequest { min_interval_ms: 0 }).await {
         Err(e) => format!("cannot open its event stream: {e}"),
         Ok(stream) => {
@@ -630,7 +638,7 @@ async fn read_events(instance: InstanceId, mut client: EngineClient<Channel>, ne
 }
 
 /// Sends an engine the policy's scheduling; it reports the change in its next load report.
-async fn configure(instance: InstanceId, mut client: EngineClient<Channel>, scheduling: proto::Scheduling) {
+async fn configure(instance: InstanceId, mut client: EngineLink, scheduling: proto::Scheduling) {
     if let Err(e) = client.configure(scheduling).await {
         tracing::warn!(%instance, "cannot configure the engine's scheduling: {}: {}", e.code(), e.message());
     }

@@ -125,6 +125,8 @@ pub struct App {
     /// Each model's tokenizer, where the fleet has one.
     pub tokenizers: tokenizer::Tokenizers,
     /// The HTTP client for engines with their own API.
+    /// Presents the engine token on calls to engines of ours.
+    pub engine_token: crate::engine_auth::Present,
     pub http: reqwest::Client,
     /// Engines named to this replica that do not serve yet, by URL: their spec and why.
     pub pending_engines: Mutex<std::collections::BTreeMap<String, (vllm::EngineSpec, String)>>,
@@ -236,7 +238,8 @@ async fn serve(
     let pd = args.pools.pd_config(slo)?;
     let config = ControllerConfig { router, seed: args.seed, hints: args.pools.cost_hints()? };
     let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
-    let hub = Hub::new(config, pd, LiveFleet::new(news_tx), metrics.clone(), nonce);
+    let present = crate::engine_auth::Present::new(&engine_token)?;
+    let hub = Hub::new(config, pd, LiveFleet::new(news_tx, present.clone()), metrics.clone(), nonce);
     let app = Arc::new(App {
         hub: Mutex::new(hub),
         metrics,
@@ -250,6 +253,7 @@ async fn serve(
         recorder: history::Recorder::default(),
         history: history::History::default(),
         tokenizers,
+        engine_token: present,
         http: reqwest::Client::builder().tcp_nodelay(true).build().context("cannot make an HTTP client")?,
         pending_engines: Mutex::default(),
     });
@@ -531,7 +535,8 @@ async fn recover_instances(app: &Arc<App>) {
     for row in rows.into_iter().filter(|r| r.kind == "fleetplane" && r.state != "down" && r.state != "removed") {
         let url = format!("http://{}", row.address);
         let probe = async {
-            let mut client = crate::proto::engine_client::EngineClient::connect(url).await.ok()?;
+            let channel = tonic::transport::Endpoint::from_shared(url).ok()?.connect().await.ok()?;
+            let mut client = app.engine_token.link(channel);
             client.info(crate::proto::InfoRequest {}).await.ok().map(|r| r.into_inner())
         };
         match tokio::time::timeout(Duration::from_secs(1), probe).await {

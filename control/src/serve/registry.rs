@@ -5,7 +5,7 @@ use super::live_fleet::MemberState;
 use super::store::Write;
 use super::tokenizer::{self, Check};
 use super::App;
-use crate::proto::{self, control_server::Control, engine_client::EngineClient};
+use crate::proto::{self, control_server::Control};
 use engine::InstanceId;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,8 +96,12 @@ pub(super) async fn ensure_tokenizer(app: &App, address: &str, info: &proto::Eng
         Err(why) => return Err(Status::failed_precondition(format!("engine {name}: {why}"))),
     }
     let fetch = async {
-        let client = EngineClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
-        let mut client = client.max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = app.engine_token.link(channel).max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
         let reply = client.tokenizer(proto::TokenizerRequest {}).await.map_err(|s| s.message().to_string())?;
         Ok::<_, String>(reply.into_inner().json)
     };

@@ -3,7 +3,8 @@
 //! be placed again), with the latencies the controller's SLO load hears.
 
 use super::live_fleet::{Delta, News, Parked, Payload};
-use crate::proto::{self, engine_client::EngineClient};
+use crate::engine_auth::EngineLink;
+use crate::proto;
 use engine::{Dur, InstanceId, Request, Time};
 use policies::FleetEvent;
 use std::num::NonZeroU64;
@@ -11,7 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 /// How a request's token stream from an engine ended.
 pub(super) enum Ended {
@@ -175,7 +175,7 @@ impl Reporter {
 /// Streams one request from its engine to its client.
 pub(super) async fn stream_request(
     instance: InstanceId,
-    mut client: EngineClient<Channel>,
+    mut client: EngineLink,
     mut lost: Lost,
     request: Request,
     mut payload: Payload,

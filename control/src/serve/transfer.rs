@@ -14,17 +14,17 @@
 
 use super::live_fleet::{Delta, News, Parked};
 use super::stream::{relay, Ended, Lost, Reporter};
-use crate::proto::{self, engine_client::EngineClient};
+use crate::engine_auth::EngineLink;
+use crate::proto;
 use engine::InstanceId;
 use policies::FleetEvent;
-use tonic::transport::Channel;
 use tonic::Code;
 
 pub(super) struct Carry {
     pub(super) parked: Parked,
     pub(super) to: InstanceId,
-    pub(super) from_client: EngineClient<Channel>,
-    pub(super) to_client: EngineClient<Channel>,
+    pub(super) from_client: EngineLink,
+    pub(super) to_client: EngineLink,
     /// The decode engine's lost signal, watched from before the import.
     pub(super) to_lost: Lost,
     /// The link's time for this KV, which the decode engine waits (a cost-model KV has no
