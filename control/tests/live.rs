@@ -706,3 +706,62 @@ fn clients_that_hold_half_sent_requests_are_cut_off_and_the_rest_are_served() {
     let (status, _) = get(&format!("{}/healthz", s.http), None);
     assert_eq!(status, 200);
 }
+
+#[test]
+fn requests_go_only_to_engines_of_their_model() {
+    let db = Db::fresh("models");
+    let s = serve(&db, &["--router", "least-outstanding"]);
+    let _llama = engine(&s.grpc, "l", &[]);
+    // A small qwen engine: 64 blocks of 16 tokens.
+    let qwen_args = ["engine", "--executor", "sim", "--model", "qwen3-32b", "--kv-blocks", "64"];
+    let _qwen = start(
+        &[&qwen_args[..], &["--control", &s.grpc, "--name", "q"]].concat(),
+        &[("FLEETPLANE_ENGINE_TOKEN", ENGINE)],
+        "listening on",
+    );
+    wait_serving(&s.http, 2);
+    let (_, v) = get(&format!("{}/v1/models", s.http), Some(ADMIN));
+    let ids: Vec<&str> = v["data"].as_array().expect("models").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, ["llama-3.1-8b", "qwen3-32b"], "{v}");
+
+    // The size check is the model's own: the llama engine would hold it, qwen's does not.
+    let long: Vec<u32> = (0..2000).map(|i| 100 + i % 1000).collect();
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": "qwen3-32b", "prompt": long, "max_tokens": 8}));
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("`qwen3-32b` holds 1024")), "{v}");
+    let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": long, "max_tokens": 8}));
+    assert_eq!(status, 200);
+
+    // Streams for qwen run on the qwen engine only, however busy it is.
+    let streams: Vec<_> = (0..4)
+        .map(|k| {
+            let http = s.http.clone();
+            std::thread::spawn(move || {
+                streamed(
+                    &http,
+                    "/v1/completions",
+                    json!({"model": "qwen3-32b", "prompt": format!("story {k}"), "max_tokens": 200, "stream": true}),
+                )
+            })
+        })
+        .collect();
+    let mut seen_running = false;
+    while !streams.iter().all(|t| t.is_finished()) {
+        let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+        for i in v["instances"].as_array().expect("instances") {
+            let running = i["load"]["running"].as_u64().unwrap_or(0);
+            if i["model"] == MODEL {
+                assert_eq!(running, 0, "a qwen request on the llama engine: {v}");
+            } else {
+                seen_running |= running > 0;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for t in streams {
+        assert!(!t.join().expect("stream").is_empty());
+    }
+    assert!(seen_running, "the qwen engine ran them");
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": "gpt-9", "prompt": "hi", "max_tokens": 2}));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
+}

@@ -93,6 +93,7 @@ fn serve_in_turn(
             max_output_tokens: output,
             block_hashes: block_hashes(p, exec.block_size()),
             resume: None,
+            model: Default::default(),
         };
         inst.enqueue(now, req).expect("request fits");
         let mut ev = Vec::new();
@@ -204,6 +205,7 @@ fn chunked(dir: &str, out: &str) -> Res {
                     max_output_tokens: 1,
                     block_hashes: block_hashes(&q, exec.block_size()),
                     resume: None,
+                    model: Default::default(),
                 };
                 fresh.enqueue(Time::ZERO, req).map_err(|e| format!("{:?}", e.0))?;
             }
@@ -307,6 +309,7 @@ fn serve_together(exec: &mut CudaExecutor, inst: &mut Instance, prompts: &[(u64,
             max_output_tokens: output,
             block_hashes: block_hashes(p, exec.block_size()),
             resume: None,
+            model: Default::default(),
         };
         inst.enqueue(Time::ZERO, req).map_err(|e| format!("{:?}", e.0))?;
     }

@@ -11,6 +11,12 @@ pub struct RequestId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct InstanceId(pub u32);
 
+/// Which of the fleet's served models a request asks for and an instance serves: an index
+/// the driver hands out (the simulator's one model is 0). Only an instance serving the
+/// request's model may take it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ModelId(pub u32);
+
 /// A physical KV block slot in one instance's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockId(pub u32);

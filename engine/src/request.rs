@@ -1,6 +1,6 @@
 //! What an instance is asked to serve, and what it reports back when done.
 
-use crate::ids::{BlockHash, RequestId};
+use crate::ids::{BlockHash, ModelId, RequestId};
 use crate::time::{Dur, Time};
 use std::fmt;
 
@@ -23,6 +23,8 @@ pub struct Request {
     /// far (as after a preemption) and generates the rest, and its [`Finished`] record
     /// describes the whole request. Boxed: few requests carry one.
     pub resume: Option<Box<Resume>>,
+    /// The model it asks for (see [`ModelId`]).
+    pub model: ModelId,
 }
 
 /// The record of a request's earlier placements, carried by the request when it is placed

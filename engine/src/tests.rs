@@ -72,6 +72,7 @@ pub(crate) fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request 
         max_output_tokens: output,
         block_hashes,
         resume: None,
+        model: Default::default(),
     }
 }
 

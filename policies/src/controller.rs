@@ -136,6 +136,7 @@ impl Controller {
                 }
             }
             FleetEvent::Kv { ref events } => self.fleet.index_mut().apply_batch(events),
+            FleetEvent::InstanceModel { instance, model } => self.fleet.set_model(instance, model),
             FleetEvent::InstanceRole { instance, role } => {
                 let new = self.fleet.set_role(instance, role);
                 if let Some(pd) = &mut self.pd {
@@ -186,7 +187,9 @@ impl Controller {
     /// Chooses the instances for `request` and accounts for it as routed.
     pub fn route(&mut self, now: Time, request: &Request) -> Result<Route, Reject> {
         let Some(pick) = self.router.pick(request, &self.fleet) else {
-            let largest_tokens = self.fleet.serving().map(|i| i.capacity_tokens).max();
+            // Of the request's model: another model's engines are no place for it.
+            let largest_tokens =
+                self.fleet.serving().filter(|i| i.model == request.model).map(|i| i.capacity_tokens).max();
             return Err(match largest_tokens {
                 None => Reject::NoInstance,
                 Some(largest_tokens) => Reject::TooLarge { needed_tokens: request.peak_kv_tokens(), largest_tokens },

@@ -3,7 +3,7 @@
 use crate::controller::Route;
 use crate::view::Role;
 use engine::kv::KvEvent;
-use engine::{CutShort, Dur, InstanceId, Load, Request, RequestId, Time};
+use engine::{CutShort, Dur, InstanceId, Load, ModelId, Request, RequestId, Time};
 
 /// What a fleet tells the controller. Closed: a new kind of news must be handled everywhere.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +29,10 @@ pub enum FleetEvent {
     /// The instance serves one phase only (a disaggregated fleet); sent before its
     /// `InstanceUp`. Instances never told are colocated.
     InstanceRole { instance: InstanceId, role: Role },
+    /// The model an instance serves, before its `InstanceUp`; instances never told serve
+    /// model 0 (a fleet of one model, as the simulator's). Requests go only to instances of
+    /// their own model.
+    InstanceModel { instance: InstanceId, model: ModelId },
     /// A prefill instance computed the prompt of a request and sampled its first token
     /// `ttft` after the request arrived; its KV (`kv_tokens`) stays there until the controller
     /// sends it to a decode instance with [`Command::Transfer`].

@@ -10,7 +10,7 @@
 
 use crate::slo_load::DecodeModel;
 use crate::view::{FleetView, Role};
-use engine::{Dur, InstanceId};
+use engine::{Dur, InstanceId, ModelId};
 
 /// What a KV transfer costs: `bytes_per_token × tokens / bytes_per_s + latency`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,6 +53,8 @@ pub struct KvNeed {
     pub now_tokens: u64,
     /// KV held when the output is complete.
     pub peak_tokens: u64,
+    /// The request's model (its prefill instance's): only a decode instance of it qualifies.
+    pub model: ModelId,
 }
 
 /// Picks the decode instance for a request whose prefill ended (see the module doc);
@@ -69,7 +71,7 @@ pub fn pick_decode(
     let round = |tokens: u64| tokens.div_ceil(block) * block;
     let transfer_time = transfer.time(need.now_tokens);
     let mut best: Option<(bool, f64, DecodePick)> = None;
-    for v in fleet.all().iter().filter(|v| v.is_serving() && v.role == Role::Decode) {
+    for v in fleet.all().iter().filter(|v| v.is_serving() && v.role == Role::Decode && v.model == need.model) {
         let r = reserved.get(v.id.0 as usize).copied().unwrap_or_default();
         let used = u64::from(v.load.kv_used_blocks) * block + r.kv_tokens;
         // The capacity from `InstanceUp`: an instance that has not stepped yet has reported
@@ -118,7 +120,8 @@ mod tests {
     fn pick(f: &FleetView, reserved: &[Reserved], now_tokens: u64, peak_tokens: u64) -> Option<InstanceId> {
         let model = DecodeModel { base_us: 1_000.0, per_seq_us: 100.0, per_kv_token_us: 1.0 };
         let link = TransferHints { bytes_per_token: 1.0, bytes_per_s: 1e9, latency: Dur(10) };
-        pick_decode(f, reserved, KvNeed { now_tokens, peak_tokens }, 10, &model, &link).map(|p| p.instance)
+        pick_decode(f, reserved, KvNeed { now_tokens, peak_tokens, model: ModelId::default() }, 10, &model, &link)
+            .map(|p| p.instance)
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! routing decisions.
 
 use crate::prefix_index::PrefixIndex;
-use engine::{InstanceId, Load, Request};
+use engine::{InstanceId, Load, ModelId, Request};
 
 /// Which phase of a request an instance serves. A colocated fleet has only `Colocated`
 /// instances; a disaggregated one has a prefill pool and a decode pool.
@@ -42,6 +42,8 @@ pub struct InstanceView {
     pub state: InstanceState,
     /// The phase it serves (routers only ever see instances of the role being routed to).
     pub role: Role,
+    /// The model it serves: only requests for it come here.
+    pub model: ModelId,
     /// Largest request (prompt plus output tokens) the instance can hold.
     pub capacity_tokens: u64,
     /// The last load report.
@@ -81,6 +83,8 @@ pub struct CandidateRule {
     avoid: Option<InstanceId>,
     /// Only instances of this role qualify.
     role: Role,
+    /// Only instances serving the request's model qualify.
+    model: ModelId,
     /// The best rank among the instances that fit; only instances of that rank qualify.
     rank: u8,
 }
@@ -93,7 +97,7 @@ impl CandidateRule {
     }
 
     fn fits(&self, v: &InstanceView) -> bool {
-        v.is_serving() && v.role == self.role && self.peak_kv_tokens <= v.capacity_tokens
+        v.is_serving() && v.role == self.role && v.model == self.model && self.peak_kv_tokens <= v.capacity_tokens
     }
 
     pub fn admits(&self, v: &InstanceView) -> bool {
@@ -160,6 +164,7 @@ impl FleetView {
             peak_kv_tokens: request.peak_kv_tokens(),
             avoid: self.avoid,
             role: self.route_role,
+            model: request.model,
             rank: 0,
         };
         rule.rank = self
@@ -188,6 +193,11 @@ impl FleetView {
         new
     }
 
+    pub(crate) fn set_model(&mut self, id: InstanceId, model: ModelId) {
+        self.ensure(id);
+        self.instances[id.0 as usize].model = model;
+    }
+
     pub(crate) fn up(&mut self, id: InstanceId, capacity_tokens: u64) {
         self.ensure(id);
         let v = &mut self.instances[id.0 as usize];
@@ -204,6 +214,7 @@ impl FleetView {
                 id: InstanceId(i as u32),
                 state: InstanceState::Down,
                 role: Role::Colocated,
+                model: ModelId::default(),
                 capacity_tokens: 0,
                 load: Load::default(),
                 routed_since_report: 0,

@@ -615,6 +615,7 @@ mod tests {
             max_output_tokens: output,
             block_hashes,
             resume: None,
+            model: Default::default(),
         }
     }
 

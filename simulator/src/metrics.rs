@@ -580,6 +580,7 @@ mod tests {
                 max_output_tokens: s.output_tokens,
                 block_hashes: Vec::new(),
                 resume: None,
+                model: Default::default(),
             },
             admitted_at: Time::from_millis(s.admitted_ms),
             first_token_at: Time::from_millis(s.first_token_ms),
@@ -603,6 +604,7 @@ mod tests {
             max_output_tokens: output_tokens,
             block_hashes: Vec::new(),
             resume: None,
+            model: Default::default(),
         }
     }
 

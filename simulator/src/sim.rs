@@ -234,6 +234,7 @@ fn drive<S: Stopwatch>(
                 max_output_tokens: a.output_tokens,
                 block_hashes: a.block_hashes,
                 resume: None,
+                model: Default::default(),
             };
             arrivals += 1;
             if let Some(b) = &mut bound {

@@ -79,6 +79,7 @@ impl Engine for EngineService {
             max_output_tokens: g.max_tokens - generated,
             block_hashes: engine::block_hashes(&prompt, self.info.block_size),
             resume: None,
+            model: Default::default(),
         };
         let (out, rx) = mpsc::unbounded_channel();
         self.send(Command::Generate { request, prompt, sampling, out })?;
@@ -125,6 +126,7 @@ impl Engine for EngineService {
                 paused_wait: Dur::ZERO,
                 evictions: 0,
             })),
+            model: Default::default(),
         };
         let (out, rx) = mpsc::unbounded_channel();
         let import = Import {

@@ -329,6 +329,11 @@ async fn serve(
             }
         }
         let Some(block_size) = serving.iter().find(|m| m.info.model == parsed.model).map(|m| m.info.block_size) else {
+            if hub.fleet.model_id(&parsed.model).is_some() {
+                app.metrics.request("unavailable");
+                let why = format!("no engine of model `{}` is serving", parsed.model);
+                return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", why));
+            }
             app.metrics.request("rejected");
             let mut served: Vec<_> = serving.iter().map(|m| m.info.model.clone()).collect();
             served.dedup();
@@ -338,6 +343,8 @@ async fn serve(
                 format!("model `{}` is not served here (served: {})", parsed.model, served.join(", ")),
             ));
         };
+        // Routers choose among this model's engines only.
+        let model = hub.fleet.model_id(&parsed.model).unwrap_or_default();
         let id = hub.next_request_id();
         let request = Request {
             id,
@@ -346,6 +353,7 @@ async fn serve(
             max_output_tokens: parsed.max_tokens,
             block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
+            model,
         };
         hub.prefixes.record(&request.block_hashes, block_size);
         let call = theirs.then(|| {
@@ -372,7 +380,7 @@ async fn serve(
                     ..ApiError::new(
                         StatusCode::BAD_REQUEST,
                         "context_length_exceeded",
-                        format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine holds {largest_tokens}", parsed.max_tokens),
+                        format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine of `{}` holds {largest_tokens}", parsed.max_tokens, parsed.model),
                     )
                 },
                 PlaceError::Reject(Reject::NoInstance) => {

@@ -8,7 +8,7 @@ use super::vllm::{self, relay::OpenAiCall, EngineKind};
 use crate::engine_auth::{EngineLink, Present};
 use crate::engine_proc::Sampling;
 use crate::proto;
-use engine::{Dur, InstanceId, Request, RequestId, Time};
+use engine::{Dur, InstanceId, ModelId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
@@ -212,6 +212,8 @@ pub const MAX_ATTEMPTS: u32 = 3;
 pub struct LiveFleet {
     /// The engine token each call to an engine of ours carries.
     present: Present,
+    /// Served models' names, indexed by their `ModelId`.
+    models: Vec<String>,
     members: BTreeMap<InstanceId, Member>,
     /// Payloads of requests routed but not yet dispatched.
     staged: HashMap<RequestId, Payload>,
@@ -233,6 +235,7 @@ impl LiveFleet {
     pub fn new(news: mpsc::UnboundedSender<News>, present: Present) -> LiveFleet {
         LiveFleet {
             present,
+            models: Vec::new(),
             members: BTreeMap::new(),
             staged: HashMap::new(),
             parked: BTreeMap::new(),
@@ -430,6 +433,7 @@ impl LiveFleet {
 
     fn insert(&mut self, member: Member) {
         let (id, role, capacity_tokens) = (member.id, member.role, member.info.capacity_tokens);
+        let model = self.intern_model(&member.info.model);
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
@@ -438,8 +442,23 @@ impl LiveFleet {
                 e.stop_tasks();
             }
         }
+        self.events.push(FleetEvent::InstanceModel { instance: id, model });
         self.events.push(FleetEvent::InstanceRole { instance: id, role });
         self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
+    }
+
+    /// The controller's id of a served model's name, made on first sight.
+    fn intern_model(&mut self, name: &str) -> ModelId {
+        let k = self.models.iter().position(|m| m == name).unwrap_or_else(|| {
+            self.models.push(name.to_string());
+            self.models.len() - 1
+        });
+        ModelId(k as u32)
+    }
+
+    /// The controller's id of `name`, if an engine of it ever joined.
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.models.iter().position(|m| m == name).map(|k| ModelId(k as u32))
     }
 
     /// An operator-registered engine answers again: it serves with an empty cache (it may
@@ -452,6 +471,9 @@ impl LiveFleet {
         m.state = MemberState::Serving;
         m.last_seen = Instant::now();
         self.events.push(FleetEvent::Kv { events: vec![(id, engine::kv::KvEvent::Cleared)] });
+        let model =
+            self.models.iter().position(|n| *n == m.info.model).map_or(ModelId::default(), |k| ModelId(k as u32));
+        self.events.push(FleetEvent::InstanceModel { instance: id, model });
         self.events.push(FleetEvent::InstanceRole { instance: id, role: m.role });
         self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens: m.info.capacity_tokens });
         true

@@ -13,6 +13,7 @@ fn request(prompt: u32, output: u32) -> Request {
         max_output_tokens: output,
         block_hashes: Vec::new(),
         resume: None,
+        model: Default::default(),
     }
 }
 
@@ -54,6 +55,34 @@ fn every_router_rejects_when_nothing_serves_or_fits() {
             Err(Reject::TooLarge { needed_tokens: 5_000, largest_tokens: 2_000 }),
             "{router}"
         );
+    }
+}
+
+#[test]
+fn every_router_keeps_a_request_to_engines_of_its_model() {
+    use engine::ModelId;
+    for router in RouterConfig::ALL {
+        // Instances 0 and 2 serve model 1, the big one 1 and 3 model 0.
+        let mut c = Controller::new(&ControllerConfig { router, seed: 7, hints: CostHints::default() });
+        for (i, (model, cap)) in [(1, 1_000), (0, 100_000), (1, 2_000), (0, 100_000)].into_iter().enumerate() {
+            let instance = InstanceId(i as u32);
+            c.on_event(Time::ZERO, &FleetEvent::InstanceModel { instance, model: ModelId(model) });
+            c.on_event(Time::ZERO, &FleetEvent::InstanceUp { instance, capacity_tokens: cap });
+        }
+        for k in 0..20 {
+            let r = Request { model: ModelId(1), ..request(100 + k, 10) };
+            let route = c.route(Time::ZERO, &r).expect("model 1 has room");
+            assert!([InstanceId(0), InstanceId(2)].contains(&route.prefill), "{router}: {route:?}");
+        }
+        // Too large for model 1's engines, whatever model 0's hold.
+        let big = Request { model: ModelId(1), ..request(5_000, 1) };
+        assert_eq!(
+            c.route(Time::ZERO, &big),
+            Err(Reject::TooLarge { needed_tokens: 5_000, largest_tokens: 2_000 }),
+            "{router}"
+        );
+        // A model no instance serves has nowhere to go.
+        assert_eq!(c.route(Time::ZERO, &Request { model: ModelId(7), ..request(10, 1) }), Err(Reject::NoInstance));
     }
 }
 
