@@ -95,6 +95,8 @@ pub fn cost_hints(cost: &CostModel, instance: &InstanceConfig) -> CostHints {
         prefill_tokens_per_s: f64::from(instance.max_batch_tokens) / cost.step_time(&chunk).as_secs_f64(),
         l2_tokens_per_s: links.l2_bytes_per_s / bytes,
         l3_tokens_per_s: links.l3_bytes_per_s / bytes,
+        max_batch_tokens: instance.max_batch_tokens,
+        decode: crate::pools::decode_model(cost),
     }
 }
 

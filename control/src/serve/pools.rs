@@ -6,7 +6,7 @@
 use anyhow::{anyhow, bail, Context};
 use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Dur, InstanceConfig};
-use policies::{AutoscalerConfig, CostHints, Knobs, PdConfig};
+use policies::{AutoscalerConfig, CostHints, DecodeModel, Knobs, PdConfig};
 use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
 use simulator::metrics::Slo;
 use simulator::pools::PdRun;
@@ -237,6 +237,11 @@ impl PoolArgs {
             prefill_tokens_per_s: h.prefill_tokens_per_s / s,
             l2_tokens_per_s: h.l2_tokens_per_s / s,
             l3_tokens_per_s: h.l3_tokens_per_s / s,
+            decode: DecodeModel {
+                base_us: h.decode.base_us * s,
+                per_seq_us: h.decode.per_seq_us * s,
+                per_kv_token_us: h.decode.per_kv_token_us * s,
+            },
             ..h
         }
     }

@@ -48,7 +48,7 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 17] = [
+const EXAMPLES: [(&str, &str); 20] = [
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
@@ -63,6 +63,9 @@ const EXAMPLES: [(&str, &str); 17] = [
     ("mooncake-tiers-h200.toml", include_str!("../../../examples/mooncake-tiers-h200.toml")),
     ("pd-servegen.toml", include_str!("../../../examples/pd-servegen.toml")),
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),
+    ("router-no-prefix-long.toml", include_str!("../../../examples/router-no-prefix-long.toml")),
+    ("router-short-output.toml", include_str!("../../../examples/router-short-output.toml")),
+    ("router-system-prompts-bursty.toml", include_str!("../../../examples/router-system-prompts-bursty.toml")),
     ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
     ("vllm-fidelity.toml", include_str!("../../../examples/vllm-fidelity.toml")),

@@ -1,40 +1,51 @@
-//! `cache-aware`: the instance with the lowest predicted time to first token.
+//! `cache-aware`: the instance with the lowest predicted cost of the request to the SLO, both
+//! sides of it: its time to first token, and what it does to the time per output token of the
+//! requests decoding there and sees of it itself.
 //!
-//! For each candidate instance `i`, from the global prefix index (KV events only) and the
-//! last load report:
+//! For each candidate instance `i`, from the global prefix index (KV events only), the last
+//! load report and the requests routed since:
 //!
 //! ```text
 //! queue_s(i)  = (prefill tokens left in i's report + prefill routed to i since) / R
 //! suffix_s(i) = (prompt − cached prefix on i, all tiers) / R
 //! load_s(i)   = L2 tokens on i / R_L2 + L3 tokens / R_L3
-//! kv_s(i)     = KV_WEIGHT × tokens of KV i's requests hold / R
 //! copy_s(i)   = COPY_WEIGHT × (prompt − prefix held by i in L1 or L2) / R
-//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i)) + kv_s(i) + copy_s(i)
+//! ttft(i)     = queue_s(i) + max(suffix_s(i), load_s(i)) + copy_s(i)
+//! step_s(i)   = D(in flight on i + 1, KV on i + prompt)
+//! stall_s(i)  = STALL_WEIGHT × suffix_s(i) × running(i) × requests(i) / decode tokens left(i)
+//! own_s(i)    = OWN_WEIGHT × step_s(i)
+//! score(i)    = ttft(i) + stall_s(i) + own_s(i)
 //! ```
 //!
-//! `R` is the instance's prefill rate and `R_L2`, `R_L3` its load rates from the lower tiers
-//! ([`CostHints`]); the load overlaps the suffix's compute (layer-wise loading), hence the max.
-//! The prefill routed since the report counts only the uncached tokens this router predicted.
-//! `kv_s` is not time the request waits but the load the instance has taken on: without it,
-//! an instance holding a hot conversation keeps winning on prefix until its decodes fill
-//! its KV and preempt (measured on the Mooncake trace: docs/KV-TIERS.md).
+//! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
+//! `D(seqs, kv tokens)` its decode step ([`CostHints`]); the load overlaps the suffix's
+//! compute (layer-wise loading), hence the max. The prefill routed since the report counts
+//! only the uncached tokens this router predicted.
 //!
-//! `copy_s` is not time the request waits either: it is what placing the prompt away from
-//! its prefix costs the fleet later. L1 and L2 are per instance; a prompt sent where its
-//! prefix sits only in L3 (or nowhere) makes one more copy of it in that instance's GPU and
-//! host memory, so the fleet's per-instance tiers hold fewer distinct prefixes, later
-//! requests load more from L3 (longer steps) and KV fills sooner. Without it, the router
-//! spread a hot prefix over every instance whenever queues differed by a few hundred
-//! milliseconds (docs/KV-TIERS.md has the numbers).
+//! `copy_s` is not time the request waits: it is what placing the prompt away from its prefix
+//! costs the fleet later. L1 and L2 are per instance; a prompt sent where its prefix sits only
+//! in L3 (or nowhere) makes one more copy of it in that instance's GPU and host memory, so the
+//! fleet's per-instance tiers hold fewer distinct prefixes, later requests load more from L3
+//! (longer steps) and KV fills sooner. Without it, the router spread a hot prefix over every
+//! instance whenever queues differed by a few hundred milliseconds (docs/KV-TIERS.md).
 //!
-//! Guard against piling onto one hot instance: the prediction only sees prefill. An
-//! instance whose requests in flight exceed `HOT_FACTOR` × the fleet's mean plus
-//! `HOT_SLACK` is passed over (unless every candidate is). Ties go to the lower id. (A
-//! second guard, passing over instances whose KV would be 95% full, was dropped: near
-//! saturation it sent requests away from their prefix into the same KV pressure elsewhere,
-//! and cost 1 to 30 points of SLO attainment on the Mooncake trace; `kv_s` weighs KV in.)
+//! `stall_s` is the decode side of the placement. The prompt's uncached tokens are computed
+//! in chunks inside the iterations of the requests decoding on `i`, so each of them waits
+//! `suffix_s` longer for its next tokens, and its time per output token grows by `suffix_s`
+//! over its remaining tokens: the term is `suffix_s × Σ 1 / remaining tokens` over i's
+//! running requests, the sum estimated from the report as `running / mean remaining` (mean
+//! remaining = decode tokens left / requests). It is what balancing by requests in flight
+//! gets right where TPOT is the limit (short outputs, long prompts), and it vanishes for a
+//! prompt found cached. `own_s` is what the request will see itself: its predicted time per
+//! output token, the decode step it would join (more sequences and more KV: longer steps).
 //!
-//! The parameters and their reasons are in docs/ROUTERS.md.
+//! Guard against piling onto one hot instance: the prediction does not see the decode batch a
+//! popular prefix draws until it runs. An instance whose requests in flight exceed
+//! `HOT_FACTOR` × the fleet's mean plus `HOT_SLACK` is passed over (unless every candidate
+//! is). Ties go to the lower id.
+//!
+//! The parameters, the terms tried and dropped, and the runs that chose them are in
+//! docs/ROUTERS.md.
 
 use super::{CostHints, Pick, Router, Why};
 use crate::fleet::FleetEvent;
@@ -45,14 +56,39 @@ use engine::Request;
 /// In-flight requests above this multiple of the mean (plus the slack) make an instance hot.
 pub const HOT_FACTOR: f64 = 2.0;
 pub const HOT_SLACK: f64 = 8.0;
-/// Weight of the KV held by an instance's requests, in prefill-seconds per token.
-pub const KV_WEIGHT: f64 = 0.25;
 /// Weight of the prompt tokens an instance would newly hold (not in its L1 or L2), in
 /// prefill-seconds per token.
 pub const COPY_WEIGHT: f64 = 4.0;
+/// Seconds of score per second of TPOT added to the running requests, summed over them.
+pub const STALL_WEIGHT: f64 = 1.0;
+/// Seconds of score per second of the request's own predicted TPOT.
+pub const OWN_WEIGHT: f64 = 1.0;
+
+/// The rule's weights; [`Default`] is the rule as documented.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheAwareConfig {
+    pub copy_weight: f64,
+    pub stall_weight: f64,
+    pub own_weight: f64,
+    pub hot_factor: f64,
+    pub hot_slack: f64,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        CacheAwareConfig {
+            copy_weight: COPY_WEIGHT,
+            stall_weight: STALL_WEIGHT,
+            own_weight: OWN_WEIGHT,
+            hot_factor: HOT_FACTOR,
+            hot_slack: HOT_SLACK,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct CacheAware {
+    config: CacheAwareConfig,
     hints: CostHints,
     matches: PrefixMatches,
     /// Uncached prompt tokens routed to each instance since its last load report.
@@ -66,22 +102,32 @@ struct Estimate {
     queue_s: f64,
     prefill_s: f64,
     load_s: f64,
-    /// The KV-held term: see the module doc.
-    kv_s: f64,
     /// The new-copy term: see the module doc.
     copy_s: f64,
+    /// The decode step the request would join: its own predicted TPOT.
+    step_s: f64,
+    /// The step the running batch would see while the prompt's chunks are computed (for the
+    /// explanation; the score counts the stall instead).
+    batch_step_s: f64,
+    /// The decode-side term: see the module doc.
+    stall_s: f64,
+    own_s: f64,
     uncached_tokens: u64,
 }
 
 impl Estimate {
     fn ttft_s(&self) -> f64 {
-        self.queue_s + self.prefill_s.max(self.load_s) + self.kv_s + self.copy_s
+        self.queue_s + self.prefill_s.max(self.load_s) + self.copy_s
+    }
+
+    fn score_s(&self) -> f64 {
+        self.ttft_s() + self.stall_s + self.own_s
     }
 }
 
 impl CacheAware {
-    pub fn new(hints: CostHints) -> CacheAware {
-        CacheAware { hints, matches: PrefixMatches::default(), pending: Vec::new() }
+    pub fn new(config: CacheAwareConfig, hints: CostHints) -> CacheAware {
+        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new() }
     }
 
     fn pending(&self, v: &InstanceView) -> u64 {
@@ -90,6 +136,7 @@ impl CacheAware {
 
     fn estimate(&self, request: &Request, v: &InstanceView) -> Estimate {
         let h = &self.hints;
+        let c = &self.config;
         let bs = u64::from(h.block_size);
         let m = self.matches.get(v.id);
         // The last prompt token is always computed.
@@ -97,20 +144,32 @@ impl CacheAware {
         let cached = (u64::from(m.total()) * bs).min(prompt.saturating_sub(1));
         let uncached_tokens = prompt - cached;
         let queued = v.load.prefill_tokens_left + self.pending(v);
-        // The KV its requests hold, as prefill-seconds: they are work the instance has taken
-        // on (Dynamo counts them as decode blocks, beside prefill blocks), and what drives it
-        // to preemption if it keeps winning on prefix.
-        let kv_s = (u64::from(v.load.kv_used_blocks) * bs) as f64 / h.prefill_tokens_per_s * KV_WEIGHT;
         let held = (u64::from(m.l1 + m.l2) * bs).min(prompt);
-        let copy_s = (prompt - held) as f64 / h.prefill_tokens_per_s * COPY_WEIGHT;
+        let copy_s = (prompt - held) as f64 / h.prefill_tokens_per_s * c.copy_weight;
+        let prefill_s = uncached_tokens as f64 / h.prefill_tokens_per_s;
+        // The batch as far as the router knows: requests in flight (routed, not finished) and
+        // the KV of the last report plus what was routed since.
+        let in_flight = f64::from(v.in_flight);
+        let kv_tokens = (u64::from(v.load.kv_used_blocks) * bs + v.routed_since_report) as f64;
+        let step_s = h.decode.step_us(in_flight + 1.0, kv_tokens + prompt as f64) / 1e6;
+        let chunk = uncached_tokens.min(u64::from(h.max_batch_tokens)) as f64;
+        let batch_step_s = h.decode.step_us(in_flight, kv_tokens) / 1e6 + chunk / h.prefill_tokens_per_s;
+        // Σ 1 / remaining tokens over the running requests, as running / mean remaining (by
+        // Jensen a lower bound: a few nearly done requests count more than this).
+        let requests = f64::from(v.load.running + v.load.waiting);
+        let left = (v.load.decode_tokens_left as f64).max(requests).max(1.0);
+        let stalled = f64::from(v.load.running) * requests / left;
         Estimate {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
-            prefill_s: uncached_tokens as f64 / h.prefill_tokens_per_s,
+            prefill_s,
             load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
                 + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
-            kv_s,
             copy_s,
+            step_s,
+            batch_step_s,
+            stall_s: c.stall_weight * prefill_s * stalled,
+            own_s: c.own_weight * step_s,
             uncached_tokens,
         }
     }
@@ -139,7 +198,7 @@ impl Router for CacheAware {
         if count == 0 {
             return None;
         }
-        let hot_above = HOT_FACTOR * in_flight as f64 / f64::from(count) + HOT_SLACK;
+        let hot_above = self.config.hot_factor * in_flight as f64 / f64::from(count) + self.config.hot_slack;
         fleet.index().match_prefix(&request.block_hashes, &mut self.matches);
         // Best among the instances that pass the guards; failing that, among all.
         let mut best: [Option<(&InstanceView, Estimate)>; 2] = [None, None];
@@ -147,7 +206,7 @@ impl Router for CacheAware {
             let e = self.estimate(request, v);
             let guarded = f64::from(v.in_flight) > hot_above;
             let slot = &mut best[usize::from(guarded)];
-            if slot.is_none_or(|(_, b)| e.ttft_s() < b.ttft_s()) {
+            if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
                 *slot = Some((v, e));
             }
         }
@@ -169,9 +228,13 @@ impl Router for CacheAware {
                 queue_ms: ms(e.queue_s),
                 prefill_ms: ms(e.prefill_s),
                 load_ms: ms(e.load_s),
-                kv_ms: ms(e.kv_s),
                 copy_ms: ms(e.copy_s),
                 predicted_ttft_ms: ms(e.ttft_s()),
+                step_ms: ms(e.step_s),
+                batch_step_ms: ms(e.batch_step_s),
+                stall_ms: ms(e.stall_s),
+                own_ms: ms(e.own_s),
+                score_ms: ms(e.score_s()),
                 all_guarded: guarded,
             },
         })

@@ -12,7 +12,7 @@ mod power_of_two;
 mod round_robin;
 mod sglang_cache_aware;
 
-pub use cache_aware::CacheAware;
+pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use least_outstanding::LeastOutstanding;
 pub use llm_d::{LlmD, LlmDConfig};
@@ -21,6 +21,7 @@ pub use round_robin::RoundRobin;
 pub use sglang_cache_aware::{SglangBranch, SglangCacheAware, SglangCacheAwareConfig};
 
 use crate::fleet::FleetEvent;
+use crate::slo_load::DecodeModel;
 use crate::view::FleetView;
 use engine::{InstanceId, Request};
 use std::fmt;
@@ -53,6 +54,11 @@ pub struct CostHints {
     pub l2_tokens_per_s: f64,
     /// Cached tokens per second loaded from the shared store (L3).
     pub l3_tokens_per_s: f64,
+    /// Tokens one iteration computes at most (decode tokens plus prefill chunks): the size
+    /// of the chunks a long prompt is computed in, beside the running decodes.
+    pub max_batch_tokens: u32,
+    /// How a decode-only step's time grows with the batch and its KV.
+    pub decode: DecodeModel,
 }
 
 impl Default for CostHints {
@@ -63,6 +69,8 @@ impl Default for CostHints {
             prefill_tokens_per_s: 40_000.0,
             l2_tokens_per_s: 400_000.0,
             l3_tokens_per_s: 200_000.0,
+            max_batch_tokens: 8192,
+            decode: DecodeModel::default(),
         }
     }
 }
@@ -107,9 +115,14 @@ pub enum Why {
         kv_score: f64,
         score: f64,
     },
-    /// Lowest predicted time to first token: the cached prefix found on the instance by
-    /// tier, and the terms of the prediction (`queue + max(prefill, load) + kv + copy`). `all_guarded`:
-    /// every candidate was hot, so the guard was waived.
+    /// Lowest predicted cost to the SLO: the cached prefix found on the instance by tier; the
+    /// time-to-first-token terms (`predicted_ttft = queue + max(prefill, load) + copy`); the
+    /// decode side: `step` (the decode step the request would join: its own predicted TPOT),
+    /// `batch_step` (the step the instance's running batch sees while the prompt's chunks are
+    /// computed), `stall` (the prompt's prefill time × the running requests' Σ 1 / remaining
+    /// tokens: the TPOT it adds to them) and `own` (the weighted own TPOT); `score =
+    /// predicted_ttft + stall + own`. `all_guarded`: every candidate was hot, so the guard was
+    /// waived.
     CacheAware {
         l1_tokens: u32,
         l2_tokens: u32,
@@ -117,9 +130,13 @@ pub enum Why {
         queue_ms: f64,
         prefill_ms: f64,
         load_ms: f64,
-        kv_ms: f64,
         copy_ms: f64,
         predicted_ttft_ms: f64,
+        step_ms: f64,
+        batch_step_ms: f64,
+        stall_ms: f64,
+        own_ms: f64,
+        score_ms: f64,
         all_guarded: bool,
     },
 }
@@ -177,7 +194,7 @@ impl RouterConfig {
             RouterConfig::LlmD => {
                 Box::new(LlmD::new(LlmDConfig::default(), engine::ids::derive_seed(seed, "llm-d", 0)))
             }
-            RouterConfig::CacheAware => Box::new(CacheAware::new(*hints)),
+            RouterConfig::CacheAware => Box::new(CacheAware::new(CacheAwareConfig::default(), *hints)),
         }
     }
 }

@@ -476,3 +476,80 @@ fn cache_aware_passes_over_a_hot_instance_however_much_it_caches() {
     assert_eq!(cached_goes_to(&mut c, 16), InstanceId(0));
     assert_eq!(cached_goes_to(&mut c, 17), InstanceId(1));
 }
+
+fn cache_aware_terms(route: &Route) -> (f64, f64, f64, f64) {
+    match route.why {
+        Why::CacheAware { predicted_ttft_ms, stall_ms, step_ms, score_ms, .. } => {
+            (predicted_ttft_ms, stall_ms, step_ms, score_ms)
+        }
+        ref other => panic!("not a cache-aware reason: {other:?}"),
+    }
+}
+
+/// A report of `running` decoding requests with `decode_tokens_left` to generate between
+/// them, and nothing else.
+fn decoding(running: u32, decode_tokens_left: u64) -> Load {
+    Load { running, decode_tokens_left, kv_total_blocks: 100_000, ..Load::default() }
+}
+
+#[test]
+fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() {
+    // 0 decodes 60 requests (100 tokens left each on average), 1 is idle; neither has a
+    // queue, so the time to first token is the same (50 ms of prefill, no prefix).
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    report_load(&mut c, 0, decoding(60, 6_000));
+    report_load(&mut c, 1, decoding(0, 0));
+    let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
+    assert_eq!((ttft_ms, stall_ms), (250.0, 0.0));
+    // On 0 the prompt would have cost each of its 60 decodes 50 ms more over ~100 tokens:
+    // 50 ms × 60 × 60 / 6,000 = 30 ms. A queue of 50 ms on 1 outweighs that.
+    report(&mut c, 1, 2_000);
+    let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
+    let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
+    assert_eq!((ttft_ms, stall_ms), (250.0, 30.0));
+}
+
+#[test]
+fn cache_aware_counts_a_stall_against_the_tokens_the_running_requests_have_left() {
+    // 0 runs 10 requests about to finish (10 tokens left each); 1 runs 40 with 1,000 left
+    // each. The same 50 ms of prefill adds 5 ms to each of 0's TPOTs, 0.05 ms to 1's.
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    report_load(&mut c, 0, decoding(10, 100));
+    report_load(&mut c, 1, decoding(40, 40_000));
+    let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    // 50 ms × 40 × 40 / 40,000 = 2 ms (on 0 it would have been 50 ms).
+    assert_eq!(cache_aware_terms(&route).1, 2.0);
+}
+
+#[test]
+fn cache_aware_predicts_the_decode_step_the_request_would_join() {
+    // Equal queues and batches; 0 holds 320,000 tokens of KV, 1 none. Default hints: a step
+    // is 6 ms + 20 µs a sequence + 0.04 µs a token of KV.
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    report_load(&mut c, 0, Load { kv_used_blocks: 20_000, ..decoding(0, 0) });
+    report_load(&mut c, 1, decoding(0, 0));
+    let route = c.route(Time::ZERO, &request(1_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    // 6,000 + 20 + 0.04 × 1,000 µs; on 0 it would be 12.8 ms longer.
+    let (ttft_ms, _, step_ms, score_ms) = cache_aware_terms(&route);
+    assert_eq!((step_ms, score_ms), (6.1, ttft_ms + 6.1));
+}
+
+#[test]
+fn cache_aware_keeps_a_cached_prompt_on_its_busy_instance() {
+    // 0 holds all but the last block of the prompt and decodes 60 requests; 1 is idle and
+    // holds nothing. On 0 only 16 tokens are computed, so the stall is tiny.
+    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    let prompt = chain(3, 250);
+    store(&mut c, 0, Tier::L1, &prompt[..249]);
+    report_load(&mut c, 0, decoding(60, 6_000));
+    report_load(&mut c, 1, decoding(0, 0));
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
+    // 16 tokens: 0.4 ms of prefill × 60 × 60 / 6,000 = 0.24 ms.
+    assert_eq!(cache_aware_terms(&route).1, 0.2);
+}
