@@ -162,6 +162,14 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
     let (status, _) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/nobody", s.http), Some(ADMIN), &json!({}));
     assert_eq!(status, 404);
     assert_eq!(db.query("SELECT count(*) FROM audit_log WHERE action = 'token.revoke'"), "0");
+    // An unknown path, a method a path does not take and a malformed path parameter answer
+    // in the error shape too, not with empty or plain-text bodies.
+    let (status, v) = get(&format!("{}/api/nothing-here", s.http), Some(ADMIN));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
+    let (status, v) = send(reqwest::Method::DELETE, &format!("{}/v1/completions", s.http), Some(ADMIN), &json!({}));
+    assert_eq!((status, v["error"]["code"].as_str()), (405, Some("method_not_allowed")), "{v}");
+    let (status, v) = get(&format!("{}/api/simulations/not-a-number", s.http), Some(ADMIN));
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("invalid_path")), "{v}");
 
     // The server is still fine.
     assert_eq!(completion(&s.http, ADMIN, ok).0, 200);

@@ -224,8 +224,7 @@ impl Pd {
         let c = &self.config;
         while let Some(&h) = self.waiting.front() {
             let need = KvNeed { model: fleet.get(h.from).map(|v| v.model).unwrap_or_default(), ..h.need };
-            let Some(pick) = pick_decode(fleet, &self.reserved, need, c.block_size, &c.slo.decode, &c.transfer)
-            else {
+            let Some(pick) = pick_decode(fleet, &self.reserved, need, c.block_size, &c.slo.decode, &c.transfer) else {
                 break;
             };
             self.waiting.pop_front();

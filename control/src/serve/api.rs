@@ -11,7 +11,7 @@ use super::App;
 use crate::serve::lock;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -37,6 +37,21 @@ fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, 
     let bytes = bytes.map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
     serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
         .map_err(|e| ApiError::invalid_json("the body is not valid", e))
+}
+
+/// A path parameter (`{id}`, `{name}`) whose rejection is a 400 in the API's error shape
+/// naming it, not axum's plain text.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text())),
+        }
+    }
 }
 
 pub async fn openapi() -> Response {
@@ -160,7 +175,7 @@ pub async fn register_engine(
     Ok((StatusCode::CREATED, Json(json!({"id": id.0, "url": url, "state": "serving"}))).into_response())
 }
 
-pub async fn remove_engine(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<u32>) -> ApiResult {
+pub async fn remove_engine(State(app): State<Arc<App>>, headers: HeaderMap, ApiPath(id): ApiPath<u32>) -> ApiResult {
     let who = admin(&app, &headers)?;
     let url = super::engines::remove(&app, InstanceId(id))
         .map_err(|e| ApiError::new(e.status, "engine_not_removed", e.message))?;
@@ -172,7 +187,7 @@ pub async fn remove_engine(State(app): State<Arc<App>>, headers: HeaderMap, Path
     Ok(Json(json!({"id": id, "url": url, "state": "removed"})).into_response())
 }
 
-pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<u32>) -> ApiResult {
+pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, ApiPath(id): ApiPath<u32>) -> ApiResult {
     let who = admin(&app, &headers)?;
     {
         let mut hub = app.lock_hub();
@@ -374,7 +389,11 @@ pub async fn tokens(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResul
     Ok(Json(json!({"tokens": app.store.tokens().await.map_err(db_error)?})).into_response())
 }
 
-pub async fn revoke_token(State(app): State<Arc<App>>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+pub async fn revoke_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult {
     let who = admin(&app, &headers)?;
     match app.store.revoke_token(&name, &who.name).await.map_err(db_error)? {
         None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no live token named `{name}`"))),
@@ -425,7 +444,7 @@ pub async fn simulations(State(app): State<Arc<App>>, headers: HeaderMap) -> Api
     Ok(Json(json!({"simulations": app.store.simulations().await.map_err(db_error)?})).into_response())
 }
 
-pub async fn simulation(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<i64>) -> ApiResult {
+pub async fn simulation(State(app): State<Arc<App>>, headers: HeaderMap, ApiPath(id): ApiPath<i64>) -> ApiResult {
     admin(&app, &headers)?;
     match app.store.simulation(id).await.map_err(db_error)? {
         Some(v) => Ok(Json(v).into_response()),
@@ -433,7 +452,7 @@ pub async fn simulation(State(app): State<Arc<App>>, headers: HeaderMap, Path(id
     }
 }
 
-pub async fn simulation_chart(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<i64>) -> ApiResult {
+pub async fn simulation_chart(State(app): State<Arc<App>>, headers: HeaderMap, ApiPath(id): ApiPath<i64>) -> ApiResult {
     admin(&app, &headers)?;
     match app.store.simulation_chart(id).await.map_err(db_error)? {
         Some(svg) => Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()),

@@ -348,8 +348,25 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .merge(console::routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
+}
+
+/// A path nothing serves: the error in the gateway's and the API's shape, not an empty 404.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> gateway::ApiError {
+    gateway::ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("nothing is served at {method} {}", uri.path()),
+    )
+}
+
+/// A method a path does not take (405), in the same shape.
+async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> gateway::ApiError {
+    let why = format!("{} does not take {method}", uri.path());
+    gateway::ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", why)
 }
 
 async fn render_metrics(State(app): State<Arc<App>>) -> String {
