@@ -111,20 +111,15 @@ python3 - "$OUT" "${sims[@]}" <<'PY'
 import json, sys
 out, sims = sys.argv[1], sys.argv[2:]
 live = json.load(open(f"{out}/live.json"))
-def sim_value(run, metric, q):
-    return run["summary"][metric + "_ms"][q]
-rows = []
+summaries = [json.load(open(f"{out}/sim-{s}.json"))["runs"][0]["summary"] for s in sims]
+def row(label, measured, simulated):
+    cells = " | ".join(f"{v:.2f} | {100 * (v - measured) / measured:+.1f}%" for v in simulated)
+    print(f"| {label} | {measured:.2f} | {cells} |")
 print(f"| metric | live | " + " | ".join(f"sim, {s} | diff" for s in sims) + " |")
 print("| --- | --- |" + " --- | --- |" * len(sims))
 for metric in ("ttft", "tpot"):
     for q in ("p50", "p90"):
-        l = live[f"{metric}_ms"][q]
-        cells = []
-        for s in sims:
-            run = json.load(open(f"{out}/sim-{s}.json"))["runs"][0]
-            v = sim_value(run, metric, q)
-            cells.append(f"{v:.2f} | {100 * (v - l) / l:+.1f}%")
-        print(f"| {metric.upper()} {q} (ms) | {l:.2f} | " + " | ".join(cells) + " |")
+        row(f"{metric.upper()} {q} (ms)", live[f"{metric}_ms"][q], [m[f"{metric}_ms"][q] for m in summaries])
 def sums(path):
     out = {}
     for line in open(path):
@@ -137,21 +132,11 @@ def server_mean(name):
     n = after[f"vllm:{name}_count"] - before.get(f"vllm:{name}_count", 0)
     return 1e3 * (after[f"vllm:{name}_sum"] - before.get(f"vllm:{name}_sum", 0)) / n
 dispatch = json.load(open(f"{out}/latency.json"))["dispatch_ms"]
-cells = []
-for s in sims:
-    run = json.load(open(f"{out}/sim-{s}.json"))["runs"][0]
-    v = run["summary"]["ttft_ms"]["mean"] - dispatch
-    l = server_mean("time_to_first_token_seconds")
-    cells.append(f"{v:.2f} | {100 * (v - l) / l:+.1f}%")
-print(f"| TTFT mean in the engine (ms; vLLM's histogram; sim minus dispatch) | {server_mean('time_to_first_token_seconds'):.2f} | " + " | ".join(cells) + " |")
-cells = []
-for s in sims:
-    run = json.load(open(f"{out}/sim-{s}.json"))["runs"][0]
-    v = run["summary"]["tpot_ms"]["mean"]
-    l = server_mean("inter_token_latency_seconds")
-    cells.append(f"{v:.2f} | {100 * (v - l) / l:+.1f}%")
-print(f"| time between tokens, mean (ms; vLLM's histogram; sim TPOT) | {server_mean('inter_token_latency_seconds'):.2f} | " + " | ".join(cells) + " |")
-hits = [json.load(open(f"{out}/sim-{s}.json"))["runs"][0]["summary"]["cache_hit_rate"] for s in sims]
-print(f"| prompt tokens from cache | {100 * live['hit_rate']:.1f}% | " + " | ".join(f"{100 * h:.1f}% | " for h in hits) + " |")
+row("TTFT mean in the engine (ms; vLLM's histogram; sim minus dispatch)",
+    server_mean("time_to_first_token_seconds"), [m["ttft_ms"]["mean"] - dispatch for m in summaries])
+row("time between tokens, mean (ms; vLLM's histogram; sim TPOT)",
+    server_mean("inter_token_latency_seconds"), [m["tpot_ms"]["mean"] for m in summaries])
+hits = " | ".join(f"{100 * m['cache_hit_rate']:.1f}% | " for m in summaries)
+print(f"| prompt tokens from cache | {100 * live['hit_rate']:.1f}% | {hits} |")
 print(f"requests: live {live['ok']} ok of {live['sent']}")
 PY

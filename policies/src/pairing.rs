@@ -53,14 +53,14 @@ pub struct KvNeed {
     pub now_tokens: u64,
     /// KV held when the output is complete.
     pub peak_tokens: u64,
-    /// The request's model (its prefill instance's): only a decode instance of it qualifies.
-    pub model: ModelId,
 }
 
-/// Picks the decode instance for a request whose prefill ended (see the module doc);
-/// `reserved` is indexed by instance id (missing entries: nothing reserved).
+/// Picks the decode instance for a request whose prefill ended on an instance of `model_id`
+/// (see the module doc); `reserved` is indexed by instance id (missing entries: nothing
+/// reserved).
 pub fn pick_decode(
     fleet: &FleetView,
+    model_id: ModelId,
     reserved: &[Reserved],
     need: KvNeed,
     block_size: u32,
@@ -71,7 +71,7 @@ pub fn pick_decode(
     let round = |tokens: u64| tokens.div_ceil(block) * block;
     let transfer_time = transfer.time(need.now_tokens);
     let mut best: Option<(bool, f64, DecodePick)> = None;
-    for v in fleet.all().iter().filter(|v| v.is_serving() && v.role == Role::Decode && v.model == need.model) {
+    for v in fleet.all().iter().filter(|v| v.is_serving() && v.role == Role::Decode && v.model == model_id) {
         let r = reserved.get(v.id.0 as usize).copied().unwrap_or_default();
         let used = u64::from(v.load.kv_used_blocks) * block + r.kv_tokens;
         // The capacity from `InstanceUp`: an instance that has not stepped yet has reported
@@ -120,7 +120,7 @@ mod tests {
     fn pick(f: &FleetView, reserved: &[Reserved], now_tokens: u64, peak_tokens: u64) -> Option<InstanceId> {
         let model = DecodeModel { base_us: 1_000.0, per_seq_us: 100.0, per_kv_token_us: 1.0 };
         let link = TransferHints { bytes_per_token: 1.0, bytes_per_s: 1e9, latency: Dur(10) };
-        pick_decode(f, reserved, KvNeed { now_tokens, peak_tokens, model: ModelId::default() }, 10, &model, &link)
+        pick_decode(f, ModelId::default(), reserved, KvNeed { now_tokens, peak_tokens }, 10, &model, &link)
             .map(|p| p.instance)
     }
 

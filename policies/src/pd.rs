@@ -20,7 +20,7 @@ use crate::fleet::Command;
 use crate::pairing::{pick_decode, KvNeed, Reserved, TransferHints};
 use crate::slo_load::{Loads, PoolState, SloLoad, SloLoadConfig};
 use crate::view::{FleetView, InstanceState, Role};
-use engine::{Dur, InstanceId, ModelId, RequestId, Time};
+use engine::{Dur, InstanceId, RequestId, Time};
 use std::collections::VecDeque;
 
 /// Scaling decisions kept at most (the log is part of a run's output).
@@ -177,9 +177,7 @@ impl Pd {
     ) {
         self.slo.on_prefill_done(now, kv_tokens, output_tokens, ttft);
         // The peak: the prompt plus every output token but the last.
-        let peak_tokens = kv_tokens + u64::from(output_tokens.max(1)) - 1;
-        // The model is its prefill instance's, read when pairing.
-        let need = KvNeed { now_tokens: kv_tokens, peak_tokens, model: ModelId::default() };
+        let need = KvNeed { now_tokens: kv_tokens, peak_tokens: kv_tokens + u64::from(output_tokens.max(1)) - 1 };
         self.waiting.push_back(Handoff { request, from, need, output_tokens });
         self.retry_at.get_or_insert(now);
     }
@@ -223,8 +221,11 @@ impl Pd {
     fn place_waiting(&mut self, fleet: &mut FleetView, out: &mut Vec<Command>) {
         let c = &self.config;
         while let Some(&h) = self.waiting.front() {
-            let need = KvNeed { model: fleet.get(h.from).map(|v| v.model).unwrap_or_default(), ..h.need };
-            let Some(pick) = pick_decode(fleet, &self.reserved, need, c.block_size, &c.slo.decode, &c.transfer) else {
+            // A decode instance of the model its prefill instance serves.
+            let model = fleet.get(h.from).map(|v| v.model).unwrap_or_default();
+            let Some(pick) =
+                pick_decode(fleet, model, &self.reserved, h.need, c.block_size, &c.slo.decode, &c.transfer)
+            else {
                 break;
             };
             self.waiting.pop_front();

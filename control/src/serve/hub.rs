@@ -84,11 +84,9 @@ impl Hub {
         let now = self.now();
         for m in self.fleet.members() {
             if m.state == super::live_fleet::MemberState::Serving {
-                let model = self.fleet.model_id(&m.info.model).unwrap_or_default();
-                controller.on_event(now, &FleetEvent::InstanceModel { instance: m.id, model });
-                controller.on_event(now, &FleetEvent::InstanceRole { instance: m.id, role: m.role });
-                let up = FleetEvent::InstanceUp { instance: m.id, capacity_tokens: m.capacity_tokens() };
-                controller.on_event(now, &up);
+                for e in self.fleet.announcement(m) {
+                    controller.on_event(now, &e);
+                }
                 controller.on_event(now, &FleetEvent::Load { instance: m.id, load: m.load });
             }
         }

@@ -432,8 +432,8 @@ impl LiveFleet {
     }
 
     fn insert(&mut self, member: Member) {
-        let (id, role, capacity_tokens) = (member.id, member.role, member.info.capacity_tokens);
-        let model = self.intern_model(&member.info.model);
+        let id = member.id;
+        self.intern_model(&member.info.model);
         if let Some(old) = self.members.insert(id, member) {
             if let Some(t) = old.events_task {
                 t.abort();
@@ -442,18 +442,26 @@ impl LiveFleet {
                 e.stop_tasks();
             }
         }
-        self.events.push(FleetEvent::InstanceModel { instance: id, model });
-        self.events.push(FleetEvent::InstanceRole { instance: id, role });
-        self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens });
+        let announced = self.announcement(&self.members[&id]);
+        self.events.extend(announced);
     }
 
-    /// The controller's id of a served model's name, made on first sight.
-    fn intern_model(&mut self, name: &str) -> ModelId {
-        let k = self.models.iter().position(|m| m == name).unwrap_or_else(|| {
+    /// What tells a controller of a serving member, in order: its model, its role, and that
+    /// it is up (on joining, on coming back, and to a controller a policy change rebuilt).
+    pub fn announcement(&self, m: &Member) -> [FleetEvent; 3] {
+        let (instance, model) = (m.id, self.model_id(&m.info.model).unwrap_or_default());
+        [
+            FleetEvent::InstanceModel { instance, model },
+            FleetEvent::InstanceRole { instance, role: m.role },
+            FleetEvent::InstanceUp { instance, capacity_tokens: m.capacity_tokens() },
+        ]
+    }
+
+    /// Gives a served model's name its controller id ([`LiveFleet::model_id`]) on first sight.
+    fn intern_model(&mut self, name: &str) {
+        if !self.models.iter().any(|m| m == name) {
             self.models.push(name.to_string());
-            self.models.len() - 1
-        });
-        ModelId(k as u32)
+        }
     }
 
     /// The controller's id of `name`, if an engine of it ever joined.
@@ -471,11 +479,8 @@ impl LiveFleet {
         m.state = MemberState::Serving;
         m.last_seen = Instant::now();
         self.events.push(FleetEvent::Kv { events: vec![(id, engine::kv::KvEvent::Cleared)] });
-        let model =
-            self.models.iter().position(|n| *n == m.info.model).map_or(ModelId::default(), |k| ModelId(k as u32));
-        self.events.push(FleetEvent::InstanceModel { instance: id, model });
-        self.events.push(FleetEvent::InstanceRole { instance: id, role: m.role });
-        self.events.push(FleetEvent::InstanceUp { instance: id, capacity_tokens: m.info.capacity_tokens });
+        let announced = self.announcement(&self.members[&id]);
+        self.events.extend(announced);
         true
     }
 
