@@ -24,7 +24,7 @@ pub struct BlockId(pub u32);
 /// The content hash of one full KV block, chained: it covers the block's tokens and, through
 /// its parent, every token before it. Equal hashes mean equal prefixes, so a block's hash alone
 /// names the prefix it ends (the property vLLM's and Dynamo's KV events rely on).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct BlockHash(pub u64);
 
 impl BlockHash {

@@ -13,6 +13,7 @@
 //! | `cost` | roofline cost model, model and GPU catalogs, the cost-model executor |
 //! | `workload` | Mooncake and Azure trace readers, synthetic generators (streamed) |
 //! | `metrics` | fixed-size histograms and the run summary |
+//! | `infinite_cache` | the hit-rate bound of an infinite shared cache, over a trie of the prompts seen |
 //! | `report`, `plot` | terminal tables, JSON, CDF charts |
 //! | `pools` | disaggregated and autoscaled runs: settings, controller config, report |
 //! | `scenario` | scenario files, flag overlay, resolved settings |
@@ -21,6 +22,7 @@
 
 pub mod cost;
 pub mod fleet;
+pub mod infinite_cache;
 pub mod metrics;
 pub mod phases;
 pub mod plot;

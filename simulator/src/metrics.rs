@@ -213,30 +213,6 @@ pub struct HitRateByTier {
     pub l3: f64,
 }
 
-/// The hit rate of an infinite cache shared by every instance: each prompt's longest prefix
-/// already seen in any earlier prompt (at most all blocks but the one holding the last token,
-/// which is always computed), over all prompt tokens.
-#[derive(Clone, Debug, Default)]
-pub struct InfiniteCacheBound {
-    seen: rustc_hash::FxHashSet<engine::BlockHash>,
-    cached_tokens: u64,
-    prompt_tokens: u64,
-}
-
-impl InfiniteCacheBound {
-    pub fn observe(&mut self, r: &engine::Request, block_size: u32) {
-        let usable = ((r.prompt_tokens.saturating_sub(1)) / block_size) as usize;
-        let hit = r.block_hashes.iter().take(usable).take_while(|h| self.seen.contains(h)).count();
-        self.cached_tokens += hit as u64 * u64::from(block_size);
-        self.prompt_tokens += u64::from(r.prompt_tokens);
-        self.seen.extend(r.block_hashes.iter().skip(hit).copied());
-    }
-
-    pub fn hit_rate(&self) -> f64 {
-        ratio(self.cached_tokens as f64, self.prompt_tokens as f64)
-    }
-}
-
 /// Collects one run's metrics in fixed memory; see the module doc for the definitions.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -534,7 +510,7 @@ impl Distribution {
 
 /// `num / den`, or 0.0 when the denominator is zero or the result is not finite (JSON has no
 /// NaN, and an empty run has no rate).
-fn ratio(num: f64, den: f64) -> f64 {
+pub(crate) fn ratio(num: f64, den: f64) -> f64 {
     if den == 0.0 {
         0.0
     } else {

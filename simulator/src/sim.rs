@@ -14,7 +14,8 @@
 
 use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
-use crate::metrics::{FleetCost, InfiniteCacheBound, Metrics, Slo, SpeculationReport, Summary};
+use crate::infinite_cache::InfiniteCacheBound;
+use crate::metrics::{FleetCost, Metrics, Slo, SpeculationReport, Summary};
 use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};

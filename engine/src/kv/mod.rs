@@ -6,7 +6,8 @@
 //! | --- | --- |
 //! | `pool.rs` | free physical blocks |
 //! | `prefix_tree.rs` | radix tree of cached block runs keyed by chained hashes, reference counts, LRU leaf eviction |
-//! | `tier.rs` | [`Tier`], [`KvEvent`], the hash-keyed LRU stores of L2 and L3 |
+//! | `tier.rs` | [`Tier`], [`KvEvent`] |
+//! | `store.rs` | the LRU stores of L2 and L3, keyed by page (runs of a chain's blocks) |
 //! | `mod.rs` | [`KvCache`]: allocation, prefix matching, insertion, demotion and promotion |
 //!
 //! # Tiers
@@ -28,11 +29,13 @@
 
 mod pool;
 mod prefix_tree;
+mod store;
 mod tier;
 
 pub use pool::BlockPool;
 pub use prefix_tree::{Evicted, NodeId, PrefixTree};
-pub use tier::{BlockLru, KvEvent, Put, SharedStore, Tier};
+pub use store::{BlockLru, PageKey, Put, SharedStore, PAGE_BLOCKS};
+pub use tier::{KvEvent, Tier};
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -82,7 +85,7 @@ pub struct KvCache {
     /// from the tree before each event of a lower tier.
     events: Option<Vec<KvEvent>>,
     /// Scratch: the blocks an allocation is about to evict.
-    evicting: Vec<BlockHash>,
+    evicting: Vec<PageKey>,
 }
 
 impl KvCache {
@@ -206,7 +209,7 @@ impl KvCache {
                 Some(b) => b,
                 None => {
                     let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
-                    self.demote(e.hash, e.parent);
+                    self.demote(PageKey { hash: e.hash, page: e.page }, e.parent);
                     e.block
                 }
             };
@@ -227,17 +230,10 @@ impl KvCache {
         // The demoted blocks' entries, and those of the victims they will push out.
         let mut sink = 0u64;
         if self.l2.capacity() > 0 {
-            for &h in &self.evicting {
-                sink ^= self.l2.prefetch(h);
-            }
-            sink ^= self.l2.prefetch_victims(self.evicting.len());
+            sink ^= self.l2.prefetch(&self.evicting);
         }
         if let Some(l3) = &self.l3 {
-            let l3 = l3.lock();
-            for &h in &self.evicting {
-                sink ^= l3.prefetch(h);
-            }
-            sink ^= l3.prefetch_victims(self.evicting.len());
+            sink ^= l3.lock().prefetch(&self.evicting);
         }
         std::hint::black_box(sink);
     }
@@ -245,19 +241,21 @@ impl KvCache {
     /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it
     /// through to the shared store (L3), so that every instance can find it there at once,
     /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
-    fn demote(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
+    fn demote(&mut self, key: PageKey, parent: Option<BlockHash>) {
+        let hash = key.hash;
         if self.l2.capacity() > 0 {
             self.emit(KvEvent::Stored { tier: Tier::L2, hash, parent });
-            if let Some(out) = self.l2.insert(hash) {
+            if let Some(out) = self.l2.insert(key) {
                 self.emit(KvEvent::Removed { tier: Tier::L2, hash: out });
             }
         }
-        self.store_l3(hash, parent);
+        self.store_l3(key, parent);
     }
 
-    fn store_l3(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
+    fn store_l3(&mut self, key: PageKey, parent: Option<BlockHash>) {
+        let hash = key.hash;
         let Some(l3) = &self.l3 else { return };
-        let put = l3.lock().put(hash);
+        let put = l3.lock().put(key);
         if let Put::Added { evicted } = put {
             if evicted == Some(hash) {
                 return; // a store of no capacity
@@ -283,10 +281,10 @@ impl KvCache {
             return hit;
         }
         let l3 = self.l3.as_ref().map(SharedStore::lock);
-        for &h in &hashes[from..limit] {
-            if self.l2.contains(h) {
+        for key in (from..limit).map(|i| PageKey::at(hashes, i)) {
+            if self.l2.contains(key) {
                 hit.l2 += 1;
-            } else if l3.as_ref().is_some_and(|s| s.contains(h)) {
+            } else if l3.as_ref().is_some_and(|s| s.contains(key)) {
                 hit.l3 += 1;
             } else {
                 break;
@@ -310,11 +308,11 @@ impl KvCache {
         let from = seq.tree_blocks as usize;
         // Out of L2 first, so that the demotions `allocate` causes cannot push them out.
         let l3 = self.l3.clone();
-        for &h in &hashes[from..from + n as usize] {
-            if self.l2.remove(h) {
-                self.emit(KvEvent::Removed { tier: Tier::L2, hash: h });
+        for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
+            if self.l2.remove(key) {
+                self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash });
             } else if let Some(l3) = &l3 {
-                l3.lock().touch(h);
+                l3.lock().touch(key);
             }
         }
         let ok = self.allocate(seq, n);
@@ -340,9 +338,9 @@ impl KvCache {
         // lacked room to load it then) supersedes that copy, so that no block is in both
         // tiers. Shared blocks were in L1 already, hence not in L2.
         if !self.l2.is_empty() {
-            for &h in &hashes[from + shared..upto] {
-                if self.l2.remove(h) {
-                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: h });
+            for key in (from + shared..upto).map(|i| PageKey::at(hashes, i)) {
+                if self.l2.remove(key) {
+                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash });
                 }
             }
         }

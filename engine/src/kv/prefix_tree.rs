@@ -34,6 +34,7 @@
 //! | match / hold / release a path | O(nodes on the path + blocks compared) |
 //! | evict one block | O(1) |
 
+use super::store::{PageKey, PAGE_BLOCKS};
 use super::tier::{KvEvent, Tier};
 use super::BlockPool;
 use crate::ids::{BlockHash, BlockId};
@@ -62,6 +63,11 @@ struct Node {
     /// dead slots, which keep their capacity for reuse).
     hashes: Vec<BlockHash>,
     blocks: Vec<BlockId>,
+    /// Depth of the run's first block in its chain (the root's empty run is at 0).
+    start: u32,
+    /// The name of the page ([`PAGE_BLOCKS`]) the run's first block is in, when that page
+    /// starts in an ancestor's run (else the run's own first hash).
+    page_above: BlockHash,
     /// Requests whose block table includes this node.
     refs: u32,
     children: u32,
@@ -79,6 +85,22 @@ struct Node {
 impl Node {
     fn len(&self) -> u32 {
         self.blocks.len() as u32
+    }
+
+    /// The name of the page of the block at depth `depth` of this run, or of the depth just
+    /// after the run (not a page's first) for a child's [`Node::page_above`].
+    fn page_of(&self, depth: u32) -> BlockHash {
+        let first = depth / PAGE_BLOCKS as u32 * PAGE_BLOCKS as u32;
+        if first >= self.start {
+            self.hashes[(first - self.start) as usize]
+        } else {
+            self.page_above
+        }
+    }
+
+    /// The store key of the block at index `i` of the run.
+    fn key(&self, i: usize) -> PageKey {
+        PageKey { hash: self.hashes[i], page: self.page_of(self.start + i as u32) }
     }
 }
 
@@ -113,6 +135,8 @@ impl Hasher for PassThrough {
 pub struct Evicted {
     pub block: BlockId,
     pub hash: BlockHash,
+    /// Its page, for the lower tiers' stores.
+    pub page: BlockHash,
     pub parent: Option<BlockHash>,
 }
 
@@ -242,6 +266,13 @@ impl PrefixTree {
         prefix.blocks.clear();
         prefix.hashes.extend(node.hashes.drain(..k));
         prefix.blocks.extend(node.blocks.drain(..k));
+        prefix.start = node.start;
+        prefix.page_above = node.page_above;
+        node.start += k as u32;
+        node.page_above = match node.start % PAGE_BLOCKS as u32 {
+            0 => node.hashes[0],
+            _ => prefix.page_of(node.start),
+        };
         prefix.parent = node.parent;
         prefix.refs = node.refs;
         prefix.children = 1;
@@ -362,6 +393,12 @@ impl PrefixTree {
         node.blocks.clear();
         node.hashes.extend_from_slice(hashes);
         node.blocks.extend_from_slice(blocks);
+        let p = &self.nodes[parent.0 as usize];
+        node.start = p.start + p.len();
+        node.page_above = match node.start % PAGE_BLOCKS as u32 {
+            0 => hashes[0],
+            _ => p.page_of(node.start),
+        };
         node.parent = parent;
         node.refs = 1;
         node.children = 0;
@@ -411,13 +448,13 @@ impl PrefixTree {
     /// The hashes of the next `n` blocks [`PrefixTree::evict_one`] would evict, in order
     /// (fewer when fewer are evictable), into `out`: the LRU list from its head, each run's
     /// blocks from its last. Reads only; for loading what eviction will touch ahead of it.
-    pub fn next_evictions(&self, n: usize, out: &mut Vec<BlockHash>) {
+    pub fn next_evictions(&self, n: usize, out: &mut Vec<PageKey>) {
         let mut node = self.lru_head;
         let stop = out.len() + n;
         while node != NIL && out.len() < stop {
             let run = &self.nodes[node as usize];
             let take = (stop - out.len()).min(run.hashes.len());
-            out.extend(run.hashes.iter().rev().take(take));
+            out.extend((0..run.hashes.len()).rev().take(take).map(|i| run.key(i)));
             node = run.next;
         }
     }
@@ -430,6 +467,7 @@ impl PrefixTree {
         }
         let node = &mut self.nodes[n as usize];
         debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
+        let page = node.key(node.hashes.len() - 1).page;
         let block = node.blocks.pop().expect("a live node has blocks");
         let hash = node.hashes.pop().expect("a live node has blocks");
         self.unreferenced -= 1;
@@ -445,7 +483,7 @@ impl PrefixTree {
                 self.nodes[parent.0 as usize].hashes.last().copied()
             }
         };
-        Some(Evicted { block, hash, parent })
+        Some(Evicted { block, hash, page, parent })
     }
 
     /// Takes an emptied leaf whose run started with `first` out of the tree.
@@ -531,6 +569,9 @@ impl PrefixTree {
             }
             let parent = &self.nodes[node.parent.0 as usize];
             assert!(parent.alive, "node {i} has a dead parent");
+            assert_eq!(node.start, parent.start + parent.len(), "node {i} starts where its parent ends");
+            let page = if node.start % PAGE_BLOCKS as u32 == 0 { node.hashes[0] } else { parent.page_of(node.start) };
+            assert_eq!(node.page_above, page, "node {i} knows the page it starts in");
             assert!(
                 node.parent == NodeId::ROOT || parent.refs >= node.refs,
                 "node {i} holds more references ({}) than its parent ({})",

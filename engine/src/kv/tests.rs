@@ -275,6 +275,7 @@ proptest! {
         let mut model = EventModel::default();
         let mut events = Vec::new();
         let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
+        let mut prompts = std::collections::BTreeSet::new();
         for (t, op) in ops.into_iter().enumerate() {
             apply(&mut kv, &mut seqs, t, op, 5, true);
             kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
@@ -286,6 +287,14 @@ proptest! {
             prop_assert_eq!(l2, &kv.l2().iter().collect());
             prop_assert_eq!(l3_model, &l3.lock().iter().collect());
             prop_assert!(l1.is_disjoint(l2), "a block in L1 and L2 at once");
+            // Every block held below L1 is found where a prompt looks for it (its page).
+            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
+            for hs in &prompts {
+                for i in 0..hs.len() {
+                    prop_assert_eq!(kv.l2().contains(PageKey::at(hs, i)), l2.contains(&hs[i]));
+                    prop_assert_eq!(l3.lock().contains(PageKey::at(hs, i)), l3_model.contains(&hs[i]));
+                }
+            }
         }
     }
 }
@@ -359,8 +368,10 @@ fn the_next_evictions_are_the_blocks_eviction_then_takes() {
         let mut next = Vec::new();
         kv.tree_mut().next_evictions(n, &mut next);
         let mut copy = kv.clone();
-        let evicted: Vec<BlockHash> =
-            std::iter::from_fn(|| copy.tree_mut().evict_one().map(|e| e.hash)).take(n).collect();
+        let evicted: Vec<PageKey> = std::iter::from_fn(|| copy.tree_mut().evict_one())
+            .map(|e| PageKey { hash: e.hash, page: e.page })
+            .take(n)
+            .collect();
         assert_eq!(next, evicted, "next {n} evictions");
     }
 }

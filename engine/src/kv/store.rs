@@ -1,0 +1,454 @@
+//! The stores below GPU memory: host DRAM (L2, one per instance) and the store shared by the
+//! whole fleet (L3): LRU sets of blocks with a capacity, kept by page.
+//!
+//! # Pages
+//!
+//! A chain's blocks are grouped in *pages* of [`PAGE_BLOCKS`] positions (depths `0..32`,
+//! `32..64`, ...), and a page is named by the hash of its first block: since hashes are
+//! chained, that one hash names the whole prefix up to the page, so the blocks of a page are
+//! the continuations of one prefix. Every caller knows a block's page: the prompt's hashes
+//! give it at admission, the prefix tree at eviction ([`PageKey`]). The stores are keyed by
+//! page: one map probe finds all of a page's blocks, side by side in memory, and a prompt's
+//! walk, a run's demotion and the eviction of a run each touch a page once, not each block
+//! (on stores of millions of blocks every map probe is a cache miss: the map per block this
+//! replaces spent ~70% of a tiered simulation waiting on memory).
+//!
+//! # LRU order
+//!
+//! Each use stamps the block with the next number and appends (block, stamp) to a queue; a
+//! queue entry is live while its stamp is the block's latest, so the live entries, oldest
+//! first, are the exact LRU order, block by block. Stale entries are skipped when they reach
+//! the front, and dropped all at once when they outnumber half the live ones.
+
+use crate::block_map::{BlockMap, Probe};
+use crate::ids::BlockHash;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Positions of a chain in one page (tests use small pages, so that short prompts cross
+/// them).
+pub const PAGE_BLOCKS: usize = if cfg!(test) { 4 } else { 32 };
+
+/// A block as the stores key it: its hash, and its page's (the hash of its chain's block at
+/// the last depth that is a multiple of [`PAGE_BLOCKS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageKey {
+    pub hash: BlockHash,
+    pub page: BlockHash,
+}
+
+impl PageKey {
+    /// The key of the block at position `i` of a prompt's chained `hashes` (from its start).
+    pub fn at(hashes: &[BlockHash], i: usize) -> PageKey {
+        PageKey { hash: hashes[i], page: hashes[i / PAGE_BLOCKS * PAGE_BLOCKS] }
+    }
+}
+
+/// What [`BlockLru::put`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// The block was there: now the most recently used.
+    Refreshed,
+    /// The block is new; `evicted` made room for it.
+    Added { evicted: Option<BlockHash> },
+}
+
+/// The blocks of one page held by a store, in no order, each with its latest stamp.
+#[derive(Clone, Debug, Default)]
+struct Page {
+    /// The page's name (its first position's hash), while it holds blocks.
+    name: BlockHash,
+    blocks: Vec<(BlockHash, u64)>,
+    /// Positions in `blocks`, for the rare page with many blocks (the continuations of a
+    /// prefix many prompts share end to end): looked up instead of scanned.
+    lookup: Option<BlockMap<u32>>,
+}
+
+/// Pages with more blocks than this are looked up, not scanned.
+const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
+
+impl Page {
+    fn find(&self, hash: BlockHash) -> Option<usize> {
+        match &self.lookup {
+            Some(lookup) => lookup.get(hash).map(|i| i as usize),
+            None => self.blocks.iter().position(|&(h, _)| h == hash),
+        }
+    }
+
+    fn stamp(&self, hash: BlockHash) -> Option<u64> {
+        self.find(hash).map(|i| self.blocks[i].1)
+    }
+
+    fn push(&mut self, hash: BlockHash, stamp: u64) {
+        let i = self.blocks.len();
+        self.blocks.push((hash, stamp));
+        match &mut self.lookup {
+            Some(lookup) => set(lookup, hash, i as u32),
+            None if i >= SCAN_BLOCKS => {
+                let mut lookup = BlockMap::default();
+                for (j, &(h, _)) in self.blocks.iter().enumerate() {
+                    set(&mut lookup, h, j as u32);
+                }
+                self.lookup = Some(lookup);
+            }
+            None => {}
+        }
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        let (hash, _) = self.blocks.swap_remove(i);
+        if let Some(lookup) = &mut self.lookup {
+            lookup.remove(hash);
+            if let Some(&(moved, _)) = self.blocks.get(i) {
+                lookup.set(moved, i as u32);
+            }
+        }
+    }
+}
+
+fn set(map: &mut BlockMap<u32>, hash: BlockHash, val: u32) {
+    match map.probe(hash) {
+        Probe::Found(_) => map.set(hash, val),
+        Probe::Vacant(slot) => map.fill(slot, hash, val),
+    }
+}
+
+/// A use in the LRU queue: the block, its page's slot when it was used, the stamp.
+#[derive(Clone, Copy, Debug)]
+struct Use {
+    hash: BlockHash,
+    stamp: u64,
+    slot: u32,
+}
+
+/// A set of blocks with a capacity, evicting the least recently used: the L2 and L3 stores.
+/// Only hashes are kept: the simulator needs to know what is there, not its bytes.
+#[derive(Clone, Debug, Default)]
+pub struct BlockLru {
+    capacity: u32,
+    len: u32,
+    /// Page name to its slot in `pages`.
+    slots: BlockMap<u32>,
+    /// Pages in slots; an empty page is a free slot (listed in `free`).
+    pages: Vec<Page>,
+    free: Vec<u32>,
+    /// Uses, oldest first.
+    order: VecDeque<Use>,
+    /// The next use's stamp.
+    next_stamp: u64,
+}
+
+/// Stale queue entries tolerated besides the live ones before a compaction (a half of
+/// them, plus this).
+const STALE_SLACK: usize = 64;
+
+impl BlockLru {
+    pub fn new(capacity: u32) -> BlockLru {
+        BlockLru { capacity, ..BlockLru::default() }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where `key` is: its page's slot and its position there.
+    fn find(&self, key: PageKey) -> Option<(u32, usize)> {
+        let slot = self.slots.get(key.page)?;
+        self.pages[slot as usize].find(key.hash).map(|i| (slot, i))
+    }
+
+    pub fn contains(&self, key: PageKey) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// Adds `key` as the most recently used (or refreshes it). When the store is full, the
+    /// least recently used block makes room and is returned. A store of capacity zero keeps
+    /// nothing and hands the block straight back.
+    pub fn insert(&mut self, key: PageKey) -> Option<BlockHash> {
+        match self.put(key) {
+            Put::Refreshed => None,
+            Put::Added { evicted } => evicted,
+        }
+    }
+
+    /// Like [`BlockLru::insert`], telling a refresh from an addition (only an addition is news
+    /// for an index).
+    pub fn put(&mut self, key: PageKey) -> Put {
+        if self.capacity == 0 {
+            return Put::Added { evicted: Some(key.hash) };
+        }
+        if self.touch(key) {
+            return Put::Refreshed;
+        }
+        // Making room first: the victim may be the last block of this very page.
+        let evicted = if self.len >= self.capacity { self.pop_front() } else { None };
+        let slot = match self.slots.probe(key.page) {
+            Probe::Found(slot) => slot,
+            Probe::Vacant(vacancy) => {
+                let slot = match self.free.pop() {
+                    Some(s) => s,
+                    None => {
+                        self.pages.push(Page::default());
+                        self.pages.len() as u32 - 1
+                    }
+                };
+                self.pages[slot as usize].name = key.page;
+                self.slots.fill(vacancy, key.page, slot);
+                slot
+            }
+        };
+        let stamp = self.next_stamp;
+        self.pages[slot as usize].push(key.hash, stamp);
+        self.len += 1;
+        self.used(key.hash, slot, stamp);
+        Put::Added { evicted }
+    }
+
+    /// Marks `key` as just used; false when it is not here.
+    pub fn touch(&mut self, key: PageKey) -> bool {
+        let Some((slot, i)) = self.find(key) else { return false };
+        let stamp = self.next_stamp;
+        self.pages[slot as usize].blocks[i].1 = stamp;
+        self.used(key.hash, slot, stamp);
+        true
+    }
+
+    pub fn remove(&mut self, key: PageKey) -> bool {
+        let Some((slot, i)) = self.find(key) else { return false };
+        self.take(slot, i);
+        self.compact_if_stale();
+        true
+    }
+
+    /// Loads what putting `keys` will read (their pages' map entries) and what the victims
+    /// they push out will (the pages at the queue's front), so that the cache misses overlap;
+    /// returns what it read, for the caller to keep (a prefetch in safe code).
+    pub fn prefetch(&self, keys: &[PageKey]) -> u64 {
+        let mut sink = 0;
+        let mut last = None;
+        for k in keys.iter().filter(|k| last.replace(k.page) != Some(k.page)) {
+            sink ^= self.slots.touch(k.page);
+        }
+        let mut last = None;
+        for u in self.order.iter().take(keys.len()).filter(|u| last.replace(u.slot) != Some(u.slot)) {
+            sink ^= self.pages[u.slot as usize].blocks.first().map_or(0, |b| b.1);
+        }
+        sink
+    }
+
+    /// The blocks held, least recently used first.
+    pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.order.iter().filter(|u| self.is_live(u)).map(|u| u.hash)
+    }
+
+    /// Drops everything.
+    pub fn clear(&mut self) {
+        *self = BlockLru::new(self.capacity);
+    }
+
+    /// Takes the block at position `i` of the page in `slot` out of the store.
+    fn take(&mut self, slot: u32, i: usize) {
+        let p = &mut self.pages[slot as usize];
+        p.remove_at(i);
+        self.len -= 1;
+        if p.blocks.is_empty() {
+            // The slot is free; its buffer is kept for the next page, unless it grew large.
+            let name = p.name;
+            if p.blocks.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
+                *p = Page::default();
+            }
+            self.slots.remove(name);
+            self.free.push(slot);
+        }
+    }
+
+    /// Whether queue entry `u` is its block's latest use.
+    fn is_live(&self, u: &Use) -> bool {
+        self.pages[u.slot as usize].stamp(u.hash) == Some(u.stamp)
+    }
+
+    /// Records a use of `hash` (in the page at `slot`) stamped `stamp`.
+    fn used(&mut self, hash: BlockHash, slot: u32, stamp: u64) {
+        self.next_stamp = stamp + 1;
+        let len = self.order.len();
+        if len == self.order.capacity() {
+            // Doubling a full store's queue would leave a quarter of it unused forever: it never
+            // holds more than the compaction threshold.
+            let most = self.capacity as usize + self.capacity as usize / 2 + STALE_SLACK + 1;
+            self.order.reserve_exact(len.max(16).min(most.saturating_sub(len).max(1)));
+        }
+        self.order.push_back(Use { hash, stamp, slot });
+        self.compact_if_stale();
+    }
+
+    fn pop_front(&mut self) -> Option<BlockHash> {
+        while let Some(u) = self.order.pop_front() {
+            let page = &self.pages[u.slot as usize];
+            if let Some(i) = page.find(u.hash).filter(|&i| page.blocks[i].1 == u.stamp) {
+                self.take(u.slot, i);
+                return Some(u.hash);
+            }
+        }
+        None
+    }
+
+    /// Drops the stale queue entries once they outnumber half the live ones.
+    fn compact_if_stale(&mut self) {
+        let live = self.len as usize;
+        if self.order.len() > live + live / 2 + STALE_SLACK {
+            let pages = &self.pages;
+            self.order.retain(|u| pages[u.slot as usize].stamp(u.hash) == Some(u.stamp));
+        }
+    }
+
+    /// Checks that the map, the pages and the queue agree; panics naming the broken rule.
+    pub fn check_invariants(&self) {
+        assert!(self.len <= self.capacity, "store holds {} blocks, capacity {}", self.len, self.capacity);
+        let held: usize = self.pages.iter().map(|p| p.blocks.len()).sum();
+        assert_eq!(held, self.len as usize, "pages hold the store's blocks");
+        assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
+        assert!(self.free.iter().all(|&s| self.pages[s as usize].blocks.is_empty()), "free slots are empty");
+        assert!(
+            self.slots
+                .iter()
+                .all(|(name, s)| self.pages[s as usize].name == name && !self.pages[s as usize].blocks.is_empty()),
+            "named pages hold blocks"
+        );
+        assert!(
+            self.order.iter().zip(self.order.iter().skip(1)).all(|(a, b)| a.stamp < b.stamp),
+            "queue stamps increase"
+        );
+        assert!(self.order.iter().all(|u| u.stamp < self.next_stamp), "queue stamps were handed out");
+        assert_eq!(self.iter().count(), self.len as usize, "one live queue entry per held block");
+        let live = self.len as usize;
+        assert!(self.order.len() <= live + live / 2 + STALE_SLACK, "stale entries compacted");
+    }
+}
+
+/// The L3 store, shared by every instance of a fleet (each holds a handle).
+#[derive(Clone, Debug, Default)]
+pub struct SharedStore(Arc<Mutex<BlockLru>>);
+
+impl SharedStore {
+    pub fn new(capacity_blocks: u32) -> SharedStore {
+        SharedStore(Arc::new(Mutex::new(BlockLru::new(capacity_blocks))))
+    }
+
+    /// The store, locked. A panic while it was held poisons nothing here: the LRU's state
+    /// is consistent between calls, so the lock is taken back.
+    pub fn lock(&self) -> MutexGuard<'_, BlockLru> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Block `i`, in page `i / 4` (or, for `i` from 100, all in one page of many blocks).
+    fn k(i: u64) -> PageKey {
+        let page = if i >= 100 { 1_000 } else { 10_000 + i / 4 };
+        PageKey { hash: BlockHash(i), page: BlockHash(page) }
+    }
+
+    #[test]
+    fn evicts_least_recently_used_first() {
+        let mut lru = BlockLru::new(2);
+        assert_eq!(lru.insert(k(1)), None);
+        assert_eq!(lru.insert(k(2)), None);
+        assert!(lru.touch(k(1)));
+        assert_eq!(lru.insert(k(3)), Some(BlockHash(2)));
+        assert!(lru.contains(k(1)) && lru.contains(k(3)) && !lru.contains(k(2)));
+        assert!(lru.remove(k(1)));
+        assert!(!lru.remove(k(1)));
+        assert_eq!(lru.insert(k(4)), None);
+        assert_eq!(lru.insert(k(5)), Some(BlockHash(3)));
+        lru.check_invariants();
+    }
+
+    /// The obvious LRU: a vector, least recently used first.
+    #[derive(Default)]
+    struct Model {
+        capacity: usize,
+        order: Vec<BlockHash>,
+    }
+
+    impl Model {
+        fn put(&mut self, hash: BlockHash) -> Put {
+            if self.capacity == 0 {
+                return Put::Added { evicted: Some(hash) };
+            }
+            if self.touch(hash) {
+                return Put::Refreshed;
+            }
+            let evicted = (self.order.len() >= self.capacity).then(|| self.order.remove(0));
+            self.order.push(hash);
+            Put::Added { evicted }
+        }
+
+        fn touch(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            self.order.push(hash);
+            true
+        }
+
+        fn remove(&mut self, hash: BlockHash) -> bool {
+            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+            self.order.remove(i);
+            true
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the uses, the store answers as the obvious LRU does: the same evictions,
+        /// refreshes, removals and order, with pages of a few blocks and one page of many
+        /// (looked up, not scanned).
+        #[test]
+        fn the_store_answers_as_a_plain_lru(
+            capacity in 0usize..200,
+            ops in proptest::collection::vec((0u8..4, proptest::prop_oneof![0u64..24, 100u64..300]), 0..1500),
+        ) {
+            let mut lru = BlockLru::new(capacity as u32);
+            let mut model = Model { capacity, ..Model::default() };
+            for (op, key) in ops {
+                let key = k(key);
+                match op {
+                    0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key.hash)),
+                    2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key.hash)),
+                    _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key.hash)),
+                }
+                proptest::prop_assert_eq!(lru.contains(key), model.order.contains(&key.hash));
+                proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
+                lru.check_invariants();
+            }
+            proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order);
+            lru.clear();
+            proptest::prop_assert!(lru.is_empty() && lru.iter().next().is_none());
+        }
+    }
+
+    #[test]
+    fn a_store_of_no_capacity_keeps_nothing() {
+        let mut lru = BlockLru::new(0);
+        assert_eq!(lru.insert(k(1)), Some(BlockHash(1)));
+        assert!(lru.is_empty());
+    }
+
+    #[test]
+    fn a_page_is_named_by_its_first_position() {
+        let hashes: Vec<BlockHash> = (0..10).map(BlockHash).collect();
+        assert_eq!(PageKey::at(&hashes, 0), PageKey { hash: BlockHash(0), page: BlockHash(0) });
+        assert_eq!(PageKey::at(&hashes, PAGE_BLOCKS - 1).page, BlockHash(0));
+        assert_eq!(PageKey::at(&hashes, PAGE_BLOCKS).page, BlockHash(PAGE_BLOCKS as u64));
+        assert_eq!(PageKey::at(&hashes, 9), PageKey { hash: BlockHash(9), page: BlockHash(8) });
+    }
+}
