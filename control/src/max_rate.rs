@@ -5,11 +5,18 @@
 //! halving) the rate scale from the starting `--rate-scale`, then bisects on a log scale
 //! until the bracket is narrower than 1%. The reported scale is the highest one that was
 //! seen to meet the target, with the summary of that run.
+//!
+//! All cores: the routers' searches run side by side, and each evaluates several steps at
+//! once: the next doublings together, and the next bisection levels as a tree of every rate
+//! they could try (2^k − 1 runs for k levels, whichever way each goes). Only the runs the
+//! sequential search would have made decide, so the result is the same, byte for byte, on
+//! any number of threads (`RAYON_NUM_THREADS=1` is the sequential search).
 
 use crate::cli::{describe, SimFlags};
 use crate::simulate::run_routers;
 use crate::Failure;
 use clap::Args as ClapArgs;
+use rayon::prelude::*;
 
 use simulator::metrics::Summary;
 use simulator::report::{max_rate_table, write_json, MaxRateReport, MaxRateRun};
@@ -44,25 +51,16 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let settings = args.flags.settings()?;
     println!("{} | target attainment {}", describe(&settings), args.target_attainment);
-    // One search per run, side by side (each bisection step is one simulation).
-    let results: Vec<Result<MaxRateRun, Failure>> = std::thread::scope(|scope| {
-        let settings = &settings;
-        let handles: Vec<_> = settings
-            .routers
-            .iter()
-            .map(|run| {
-                scope.spawn(move || {
-                    let (max_rate_scale, summary) = search(settings, run, args.target_attainment)?;
-                    Ok(MaxRateRun { router: run.label(), max_rate_scale, summary })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Failure::Output(anyhow::anyhow!("a search thread panicked")))))
-            .collect()
-    });
-    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // One search per run, side by side, each with its share of the threads.
+    let width = batch_width(settings.routers.len());
+    let runs = settings
+        .routers
+        .par_iter()
+        .map(|run| {
+            let (max_rate_scale, summary) = search(&settings, run, args.target_attainment, width)?;
+            Ok(MaxRateRun { router: run.label(), max_rate_scale, summary })
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
     print!("{}", max_rate_table(&runs));
     if let Some(path) = &args.json {
         write_json(path, &MaxRateReport { runs }).map_err(|e| Failure::Output(e.into()))?;
@@ -77,58 +75,128 @@ fn run_at(settings: &Settings, run: &RunSpec, scale: f64, measure_bound: bool) -
     Ok(out.remove(0).summary)
 }
 
-fn search(settings: &Settings, run: &RunSpec, target: f64) -> Result<(f64, Summary), Failure> {
+/// Runs one search makes at once: the threads it has (rayon's, shared by `searches`), as
+/// the size of a full tree of bisection levels (1, 3, 7, ...).
+fn batch_width(searches: usize) -> usize {
+    let share = (rayon::current_num_threads() / searches.max(1)).max(1);
+    (1usize << (share + 1).ilog2()) - 1
+}
+
+fn search(settings: &Settings, run: &RunSpec, target: f64, width: usize) -> Result<(f64, Summary), Failure> {
     let first = run_at(settings, run, settings.rate_scale, true)?;
     let bound = first.max_hit_rate;
-    let (scale, mut best) = bisect(settings, run, target, first)?;
+    let search = Search { settings, run, target, width };
+    let (scale, mut best) = search.bisect(first)?;
     best.max_hit_rate = bound;
     Ok((scale, best))
 }
 
-/// Brackets then bisects the rate scale, from the run at the scenario's rate.
-fn bisect(settings: &Settings, run: &RunSpec, target: f64, first: Summary) -> Result<(f64, Summary), Failure> {
-    let attainment_at = |settings, run, scale| run_at(settings, run, scale, false);
-    let meets = |s: &Summary| s.slo_attainment >= target;
-    let start = settings.rate_scale;
-    let (mut low, mut high, mut best) = if meets(&first) {
-        let (mut low, mut best) = (start, first);
-        let mut high = None;
-        for _ in 0..MAX_BRACKET_STEPS {
-            let s = attainment_at(settings, run, low * 2.0)?;
-            if !meets(&s) {
-                high = Some(low * 2.0);
-                break;
-            }
-            low *= 2.0;
-            best = s;
-        }
-        // Meets the target at every rate tried: report the highest.
-        let Some(high) = high else { return Ok((low, best)) };
-        (low, high, best)
-    } else {
-        let mut high = start;
-        let mut found = None;
-        for _ in 0..MAX_BRACKET_STEPS {
-            let s = attainment_at(settings, run, high / 2.0)?;
-            if meets(&s) {
-                found = Some((high / 2.0, s));
-                break;
-            }
-            high /= 2.0;
-        }
-        // Misses the target even at a tiny rate (the SLO is out of reach for this fleet).
-        let Some((low, best)) = found else { return Ok((0.0, first)) };
-        (low, high, best)
-    };
-    while high / low > PRECISION {
-        let mid = (low * high).sqrt();
-        let s = attainment_at(settings, run, mid)?;
-        if meets(&s) {
-            low = mid;
-            best = s;
-        } else {
-            high = mid;
-        }
+/// One router's search.
+struct Search<'a> {
+    settings: &'a Settings,
+    run: &'a RunSpec,
+    target: f64,
+    /// Runs made at once.
+    width: usize,
+}
+
+impl Search<'_> {
+    fn meets(&self, s: &Summary) -> bool {
+        s.slo_attainment >= self.target
     }
-    Ok((low, best))
+
+    /// Runs at every scale given, side by side; the results in the same order.
+    fn runs_at(&self, scales: &[f64]) -> Vec<Result<Summary, Failure>> {
+        scales.par_iter().map(|&scale| run_at(self.settings, self.run, scale, false)).collect()
+    }
+
+    /// Brackets then bisects the rate scale, from the run at the scenario's rate.
+    fn bisect(&self, first: Summary) -> Result<(f64, Summary), Failure> {
+        let start = self.settings.rate_scale;
+        let (mut low, mut high, mut best) = if self.meets(&first) {
+            // Doubling until a rate misses; meeting the target at every rate tried reports
+            // the highest.
+            let b = self.bracket(start, 2.0, |s| !self.meets(s))?;
+            let best = b.last_run.unwrap_or(first);
+            match b.stop {
+                Some((high, _)) => (b.last, high, best),
+                None => return Ok((b.last, best)),
+            }
+        } else {
+            // Halving until a rate meets it; missing even at a tiny rate means the SLO is out
+            // of reach for this fleet.
+            let b = self.bracket(start, 0.5, |s| self.meets(s))?;
+            match b.stop {
+                Some((low, best)) => (low, b.last, best),
+                None => return Ok((0.0, first)),
+            }
+        };
+        while high / low > PRECISION {
+            // The next levels of bisection, every way they could go, breadth first: node i's
+            // halves are nodes 2i + 1 (it missed) and 2i + 2 (it met the target).
+            let mut tree = vec![None; self.width];
+            let mut brackets = vec![(low, high); self.width];
+            for i in 0..self.width {
+                let (lo, hi) = brackets[i];
+                if (i > 0 && tree[(i - 1) / 2].is_none()) || hi / lo <= PRECISION {
+                    continue;
+                }
+                let mid = (lo * hi).sqrt();
+                tree[i] = Some(mid);
+                for (child, bracket) in [(2 * i + 1, (lo, mid)), (2 * i + 2, (mid, hi))] {
+                    if child < self.width {
+                        brackets[child] = bracket;
+                    }
+                }
+            }
+            let scales: Vec<f64> = tree.iter().flatten().copied().collect();
+            let mut results = self.runs_at(&scales).into_iter();
+            let mut results: Vec<Option<Result<Summary, Failure>>> =
+                tree.iter().map(|m| m.and_then(|_| results.next())).collect();
+            // Down the path the sequential search takes.
+            let mut i = 0;
+            while let Some(mid) = tree.get(i).copied().flatten() {
+                let s = results[i].take().expect("a run for every rate of the tree")?;
+                if self.meets(&s) {
+                    low = mid;
+                    best = s;
+                    i = 2 * i + 2;
+                } else {
+                    high = mid;
+                    i = 2 * i + 1;
+                }
+            }
+        }
+        Ok((low, best))
+    }
+
+    /// Multiplies the scale by `factor` from `start` until `stop` holds, at most
+    /// `MAX_BRACKET_STEPS` times, `width` runs at once.
+    fn bracket(&self, start: f64, factor: f64, stop: impl Fn(&Summary) -> bool) -> Result<Bracket, Failure> {
+        let (mut last, mut last_run) = (start, None);
+        let mut steps = 0;
+        while steps < MAX_BRACKET_STEPS {
+            let n = self.width.min((MAX_BRACKET_STEPS - steps) as usize);
+            // Scaling by a power of two is exact: these are the sequential loop's scales.
+            let scales: Vec<f64> = (1..=n as i32).map(|j| last * factor.powi(j)).collect();
+            for (scale, s) in scales.iter().zip(self.runs_at(&scales)) {
+                steps += 1;
+                let s = s?;
+                if stop(&s) {
+                    return Ok(Bracket { last, last_run, stop: Some((*scale, s)) });
+                }
+                (last, last_run) = (*scale, Some(s));
+            }
+        }
+        Ok(Bracket { last, last_run, stop: None })
+    }
+}
+
+/// Where [`Search::bracket`] ended.
+struct Bracket {
+    /// The last scale before the stop (the start if none), and its run.
+    last: f64,
+    last_run: Option<Summary>,
+    /// The scale where it stopped, and its run; none if it never did.
+    stop: Option<(f64, Summary)>,
 }

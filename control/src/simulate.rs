@@ -6,6 +6,7 @@ use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use indicatif::MultiProgress;
+use rayon::prelude::*;
 
 use simulator::cost::{check_steps, StepCheck};
 use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
@@ -96,8 +97,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Runs each router on its own thread (runs share nothing; each re-reads the workload, so all
-/// see the same arrivals). Results come back in the order the routers were given.
+/// Runs the routers side by side on rayon's threads (runs share nothing; each re-reads the
+/// workload, so all see the same arrivals). Results come back in the order the routers were given.
 ///
 /// The infinite-cache bound depends on the arrivals alone, so only the first run measures it
 /// (when `measure_bound`) and the others report its value.
@@ -108,26 +109,16 @@ pub fn run_routers(
     measure_bound: bool,
 ) -> Result<Vec<RunOutput>, Failure> {
     let multi = MultiProgress::new();
-    let results: Vec<Result<RunOutput, Failure>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = routers
-            .iter()
-            .enumerate()
-            .map(|(i, run)| {
-                let multi = &multi;
-                scope.spawn(move || {
-                    let mut progress = RunProgress::new(multi, run.label());
-                    let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
-                    let config =
-                        SimConfig { infinite_cache_bound: measure_bound && i == 0, ..settings.sim_config(run) };
-                    sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Failure::Output(anyhow!("a simulation thread panicked")))))
-            .collect()
-    });
+    let results: Vec<Result<RunOutput, Failure>> = routers
+        .par_iter()
+        .enumerate()
+        .map(|(i, run)| {
+            let mut progress = RunProgress::new(&multi, run.label());
+            let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
+            let config = SimConfig { infinite_cache_bound: measure_bound && i == 0, ..settings.sim_config(run) };
+            sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))
+        })
+        .collect();
     let mut outputs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let bound = outputs.first().and_then(|o| o.summary.max_hit_rate);
     for o in &mut outputs {

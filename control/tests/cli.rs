@@ -129,6 +129,28 @@ fn max_rate_finds_a_scale_per_router_and_writes_json() {
     }
 }
 
+/// The search evaluates several rates at once on many threads; only the runs the sequential
+/// search makes decide, so one thread and seven give the same file, byte for byte (a bracket
+/// found by halving from a rate too high, then bisection levels run as trees of 1 and 7).
+#[test]
+fn max_rate_gives_the_same_result_on_one_thread_and_on_many() {
+    let dir = tests::scratch_dir("max-rate-threads");
+    let run = |threads: &str| {
+        let json = dir.join(format!("max-{threads}.json"));
+        let o = Command::new(env!("CARGO_BIN_EXE_fleetplane"))
+            .env("RAYON_NUM_THREADS", threads)
+            .args(["max-rate", "--trace", &mooncake(), "--instances", "4", "--router", "least-outstanding,round-robin"])
+            .args(["--max-requests", "300", "--rate-scale", "40", "--json", json.to_str().unwrap()])
+            .output()
+            .expect("fleetplane runs");
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read_to_string(&json).unwrap()
+    };
+    let one = run("1");
+    assert!(one.contains("max_rate_scale"), "{one}");
+    assert_eq!(one, run("14"), "7 runs at once per search");
+}
+
 #[test]
 fn a_malformed_trace_line_is_named_with_file_and_line() {
     let dir = tests::scratch_dir("bad-trace");
