@@ -389,7 +389,11 @@ impl EventClock {
         let batch = usize::from(self.events[0] > self.events[1]);
         let started = Instant::now();
         if batch == 1 {
-            index.apply_batch(events);
+            // The instance's runs of events, as engines publish them.
+            for run in events.chunk_by(|a, b| a.0 == b.0) {
+                let batch: Vec<KvEvent> = run.iter().map(|&(_, e)| e).collect();
+                index.apply_batch(run[0].0, &batch);
+            }
         } else {
             for (instance, event) in events.iter() {
                 index.apply(*instance, event);

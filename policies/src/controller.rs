@@ -135,7 +135,7 @@ impl Controller {
                     v.in_flight = v.in_flight.saturating_sub(1);
                 }
             }
-            FleetEvent::Kv { ref events } => self.fleet.index_mut().apply_batch(events),
+            FleetEvent::Kv { instance, ref events } => self.fleet.index_mut().apply_batch(instance, events),
             FleetEvent::InstanceModel { instance, model } => self.fleet.set_model(instance, model),
             FleetEvent::InstanceRole { instance, role } => {
                 let new = self.fleet.set_role(instance, role);

@@ -22,10 +22,10 @@ pub enum FleetEvent {
     /// The instance evicted a request before it finished (KV high-water protection); the
     /// driver places it again through [`crate::Controller::reroute`].
     RequestEvicted { instance: InstanceId, request: RequestId, reason: CutShort },
-    /// Changes to what instances cache (for L3, to the shared store), in order, each with
-    /// the instance that published it; batched as engines publish them. Published only when
-    /// the controller asks for them ([`crate::Controller::wants_kv_events`]).
-    Kv { events: Vec<(InstanceId, KvEvent)> },
+    /// Changes to what an instance caches (for L3, to the shared store), in order, as the
+    /// instance published them together. Published only when the controller asks for them
+    /// ([`crate::Controller::wants_kv_events`]).
+    Kv { instance: InstanceId, events: Vec<KvEvent> },
     /// The instance serves one phase only (a disaggregated fleet); sent before its
     /// `InstanceUp`. Instances never told are colocated.
     InstanceRole { instance: InstanceId, role: Role },

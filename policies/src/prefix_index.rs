@@ -325,7 +325,7 @@ impl PrefixIndex {
     /// Applies events in order, as [`PrefixIndex::apply`] does one by one, faster: the map
     /// entries and positions of the next events are loaded first, so that the cache misses of
     /// an index larger than the caches overlap instead of queueing.
-    pub fn apply_batch(&mut self, events: &[(InstanceId, KvEvent)]) {
+    pub fn apply_batch(&mut self, instance: InstanceId, events: &[KvEvent]) {
         fn hash_of(e: &KvEvent) -> Option<BlockHash> {
             match *e {
                 KvEvent::Stored { hash, .. } | KvEvent::Removed { hash, .. } => Some(hash),
@@ -336,18 +336,18 @@ impl PrefixIndex {
         for chunk in events.chunks(PREFETCH_EVENTS) {
             // Short loops of independent loads keep many misses in flight at once: first the
             // map entries, then the positions of the blocks they name.
-            for (_, e) in chunk {
+            for e in chunk {
                 if let Some(h) = hash_of(e) {
                     sink ^= self.map.touch(h);
                 }
             }
-            for (_, e) in chunk {
+            for e in chunk {
                 if let Some(loc) = hash_of(e).and_then(|h| self.map.get(h)) {
                     sink ^= u64::from(self.segments[loc.seg as usize].states[loc.idx as usize]);
                 }
             }
-            for (instance, event) in chunk {
-                self.apply(*instance, event);
+            for event in chunk {
+                self.apply(instance, event);
             }
         }
         std::hint::black_box(sink);

@@ -91,7 +91,8 @@ pub struct SimFleet {
     evicted_scratch: Vec<Evicted>,
     kv: KvOptions,
     /// KV events on their way to the controller, in order of delivery time.
-    kv_in_flight: VecDeque<(Time, InstanceId, KvEvent)>,
+    /// KV events on their way: each instance's batch, due at a time.
+    kv_in_flight: VecDeque<(Time, InstanceId, Vec<KvEvent>)>,
     kv_scratch: Vec<KvEvent>,
     /// Instance settings and the shared L3 store, for instances started later.
     config: InstanceConfig,
@@ -328,12 +329,10 @@ impl SimFleet {
     pub fn step(&mut self) -> Time {
         if let Some(&(t, _, _)) = self.kv_in_flight.front() {
             if self.queue.peek_time().is_none_or(|q| t <= q) {
-                let mut events = Vec::new();
                 while self.kv_in_flight.front().is_some_and(|&(d, _, _)| d == t) {
-                    let (_, id, e) = self.kv_in_flight.pop_front().expect("a front element");
-                    events.push((id, e));
+                    let (_, instance, events) = self.kv_in_flight.pop_front().expect("a front element");
+                    self.events.push(FleetEvent::Kv { instance, events });
                 }
-                self.events.push(FleetEvent::Kv { events });
                 return t;
             }
         }
@@ -432,11 +431,11 @@ impl SimFleet {
             return;
         }
         let at = now + self.kv.event_delay;
+        let events = std::mem::take(&mut self.kv_scratch);
         if at == now {
-            let events = self.kv_scratch.drain(..).map(|e| (id, e)).collect();
-            self.events.push(FleetEvent::Kv { events });
+            self.events.push(FleetEvent::Kv { instance: id, events });
         } else {
-            self.kv_in_flight.extend(self.kv_scratch.drain(..).map(|e| (at, id, e)));
+            self.kv_in_flight.push_back((at, id, events));
         }
     }
 

@@ -478,7 +478,7 @@ impl LiveFleet {
         };
         m.state = MemberState::Serving;
         m.last_seen = Instant::now();
-        self.events.push(FleetEvent::Kv { events: vec![(id, engine::kv::KvEvent::Cleared)] });
+        self.events.push(FleetEvent::Kv { instance: id, events: vec![engine::kv::KvEvent::Cleared] });
         let announced = self.announcement(&self.members[&id]);
         self.events.extend(announced);
         true
@@ -649,11 +649,11 @@ async fn read_events(instance: InstanceId, mut client: EngineLink, news: mpsc::U
                             let mut events = Vec::with_capacity(batch.events.len());
                             for e in &batch.events {
                                 match engine::kv::KvEvent::try_from(e) {
-                                    Ok(e) => events.push((instance, e)),
+                                    Ok(e) => events.push(e),
                                     Err(e) => tracing::warn!(%instance, "bad KV event skipped: {e}"),
                                 }
                             }
-                            let _ = news.send(News::Event(FleetEvent::Kv { events }));
+                            let _ = news.send(News::Event(FleetEvent::Kv { instance, events }));
                         }
                         None => tracing::warn!(%instance, "engine event without a kind"),
                     },

@@ -250,7 +250,7 @@ fn store(c: &mut Controller, instance: u32, tier: Tier, hashes: &[BlockHash]) {
     let mut parent = None;
     for &hash in hashes {
         let event = KvEvent::Stored { tier, hash, parent };
-        c.on_event(Time::ZERO, &FleetEvent::Kv { events: vec![(InstanceId(instance), event)] });
+        c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), events: vec![event] });
         parent = Some(hash);
     }
 }

@@ -186,8 +186,8 @@ impl Reader {
         if self.out.is_empty() {
             return;
         }
-        let events = self.out.drain(..).map(|e| (self.instance, e)).collect();
-        let _ = self.news.send(News::Event(FleetEvent::Kv { events }));
+        let events = std::mem::take(&mut self.out);
+        let _ = self.news.send(News::Event(FleetEvent::Kv { instance: self.instance, events }));
     }
 }
 
@@ -353,7 +353,9 @@ mod tests {
         let mut ours = Vec::new();
         while ours.len() < 3 {
             match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("events").expect("open") {
-                News::Event(FleetEvent::Kv { events }) => ours.extend(events),
+                News::Event(FleetEvent::Kv { instance, events }) => {
+                    ours.extend(events.into_iter().map(|e| (instance, e)))
+                }
                 _ => panic!("only KV events"),
             }
         }
@@ -375,7 +377,9 @@ mod tests {
             publisher.send(frames(msg)).await.expect("publish");
         }
         let got = match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("event").expect("open") {
-            News::Event(FleetEvent::Kv { events }) => events,
+            News::Event(FleetEvent::Kv { instance, events }) => {
+                events.into_iter().map(|e| (instance, e)).collect::<Vec<_>>()
+            }
             _ => panic!("only KV events"),
         };
         let next = engine::block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 2)[3];
