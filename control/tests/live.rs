@@ -469,6 +469,82 @@ fn the_demo_starts_the_live_system_and_replays_through_the_gateway() {
     assert!(stdout.contains("requests sent 40  ok 40  failed 0"), "{stdout}");
 }
 
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: comm may hold spaces, so read after its `)`.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn one_ctrl_c_during_the_demos_replay_stops_it_and_reaps_every_child() {
+    use std::os::unix::process::CommandExt;
+    let db = Db::fresh("demo_sigint");
+    // In a process group of its own, as a shell runs a foreground job: a terminal's Ctrl-C
+    // is SIGINT to the whole group.
+    let mut demo = std::process::Command::new(bin())
+        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--engines", "2"])
+        .args(["--database-url", &db.url])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("demo starts");
+    let pid = demo.id();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = demo.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !lines.recv_timeout(Duration::from_secs(60)).is_ok_and(|l| l.contains("replaying the workload")) {
+        assert!(std::time::Instant::now() < deadline, "the demo never began its replay");
+    }
+    // Requests in flight, as the demo's workload keeps some.
+    std::thread::sleep(Duration::from_secs(3));
+    let children = children_of(pid);
+    assert_eq!(children.len(), 3, "serve and two engines: {children:?}");
+    let interrupted = std::time::Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", "--", &format!("-{pid}")])
+        .status()
+        .is_ok_and(|s| s.success()));
+    let status = loop {
+        if let Some(status) = demo.try_wait().expect("try_wait") {
+            break status;
+        }
+        if interrupted.elapsed() > Duration::from_secs(15) {
+            let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+            for c in &children {
+                let _ = std::process::Command::new("kill").args(["-KILL", &c.to_string()]).status();
+            }
+            let _ = demo.wait();
+            panic!("the demo was still running 15 s after one Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = interrupted.elapsed();
+    let out: Vec<String> = lines.try_iter().collect();
+    assert!(status.success(), "{status}: {}", out.join("\n"));
+    assert!(out.iter().any(|l| l.contains("cut off when stopped")), "{}", out.join("\n"));
+    // Reaped by the demo itself: not running, and no zombie left behind.
+    let left: Vec<_> = children.iter().filter(|c| std::path::Path::new(&format!("/proc/{c}")).exists()).collect();
+    assert!(left.is_empty(), "children of the demo left after it exited: {left:?}");
+    eprintln!("the demo exited {:.2} s after Ctrl-C", took.as_secs_f64());
+}
+
 #[test]
 fn a_client_that_goes_away_frees_its_engine() {
     let db = Db::fresh("cancel");
