@@ -130,6 +130,25 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
     bad(json!({"model": MODEL, "prompt": ""}), 400, "invalid_value");
     bad(json!({"model": MODEL, "prompt": "hi", "n": 3}), 400, "invalid_value");
     bad(json!({"model": MODEL, "prompt": "hi", "temperature": 9}), 400, "invalid_value");
+    // Fields that would change the output and that engines of ours do not honour are refused,
+    // naming the field, instead of ignored; their defaults are taken.
+    let refused = |path: &str, body: Value, param: &str| {
+        let (status, v) = post(&format!("{}{path}", s.http), Some(ADMIN), &body);
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(param)), "{body}: {v}");
+    };
+    let chat = |extra: Value| {
+        let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        body.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        body
+    };
+    refused("/v1/chat/completions", chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), "tools");
+    refused("/v1/chat/completions", chat(json!({"response_format": {"type": "json_object"}})), "response_format");
+    refused("/v1/chat/completions", chat(json!({"logit_bias": {"7": 3}})), "logit_bias");
+    refused("/v1/completions", json!({"model": MODEL, "prompt": "hi", "best_of": 2}), "best_of");
+    let wizard = json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]});
+    refused("/v1/chat/completions", wizard, "messages[0].role");
+    let defaults = chat(json!({"tools": [], "response_format": {"type": "text"}, "logit_bias": {}, "best_of": 1}));
+    assert_eq!(post(&format!("{}/v1/chat/completions", s.http), Some(ADMIN), &defaults).0, 200);
     let raw = common::client()
         .post(format!("{}/v1/completions", s.http))
         .bearer_auth(ADMIN)
@@ -158,9 +177,16 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
     let (status, v) =
         post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "a\u{0}b", "role": "inference"}));
     assert_eq!((status, v["error"]["param"].as_str()), (400, Some("name")), "{v}");
-    // Revoking a token that does not exist changes nothing, so audits nothing.
+    // A name is counted in characters, not bytes.
+    let (status, v) =
+        post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "é".repeat(64), "role": "inference"}));
+    assert_eq!(status, 201, "{v}");
+    // Revoking a token that does not exist changes nothing, so audits nothing; a name no token
+    // can have (a NUL) is no database error.
     let (status, _) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/nobody", s.http), Some(ADMIN), &json!({}));
     assert_eq!(status, 404);
+    let (status, v) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/a%00b", s.http), Some(ADMIN), &json!({}));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
     assert_eq!(db.query("SELECT count(*) FROM audit_log WHERE action = 'token.revoke'"), "0");
     // An unknown path, a method a path does not take and a malformed path parameter answer
     // in the error shape too, not with empty or plain-text bodies.

@@ -198,7 +198,10 @@ pub fn remove(app: &App, id: InstanceId) -> Result<String, RegisterError> {
         return Err(RegisterError { status: StatusCode::NOT_FOUND, message: format!("no instance {id}") });
     };
     if m.external().is_none() {
-        return Err(bad(format!("instance {id} is an engine of ours: drain it instead")));
+        return Err(RegisterError {
+            status: StatusCode::CONFLICT,
+            message: format!("instance {id} is an engine of ours: drain it instead"),
+        });
     }
     let url = m.address.clone();
     hub.fleet.remove(id);

@@ -130,6 +130,30 @@ pub struct App {
     pub http: reqwest::Client,
     /// Engines named to this replica that do not serve yet, by URL: their spec and why.
     pub pending_engines: Mutex<std::collections::BTreeMap<String, (vllm::EngineSpec, String)>>,
+    /// What the API and the history read from memory, so that they answer while PostgreSQL
+    /// does not.
+    pub known: Mutex<Known>,
+}
+
+/// The stored state this replica serves reads of from memory: read at start, after each
+/// write through this replica, and every 2 s from the database (what other replicas wrote).
+#[derive(Clone, Debug, Default)]
+pub struct Known {
+    /// SLO targets (TTFT ms, TPOT ms).
+    pub slo: (f64, f64),
+    /// The latest policy version: (version, policy, author, when).
+    pub policy: Option<(i32, serde_json::Value, String, String)>,
+    /// The pools' rows (name, role, bounds).
+    pub pools: Vec<serde_json::Value>,
+}
+
+impl Known {
+    /// Takes a policy version read from the database, unless a newer one is known.
+    pub fn learn_policy(&mut self, p: Option<(i32, serde_json::Value, String, String)>) {
+        if p.as_ref().map(|p| p.0) >= self.policy.as_ref().map(|k| k.0) {
+            self.policy = p;
+        }
+    }
 }
 
 impl App {
@@ -231,10 +255,10 @@ async fn serve(
     getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     let (news_tx, news_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    let slo = match store.slo().await? {
-        Some((ttft_ms, tpot_ms)) => simulator::metrics::Slo { ttft_ms, tpot_ms },
-        None => default_slo(),
-    };
+    let known_slo = store.slo().await?.unwrap_or(DEFAULT_SLO);
+    let slo = simulator::metrics::Slo { ttft_ms: known_slo.0, tpot_ms: known_slo.1 };
+    let stored_policy = store.policy().await?;
+    let known = Known { slo: known_slo, policy: stored_policy.clone(), pools: store.pools().await? };
     let pd = args.pools.pd_config(slo)?;
     let config = ControllerConfig { router, seed: args.seed, hints: args.pools.cost_hints()? };
     let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
@@ -256,8 +280,9 @@ async fn serve(
         engine_token: present,
         http: reqwest::Client::builder().tcp_nodelay(true).build().context("cannot make an HTTP client")?,
         pending_engines: Mutex::default(),
+        known: Mutex::new(known),
     });
-    if let Some((version, policy, _, _)) = store.policy().await? {
+    if let Some((version, policy, _, _)) = stored_policy {
         match policy::Policy::stored(policy, app.pool_args.as_ref()) {
             Ok(set) => app.apply_policy(set, version),
             Err(e) => tracing::warn!(version, "stored policy ignored: {e}"),
@@ -515,7 +540,9 @@ fn store_scaling(app: &App, events: Vec<policies::ScalingEvent>) {
     }
 }
 
-/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too.
+/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too, and the
+/// copies the API reads from memory up to date. A database that does not answer changes
+/// nothing: what is known stays in force.
 async fn sync_from_database(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -526,12 +553,19 @@ async fn sync_from_database(app: Arc<App>) {
             }
         }
         if let Ok(Some((ttft_ms, tpot_ms))) = app.store.slo().await {
+            lock(&app.known).slo = (ttft_ms, tpot_ms);
             app.lock_hub().set_slo(ttft_ms, tpot_ms);
         }
-        if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
-            if version > app.policy_version.load(Ordering::SeqCst) {
-                if let Ok(set) = policy::Policy::stored(policy, app.pool_args.as_ref()) {
-                    app.apply_policy(set, version);
+        if let Ok(pools) = app.store.pools().await {
+            lock(&app.known).pools = pools;
+        }
+        if let Ok(stored) = app.store.policy().await {
+            lock(&app.known).learn_policy(stored.clone());
+            if let Some((version, policy, _, _)) = stored {
+                if version > app.policy_version.load(Ordering::SeqCst) {
+                    if let Ok(set) = policy::Policy::stored(policy, app.pool_args.as_ref()) {
+                        app.apply_policy(set, version);
+                    }
                 }
             }
         }

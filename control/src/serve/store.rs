@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, PgPool, Row};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
 /// A write the serving path queues.
@@ -36,10 +36,14 @@ pub enum Write {
     },
 }
 
+/// A queued write and when it happened: the row carries the time of the action, not the
+/// time the database took it (which, after an outage, may be minutes later).
+type Stamped = (SystemTime, Write);
+
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
-    writes: mpsc::UnboundedSender<Write>,
+    writes: mpsc::UnboundedSender<Stamped>,
     backlog: Arc<AtomicUsize>,
 }
 
@@ -100,7 +104,7 @@ impl Store {
     /// Queues a write; it reaches the database as soon as the database is there.
     pub fn write(&self, w: Write) {
         self.backlog.fetch_add(1, Ordering::Relaxed);
-        if self.writes.send(w).is_err() {
+        if self.writes.send((SystemTime::now(), w)).is_err() {
             self.backlog.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -457,7 +461,18 @@ fn simulation_json(r: &sqlx::postgres::PgRow, with_result: bool) -> Value {
 }
 
 async fn audit<'e>(db: impl sqlx::PgExecutor<'e>, actor: &str, action: &str, detail: Value) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
+    audit_at(db, SystemTime::now(), actor, action, detail).await
+}
+
+async fn audit_at<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    at: SystemTime,
+    actor: &str,
+    action: &str,
+    detail: Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO audit_log (at, actor, action, detail) VALUES (to_timestamp($1), $2, $3, $4)")
+        .bind(epoch_s(at))
         .bind(actor)
         .bind(action)
         .bind(detail)
@@ -466,31 +481,41 @@ async fn audit<'e>(db: impl sqlx::PgExecutor<'e>, actor: &str, action: &str, det
     Ok(())
 }
 
-async fn apply(pool: &PgPool, w: &Write) -> Result<(), sqlx::Error> {
+/// Seconds since the Unix epoch, as PostgreSQL's `to_timestamp` takes them (microseconds
+/// survive in an f64 for centuries).
+fn epoch_s(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+async fn apply(pool: &PgPool, (at, w): &Stamped) -> Result<(), sqlx::Error> {
     match w {
         Write::InstanceState { id, state } => {
-            sqlx::query("UPDATE instances SET state = $2, last_seen = now() WHERE id = $1")
+            sqlx::query("UPDATE instances SET state = $2, last_seen = to_timestamp($3) WHERE id = $1")
                 .bind(id)
                 .bind(*state)
+                .bind(epoch_s(*at))
                 .execute(pool)
                 .await?;
         }
         Write::Scaling { pool: name, action, reason, replica } => {
-            sqlx::query("INSERT INTO scaling_events (pool, action, reason, replica) VALUES ($1, $2, $3, $4)")
-                .bind(*name)
-                .bind(*action)
-                .bind(reason)
-                .bind(replica)
-                .execute(pool)
-                .await?;
+            sqlx::query(
+                "INSERT INTO scaling_events (at, pool, action, reason, replica) VALUES (to_timestamp($1), $2, $3, $4, $5)",
+            )
+            .bind(epoch_s(*at))
+            .bind(*name)
+            .bind(*action)
+            .bind(reason)
+            .bind(replica)
+            .execute(pool)
+            .await?;
         }
-        Write::Audit { actor, action, detail } => audit(pool, actor, action, detail.clone()).await?,
+        Write::Audit { actor, action, detail } => audit_at(pool, *at, actor, action, detail.clone()).await?,
     }
     Ok(())
 }
 
 /// Applies queued writes in order, retrying each until the database takes it.
-async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Write>, backlog: Arc<AtomicUsize>) {
+async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Stamped>, backlog: Arc<AtomicUsize>) {
     while let Some(w) = rx.recv().await {
         let mut delay = Duration::from_millis(100);
         let mut warned = false;
