@@ -197,3 +197,48 @@ fn a_lone_pd_replica_keeps_sizing_its_pools_through_an_outage() {
         prefill(&s.http)["serving"].as_u64() == Some(1)
     });
 }
+
+#[test]
+fn writes_queued_when_a_replica_dies_in_an_outage_reach_the_database_through_the_next_one() {
+    let Some((_one, db)) = take_the_database("outage_spool") else { return };
+    let spool = db.spool_dir();
+    let (http, grpc) = (free_addr(), free_addr());
+    let replica = |db: &Db| {
+        let args = ["serve", "--listen", &http, "--grpc-listen", &grpc, "--database-url", &db.url];
+        let env =
+            [("FLEETPLANE_ADMIN_TOKEN", ADMIN), ("FLEETPLANE_ENGINE_TOKEN", ENGINE), ("FLEETPLANE_SPOOL_DIR", &spool)];
+        start(&args, &env, "serving http://")
+    };
+    let base = format!("http://{http}");
+    let mut first = replica(&db);
+    let _a = engine(&grpc, "a", &[]);
+    wait_serving(&base, 1);
+    let (_, v) = get(&format!("{base}/api/instances"), Some(ADMIN));
+    let id = v["instances"][0]["id"].as_u64().expect("id");
+
+    let guard = Restart;
+    assert!(cluster("stop"), "cannot stop PostgreSQL");
+    let drained_at = now_s();
+    let (status, v) = post(&format!("{base}/api/instances/{id}/drain"), Some(ADMIN), &json!({}));
+    assert_eq!(status, 202, "{v}");
+    // The replica dies with the drain's writes queued.
+    first.kill();
+    assert!(cluster("start"), "cannot start PostgreSQL");
+    drop(guard);
+
+    let _second = replica(&db);
+    eventually(20, "the dead replica's writes reach the database", || {
+        db.query("SELECT count(*) FROM audit_log WHERE action = 'instance.drain'") == "1"
+            && db.query(&format!("SELECT state FROM instances WHERE id = {id}")) == "draining"
+    });
+    let at: f64 = db
+        .query("SELECT extract(epoch FROM at) FROM audit_log WHERE action = 'instance.drain'")
+        .parse()
+        .expect("a time");
+    assert!((at - drained_at).abs() < 1.0, "drained at {drained_at:.3}, audited at {at:.3}");
+    // Once each: a second restart takes nothing over again.
+    drop(_second);
+    let _third = replica(&db);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(db.query("SELECT count(*) FROM audit_log WHERE action = 'instance.drain'"), "1");
+}

@@ -518,6 +518,7 @@ fn one_ctrl_c_during_the_demos_replay_stops_it_and_reaps_every_child() {
     let mut demo = std::process::Command::new(bin())
         .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--engines", "2"])
         .args(["--database-url", &db.url])
+        .env("FLEETPLANE_SPOOL_DIR", db.spool_dir())
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

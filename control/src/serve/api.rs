@@ -202,7 +202,7 @@ pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, Api
         hub.fleet.apply(now, &Command::Drain { instance: InstanceId(id) });
         hub.pump();
     }
-    app.store.write(Write::InstanceState { id: id as i32, state: "draining" });
+    app.store.write(Write::InstanceState { id: id as i32, state: "draining".into() });
     app.store.write(Write::Audit { actor: who.name, action: "instance.drain".into(), detail: json!({"instance": id}) });
     Ok((StatusCode::ACCEPTED, Json(json!({"instance": id, "state": "draining"}))).into_response())
 }

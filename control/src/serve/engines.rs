@@ -172,7 +172,7 @@ pub async fn start(app: &Arc<App>, mut specs: Vec<EngineSpec>) {
                 match serde_json::from_value::<EngineSpec>(spec) {
                     Ok(s) if s.actuated => {
                         // Its process stopped with the control plane that started it.
-                        app.store.write(Write::InstanceState { id, state: "removed" });
+                        app.store.write(Write::InstanceState { id, state: "removed".into() });
                     }
                     Ok(s) if specs.iter().all(|c| c.url != s.url) => specs.push(s),
                     Ok(_) => {}
@@ -208,6 +208,6 @@ pub fn remove(app: &App, id: InstanceId) -> Result<String, RegisterError> {
     hub.pump();
     drop(hub);
     lock(&app.pending_engines).remove(&url);
-    app.store.write(Write::InstanceState { id: id.0 as i32, state: "removed" });
+    app.store.write(Write::InstanceState { id: id.0 as i32, state: "removed".into() });
     Ok(url)
 }

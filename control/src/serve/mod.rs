@@ -21,6 +21,7 @@ pub mod pools;
 mod prefixes;
 mod registry;
 mod simulations;
+mod spool;
 mod store;
 mod stream;
 pub mod tokenizer;
@@ -69,6 +70,17 @@ pub struct Args {
     /// PostgreSQL database (created if missing).
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
+
+    /// Folder of the write-behind queue's spool on disk: writes queued while the database is
+    /// down survive this replica's death, and the next replica of the database to start on
+    /// this machine takes them over [default: $XDG_STATE_HOME/fleetplane/spool, else
+    /// ~/.local/state/fleetplane/spool].
+    #[arg(long, env = "FLEETPLANE_SPOOL_DIR")]
+    pub spool_dir: Option<std::path::PathBuf>,
+
+    /// Keep queued writes in memory only (lost if this replica dies before the database is back).
+    #[arg(long, conflicts_with = "spool_dir")]
+    pub no_spool: bool,
 
     /// Router until a policy is stored through the API.
     #[arg(long, default_value = "cache-aware")]
@@ -244,15 +256,17 @@ async fn serve(
     tokenizers: tokenizer::Tokenizers,
     engines: Vec<vllm::EngineSpec>,
 ) -> anyhow::Result<()> {
-    let store = Store::open(&args.database_url).await?;
+    let mut nonce = [0u8; 4];
+    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
+    let spool_dir = (!args.no_spool).then(|| args.spool_dir.clone().unwrap_or_else(spool::default_dir));
+    let store = Store::open(&args.database_url, spool_dir.as_deref(), nonce).await?;
     let admin_token = token_from_env("FLEETPLANE_ADMIN_TOKEN", "admin token")?;
     let engine_token = token_from_env("FLEETPLANE_ENGINE_TOKEN", "engine token")?;
     let auth = Auth::new(&admin_token, &engine_token);
     let (live, _) = store.live_tokens().await?;
     auth.learn(live);
     let replica = args.replica.clone().unwrap_or_else(|| format!("fleetplane-{}", std::process::id()));
-    let mut nonce = [0u8; 4];
-    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     let (news_tx, news_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let known_slo = store.slo().await?.unwrap_or(DEFAULT_SLO);
@@ -261,7 +275,6 @@ async fn serve(
     let known = Known { slo: known_slo, policy: stored_policy.clone(), pools: store.pools().await? };
     let pd = args.pools.pd_config(slo)?;
     let config = ControllerConfig { router, seed: args.seed, hints: args.pools.cost_hints()? };
-    let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
     let present = crate::engine_auth::Present::new(&engine_token)?;
     let hub = Hub::new(config, pd, LiveFleet::new(news_tx, present.clone()), metrics.clone(), nonce);
     let app = Arc::new(App {
@@ -338,6 +351,7 @@ async fn serve(
     println!("fleetplane {} serving http://{http_addr} (console /console/, gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
     listener::serve(http, routes(app), args.limits, crate::shutdown_signal()).await?;
     grpc_task.await??;
+    store.close();
     Ok(())
 }
 
@@ -454,10 +468,10 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in lost {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down".into() });
                 }
                 for id in back {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving".into() });
                 }
                 store_scaling(&app, scaling);
             }
@@ -484,7 +498,7 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in stale {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down".into() });
                 }
                 store_scaling(&app, scaling);
             }
@@ -536,7 +550,8 @@ fn store_scaling(app: &App, events: Vec<policies::ScalingEvent>) {
             "at_s": e.at_s,
             "loads": e.loads,
         });
-        app.store.write(Write::Scaling { pool: e.pool.name(), action, reason, replica: app.replica.clone() });
+        let (pool, action) = (e.pool.name().into(), action.into());
+        app.store.write(Write::Scaling { pool, action, reason, replica: app.replica.clone() });
     }
 }
 
@@ -601,7 +616,7 @@ async fn recover_instances(app: &Arc<App>) {
                 hub.pump();
                 tracing::info!(instance = row.id, address = %row.address, "engine recovered from the database");
             }
-            _ => app.store.write(Write::InstanceState { id: row.id, state: "down" }),
+            _ => app.store.write(Write::InstanceState { id: row.id, state: "down".into() }),
         }
     }
 }
