@@ -90,17 +90,57 @@ pub fn run(args: Args) -> Result<(), Failure> {
     runtime.block_on(demo(args, settings)).map_err(Failure::Run)
 }
 
-/// Starts a child `fleetplane` and waits for the line (on its stdout) that says it is up;
-/// returns the child (killed when dropped) and that line.
+/// How long the children have to exit after SIGTERM when the demo stops, before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The demo's child processes. Each leads a process group of its own, so that a terminal's
+/// Ctrl-C reaches the demo alone and the demo stops them in order ([`Children::stop`]); each
+/// gets SIGTERM if the demo dies first (it cannot outlive it).
+#[derive(Default)]
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    /// SIGTERM to every child's group, then, for those still running after `grace`, SIGKILL;
+    /// every child is reaped (none is left a zombie).
+    async fn stop(self, grace: Duration) {
+        for (_, child) in &self.0 {
+            signal_group(child, libc::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        for (what, mut child) in self.0 {
+            if tokio::time::timeout_at(deadline, child.wait()).await.is_err() {
+                eprintln!("{what} still running {grace:?} after SIGTERM: killed");
+                signal_group(&child, libc::SIGKILL);
+                let _ = child.wait().await;
+            }
+        }
+    }
+}
+
+/// Sends `signal` to the process group `child` leads (gone already: nothing to do).
+#[allow(unsafe_code)]
+fn signal_group(child: &Child, signal: libc::c_int) {
+    let Some(group) = child.id().and_then(|id| libc::pid_t::try_from(id).ok()) else { return };
+    // SAFETY: kill(2) takes no pointers; a group that is gone gives ESRCH, ignored.
+    unsafe { libc::kill(-group, signal) };
+}
+
+/// Starts a child `fleetplane` in a process group of its own and waits for the line (on its
+/// stdout) that says it is up; returns the child (killed when dropped) and that line.
+#[allow(unsafe_code)]
 pub async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) -> anyhow::Result<(Child, String)> {
     let exe = std::env::current_exe().context("cannot find the fleetplane binary")?;
-    let mut child = Command::new(exe)
-        .args(args)
-        .envs(envs.iter().copied())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {what}"))?;
+    let mut command = Command::new(exe);
+    command.args(args).envs(envs.iter().copied()).stdout(Stdio::piped()).kill_on_drop(true).process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and makes one
+    // async-signal-safe call.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().with_context(|| format!("cannot start {what}"))?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("{what} has no stdout"))?;
     let mut lines = BufReader::new(stdout).lines();
     let wait = async {
@@ -143,10 +183,27 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         serve_args.extend(flags.iter().map(|s| s.to_string()));
         serve_args.extend(["--engine-model".to_string(), args.model.clone()]);
     }
-    let (_serve, line) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    let mut children = Children::default();
+    let outcome = run_fleet(&args, &settings, &admin, &serve_args, &envs, &mut children).await;
+    children.stop(STOP_GRACE).await;
+    outcome
+}
+
+/// Starts serve and the engines (each put in `children` as it starts, so that a failure
+/// later still stops it), replays the workload, and serves on until Ctrl-C unless asked not to.
+async fn run_fleet(
+    args: &Args,
+    settings: &simulator::scenario::Settings,
+    admin: &str,
+    serve_args: &[String],
+    envs: &[(&str, &str)],
+    children: &mut Children,
+) -> anyhow::Result<()> {
+    let pd = args.mode == Mode::Pd;
+    let (serve, line) = start("fleetplane serve", serve_args, envs, "serving http://").await?;
+    children.0.push(("fleetplane serve".into(), serve));
     // The addresses it bound (port 0 picks free ones).
     let (http, grpc) = serve_addresses(&line)?;
-    let mut engines = Vec::new();
     for i in 0..if pd { 0 } else { args.engines } {
         let engine_args: Vec<String> = [
             "engine",
@@ -162,10 +219,11 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
         .iter()
         .map(|s| s.to_string())
         .collect();
-        engines.push(start("an engine", &engine_args, &envs, "listening on").await?.0);
+        let name = format!("engine demo-engine-{i}");
+        children.0.push((name.clone(), start(&name, &engine_args, envs, "listening on").await?.0));
     }
     let gateway = http;
-    wait_for_engines(&gateway, &admin, if pd { 2 } else { args.engines }).await?;
+    wait_for_engines(&gateway, admin, if pd { 2 } else { args.engines }).await?;
     println!();
     println!("fleetplane demo is up:");
     println!("  console               {gateway}/console/  (log in with the admin token)");
@@ -179,7 +237,7 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
     println!("replaying the workload through the gateway ...");
     let opts = replay::Options {
         gateway: gateway.clone(),
-        token: admin.clone(),
+        token: admin.to_string(),
         model: args.model.clone(),
         block_size: settings.instance.block_size,
         max_requests: args.requests.or(settings.max_requests),
@@ -191,11 +249,12 @@ async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Re
     if let Some(e) = &summary.first_error {
         println!("first failure: {e}");
     }
-    if !args.exit_after_replay {
+    if summary.stopped {
+        println!("stopped; stopping serve and the engines");
+    } else if !args.exit_after_replay {
         println!("replay done; still serving at {gateway} (Ctrl-C stops everything)");
         crate::shutdown_signal().await;
     }
-    drop(engines);
     if summary.failed > 0 && summary.ok == 0 {
         return Err(anyhow!("no request succeeded"));
     }

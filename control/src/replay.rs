@@ -44,6 +44,10 @@ pub struct Summary {
     pub sent: u64,
     pub ok: u64,
     pub failed: u64,
+    /// Requests still in flight when the replay was stopped, cut off (neither ok nor failed).
+    pub interrupted: u64,
+    /// Whether `stop` ended the replay before the workload did.
+    pub stopped: bool,
     pub first_error: Option<String>,
     ttft_ms: Vec<f64>,
     tpot_ms: Vec<f64>,
@@ -79,13 +83,14 @@ impl Summary {
         let hit = if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 };
         let (t, p) = (&mut self.ttft_ms, &mut self.tpot_ms);
         format!(
-            "requests sent {}  ok {}  failed {}\n\
+            "requests sent {}  ok {}  failed {}{}\n\
              TTFT ms  p50 {:.0}  p90 {:.0}  p99 {:.0}\n\
              TPOT ms  p50 {:.1}  p90 {:.1}  p99 {:.1}\n\
              prompt tokens served from cache: {:.1}%\n",
             self.sent,
             self.ok,
             self.failed,
+            if self.stopped { format!("  cut off when stopped {}", self.interrupted) } else { String::new() },
             quantile(t, 0.5),
             quantile(t, 0.9),
             quantile(t, 0.99),
@@ -114,7 +119,8 @@ pub fn prompt_tokens(hashes: &[BlockHash], prompt_tokens: u32, block_size: u32, 
     tokens
 }
 
-/// Replays `workload` until it ends, `max_requests` are sent, or `stop` resolves.
+/// Replays `workload` until it ends, `max_requests` are sent, or `stop` resolves; a stop cuts
+/// off the requests in flight instead of waiting for them.
 pub async fn replay(
     opts: Options,
     mut workload: Box<dyn Workload>,
@@ -124,6 +130,7 @@ pub async fn replay(
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let start = Instant::now();
     let mut summary = Summary::default();
+    let mut in_flight = tokio::task::JoinSet::new();
     tokio::pin!(stop);
     loop {
         if opts.max_requests.is_some_and(|m| summary.sent >= m) {
@@ -133,7 +140,10 @@ pub async fn replay(
         let at = start + Duration::from_micros(a.at.0);
         tokio::select! {
             _ = tokio::time::sleep_until(at.into()) => {}
-            _ = &mut stop => break,
+            _ = &mut stop => {
+                summary.stopped = true;
+                break;
+            }
         }
         let prompt = prompt_tokens(&a.block_hashes, a.prompt_tokens, opts.block_size, summary.sent, opts.vocab);
         let body = json!({
@@ -148,18 +158,36 @@ pub async fn replay(
         });
         let request = client.post(format!("{}/v1/completions", opts.gateway)).bearer_auth(&opts.token).json(&body);
         let tx = tx.clone();
-        tokio::spawn(async move {
+        in_flight.spawn(async move {
             let _ = tx.send(one(request).await);
         });
         summary.sent += 1;
         while let Ok(o) = rx.try_recv() {
             summary.add(o);
         }
+        while in_flight.try_join_next().is_some() {}
     }
     drop(tx);
-    while let Some(o) = rx.recv().await {
+    if !summary.stopped {
+        // The workload ended: wait for its last requests, unless stopped meanwhile.
+        loop {
+            tokio::select! {
+                o = rx.recv() => match o {
+                    Some(o) => summary.add(o),
+                    None => break,
+                },
+                _ = &mut stop => {
+                    summary.stopped = true;
+                    break;
+                }
+            }
+        }
+    }
+    in_flight.shutdown().await;
+    while let Ok(o) = rx.try_recv() {
         summary.add(o);
     }
+    summary.interrupted = summary.sent - summary.ok - summary.failed;
     Ok(summary)
 }
 

@@ -130,6 +130,25 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
     bad(json!({"model": MODEL, "prompt": ""}), 400, "invalid_value");
     bad(json!({"model": MODEL, "prompt": "hi", "n": 3}), 400, "invalid_value");
     bad(json!({"model": MODEL, "prompt": "hi", "temperature": 9}), 400, "invalid_value");
+    // Fields that would change the output and that engines of ours do not honour are refused,
+    // naming the field, instead of ignored; their defaults are taken.
+    let refused = |path: &str, body: Value, param: &str| {
+        let (status, v) = post(&format!("{}{path}", s.http), Some(ADMIN), &body);
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(param)), "{body}: {v}");
+    };
+    let chat = |extra: Value| {
+        let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        body.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        body
+    };
+    refused("/v1/chat/completions", chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), "tools");
+    refused("/v1/chat/completions", chat(json!({"response_format": {"type": "json_object"}})), "response_format");
+    refused("/v1/chat/completions", chat(json!({"logit_bias": {"7": 3}})), "logit_bias");
+    refused("/v1/completions", json!({"model": MODEL, "prompt": "hi", "best_of": 2}), "best_of");
+    let wizard = json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]});
+    refused("/v1/chat/completions", wizard, "messages[0].role");
+    let defaults = chat(json!({"tools": [], "response_format": {"type": "text"}, "logit_bias": {}, "best_of": 1}));
+    assert_eq!(post(&format!("{}/v1/chat/completions", s.http), Some(ADMIN), &defaults).0, 200);
     let raw = common::client()
         .post(format!("{}/v1/completions", s.http))
         .bearer_auth(ADMIN)
@@ -158,9 +177,16 @@ fn tokens_are_checked_and_bad_requests_get_openai_errors() {
     let (status, v) =
         post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "a\u{0}b", "role": "inference"}));
     assert_eq!((status, v["error"]["param"].as_str()), (400, Some("name")), "{v}");
-    // Revoking a token that does not exist changes nothing, so audits nothing.
+    // A name is counted in characters, not bytes.
+    let (status, v) =
+        post(&format!("{}/api/tokens", s.http), Some(ADMIN), &json!({"name": "é".repeat(64), "role": "inference"}));
+    assert_eq!(status, 201, "{v}");
+    // Revoking a token that does not exist changes nothing, so audits nothing; a name no token
+    // can have (a NUL) is no database error.
     let (status, _) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/nobody", s.http), Some(ADMIN), &json!({}));
     assert_eq!(status, 404);
+    let (status, v) = send(reqwest::Method::DELETE, &format!("{}/api/tokens/a%00b", s.http), Some(ADMIN), &json!({}));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
     assert_eq!(db.query("SELECT count(*) FROM audit_log WHERE action = 'token.revoke'"), "0");
     // An unknown path, a method a path does not take and a malformed path parameter answer
     // in the error shape too, not with empty or plain-text bodies.
@@ -467,6 +493,83 @@ fn the_demo_starts_the_live_system_and_replays_through_the_gateway() {
     let stdout = run_demo(&db, &["--engines", "2", "--requests", "40"]);
     assert!(stdout.contains("gateway (OpenAI API)  http://127.0.0.1:"), "{stdout}");
     assert!(stdout.contains("requests sent 40  ok 40  failed 0"), "{stdout}");
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: comm may hold spaces, so read after its `)`.
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn one_ctrl_c_during_the_demos_replay_stops_it_and_reaps_every_child() {
+    use std::os::unix::process::CommandExt;
+    let db = Db::fresh("demo_sigint");
+    // In a process group of its own, as a shell runs a foreground job: a terminal's Ctrl-C
+    // is SIGINT to the whole group.
+    let mut demo = std::process::Command::new(bin())
+        .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--engines", "2"])
+        .args(["--database-url", &db.url])
+        .env("FLEETPLANE_SPOOL_DIR", db.spool_dir())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("demo starts");
+    let pid = demo.id();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = demo.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !lines.recv_timeout(Duration::from_secs(60)).is_ok_and(|l| l.contains("replaying the workload")) {
+        assert!(std::time::Instant::now() < deadline, "the demo never began its replay");
+    }
+    // Requests in flight, as the demo's workload keeps some.
+    std::thread::sleep(Duration::from_secs(3));
+    let children = children_of(pid);
+    assert_eq!(children.len(), 3, "serve and two engines: {children:?}");
+    let interrupted = std::time::Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", "--", &format!("-{pid}")])
+        .status()
+        .is_ok_and(|s| s.success()));
+    let status = loop {
+        if let Some(status) = demo.try_wait().expect("try_wait") {
+            break status;
+        }
+        if interrupted.elapsed() > Duration::from_secs(15) {
+            let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+            for c in &children {
+                let _ = std::process::Command::new("kill").args(["-KILL", &c.to_string()]).status();
+            }
+            let _ = demo.wait();
+            panic!("the demo was still running 15 s after one Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = interrupted.elapsed();
+    let out: Vec<String> = lines.try_iter().collect();
+    assert!(status.success(), "{status}: {}", out.join("\n"));
+    assert!(out.iter().any(|l| l.contains("cut off when stopped")), "{}", out.join("\n"));
+    // Reaped by the demo itself: not running, and no zombie left behind.
+    let left: Vec<_> = children.iter().filter(|c| std::path::Path::new(&format!("/proc/{c}")).exists()).collect();
+    assert!(left.is_empty(), "children of the demo left after it exited: {left:?}");
+    eprintln!("the demo exited {:.2} s after Ctrl-C", took.as_secs_f64());
 }
 
 #[test]

@@ -202,14 +202,14 @@ pub async fn drain_instance(State(app): State<Arc<App>>, headers: HeaderMap, Api
         hub.fleet.apply(now, &Command::Drain { instance: InstanceId(id) });
         hub.pump();
     }
-    app.store.write(Write::InstanceState { id: id as i32, state: "draining" });
+    app.store.write(Write::InstanceState { id: id as i32, state: "draining".into() });
     app.store.write(Write::Audit { actor: who.name, action: "instance.drain".into(), detail: json!({"instance": id}) });
     Ok((StatusCode::ACCEPTED, Json(json!({"instance": id, "state": "draining"}))).into_response())
 }
 
 pub async fn pools(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
-    let mut pools = app.store.pools().await.map_err(db_error)?;
+    let mut pools = lock(&app.known).pools.clone();
     let hub = app.lock_hub();
     for p in &mut pools {
         let name = p["name"].as_str().unwrap_or_default().to_string();
@@ -257,7 +257,8 @@ fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
 
 pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
-    let current = app.store.policy().await.map_err(db_error)?;
+    // From memory: the version this replica knows is the one in force here.
+    let current = lock(&app.known).policy.clone();
     let in_force = in_force(&app);
     let mut v = match current {
         Some((version, policy, author, at)) => {
@@ -300,8 +301,14 @@ pub async fn put_policy(
     let value = serde_json::to_value(&policy).map_err(|e| ApiError::invalid("policy", e.to_string()))?;
     let version = app.store.put_policy(&value, &who.name).await.map_err(db_error)?;
     app.apply_policy(set, version);
+    if let Ok(stored) = app.store.policy().await {
+        lock(&app.known).learn_policy(stored);
+    }
     Ok(Json(json!({"version": version, "policy": value})).into_response())
 }
+
+/// The largest SLO target, in milliseconds (the OpenAPI document's `maximum`): an hour.
+const SLO_MAX_MS: f64 = 3_600_000.0;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -312,7 +319,7 @@ struct SloBody {
 
 pub async fn get_slo(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
-    let (ttft_ms, tpot_ms) = app.store.slo().await.map_err(db_error)?.unwrap_or(super::DEFAULT_SLO);
+    let (ttft_ms, tpot_ms) = lock(&app.known).slo;
     Ok(Json(json!({"ttft_ms": ttft_ms, "tpot_ms": tpot_ms})).into_response())
 }
 
@@ -324,14 +331,13 @@ pub async fn put_slo(
     let who = admin(&app, &headers)?;
     let slo: SloBody = body(bytes)?;
     for (name, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(ApiError::invalid(
-                if name == "ttft_ms" { "ttft_ms" } else { "tpot_ms" },
-                format!("{name} must be a positive number of milliseconds"),
-            ));
+        if !(v > 0.0 && v <= SLO_MAX_MS) {
+            let why = format!("{name} must be a number of milliseconds above 0 and at most {SLO_MAX_MS} (an hour)");
+            return Err(ApiError::invalid(name, why));
         }
     }
     app.store.put_slo(slo.ttft_ms, slo.tpot_ms, &who.name).await.map_err(db_error)?;
+    lock(&app.known).slo = (slo.ttft_ms, slo.tpot_ms);
     app.lock_hub().set_slo(slo.ttft_ms, slo.tpot_ms);
     Ok(Json(json!({"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms})).into_response())
 }
@@ -345,6 +351,9 @@ pub async fn audit_log(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiRe
     admin(&app, &headers)?;
     Ok(Json(json!({"entries": app.store.audit_log().await.map_err(db_error)?})).into_response())
 }
+
+/// The longest token name, in characters (the OpenAPI document's `maxLength`).
+const TOKEN_NAME_CHARS: usize = 64;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -363,8 +372,8 @@ pub async fn create_token(
     let Some(role) = Role::parse(&t.role) else {
         return Err(ApiError::invalid("role", format!("unknown role `{}` (valid: inference, admin)", t.role)));
     };
-    if t.name.is_empty() || t.name.len() > 64 {
-        return Err(ApiError::invalid("name", "name must be 1 to 64 characters"));
+    if t.name.is_empty() || t.name.chars().count() > TOKEN_NAME_CHARS {
+        return Err(ApiError::invalid("name", format!("name must be 1 to {TOKEN_NAME_CHARS} characters")));
     }
     if t.name.chars().any(char::is_control) {
         // PostgreSQL's text cannot hold NUL; no name needs a control character.
@@ -395,8 +404,13 @@ pub async fn revoke_token(
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult {
     let who = admin(&app, &headers)?;
+    let not_found = || ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no live token named {name:?}"));
+    // No token has such a name (they are refused at creation), and PostgreSQL's text holds no NUL.
+    if name.chars().any(char::is_control) {
+        return Err(not_found());
+    }
     match app.store.revoke_token(&name, &who.name).await.map_err(db_error)? {
-        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no live token named `{name}`"))),
+        None => Err(not_found()),
         Some(hash) => {
             app.auth.forget(&hash);
             Ok(StatusCode::NO_CONTENT.into_response())
@@ -475,6 +489,10 @@ pub async fn history(
 ) -> ApiResult {
     admin(&app, &headers)?;
     let Query(q) = query.map_err(|e| ApiError::invalid("since_ms", e.body_text()))?;
+    if q.since_ms > super::gateway::JSON_SAFE_MAX {
+        let why = format!("since_ms must be at most {}", super::gateway::JSON_SAFE_MAX);
+        return Err(ApiError::invalid("since_ms", why));
+    }
     Ok(Json(json!({
         "interval_ms": 1000,
         "window_seconds": super::history::WINDOW.as_secs(),

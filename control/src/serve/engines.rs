@@ -172,7 +172,7 @@ pub async fn start(app: &Arc<App>, mut specs: Vec<EngineSpec>) {
                 match serde_json::from_value::<EngineSpec>(spec) {
                     Ok(s) if s.actuated => {
                         // Its process stopped with the control plane that started it.
-                        app.store.write(Write::InstanceState { id, state: "removed" });
+                        app.store.write(Write::InstanceState { id, state: "removed".into() });
                     }
                     Ok(s) if specs.iter().all(|c| c.url != s.url) => specs.push(s),
                     Ok(_) => {}
@@ -198,13 +198,16 @@ pub fn remove(app: &App, id: InstanceId) -> Result<String, RegisterError> {
         return Err(RegisterError { status: StatusCode::NOT_FOUND, message: format!("no instance {id}") });
     };
     if m.external().is_none() {
-        return Err(bad(format!("instance {id} is an engine of ours: drain it instead")));
+        return Err(RegisterError {
+            status: StatusCode::CONFLICT,
+            message: format!("instance {id} is an engine of ours: drain it instead"),
+        });
     }
     let url = m.address.clone();
     hub.fleet.remove(id);
     hub.pump();
     drop(hub);
     lock(&app.pending_engines).remove(&url);
-    app.store.write(Write::InstanceState { id: id.0 as i32, state: "removed" });
+    app.store.write(Write::InstanceState { id: id.0 as i32, state: "removed".into() });
     Ok(url)
 }

@@ -28,6 +28,9 @@ use tokio::sync::mpsc;
 
 /// Largest `max_tokens` accepted (a larger value is almost surely a mistake).
 const MAX_TOKENS_LIMIT: u32 = 1 << 20;
+/// The largest integer every JSON client reads exactly (2^53 − 1): the bound of the integers
+/// the API takes that have no smaller one of their own (a seed, a time in milliseconds).
+pub const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
@@ -149,6 +152,89 @@ struct Body {
     stop: Option<Value>,
     logprobs: Option<Value>,
     echo: Option<bool>,
+    best_of: Option<u32>,
+    logit_bias: Option<Value>,
+    suffix: Option<Value>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    functions: Option<Value>,
+    function_call: Option<Value>,
+    response_format: Option<Value>,
+}
+
+/// The chat roles engines of ours render (a `tool` message answers a tool call, which they
+/// never make).
+const CHAT_ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+
+/// Whether `v` is absent in effect: JSON null, or the empty value of its type.
+fn unset(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(Value::Object(o)) => o.is_empty(),
+        Some(_) => false,
+    }
+}
+
+impl Body {
+    /// The first field engines of ours do not honour, as the 400 that names it: a field that
+    /// would change the output and is not the default's value (`None`: all are honoured).
+    fn unhonoured(&self) -> Option<ApiError> {
+        let refuse = |param: &'static str, why: &str| Some(ApiError::invalid(param, format!("`{param}` {why}")));
+        if self.n.is_some_and(|n| n != 1) {
+            return refuse("n", "must be 1: one choice per request");
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return refuse("best_of", "must be 1: one candidate per request");
+        }
+        if !unset(&self.stop) {
+            return refuse("stop", "is not supported by this gateway yet (stop sequences)");
+        }
+        if self.logprobs.as_ref().is_some_and(|l| !l.is_null() && *l != Value::Bool(false)) {
+            return refuse("logprobs", "is not supported");
+        }
+        if self.echo == Some(true) {
+            return refuse("echo", "is not supported");
+        }
+        if !unset(&self.logit_bias) {
+            return refuse("logit_bias", "is not supported: engines sample without biases");
+        }
+        if !unset(&self.suffix) {
+            return refuse("suffix", "is not supported (insertion)");
+        }
+        for (param, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if v.is_some_and(|p| p != 0.0) {
+                return refuse(param, "is not supported: engines sample without penalties (give 0 or leave it out)");
+            }
+        }
+        for (param, v) in [("tools", &self.tools), ("functions", &self.functions)] {
+            if !unset(v) {
+                return refuse(param, "is not supported: engines of this model call no tools");
+            }
+        }
+        for (param, v) in [("tool_choice", &self.tool_choice), ("function_call", &self.function_call)] {
+            if !unset(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
+                return refuse(param, "is not supported: engines of this model call no tools (only `none`)");
+            }
+        }
+        if !unset(&self.response_format)
+            && self.response_format.as_ref().and_then(|f| f.get("type")) != Some(&json!("text"))
+        {
+            return refuse("response_format", "is not supported: only {\"type\": \"text\"} (no JSON mode or schema)");
+        }
+        let mut roles = self.messages.iter().flatten().enumerate();
+        if let Some((i, m)) = roles.find(|(_, m)| !CHAT_ROLES.contains(&m.role.as_str())) {
+            let why = format!("role `{}` is not one of {}", m.role, CHAT_ROLES.join(", "));
+            return Some(ApiError {
+                param: Some(format!("messages[{i}].role").into()),
+                ..ApiError::invalid("messages", why)
+            });
+        }
+        None
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -217,19 +303,9 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
     let Value::Object(raw) = value else {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body is not a JSON object"));
     };
+    let unsupported = body.unhonoured();
     let model =
         body.model.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("model", "`model` is required"))?;
-    let unsupported = if body.n.is_some_and(|n| n != 1) {
-        Some(ApiError::invalid("n", "only n = 1 is supported"))
-    } else if body.stop.as_ref().is_some_and(|s| !s.is_null()) {
-        Some(ApiError::invalid("stop", "stop sequences are not supported by this gateway yet"))
-    } else if body.logprobs.as_ref().is_some_and(|l| !l.is_null() && *l != Value::Bool(false)) {
-        Some(ApiError::invalid("logprobs", "logprobs are not supported"))
-    } else if body.echo == Some(true) {
-        Some(ApiError::invalid("echo", "echo is not supported"))
-    } else {
-        None
-    };
     let tokenizer = tokenizers.get(&model);
     let templated = matches!(tokenizer, Tokenizer::Model(_, Some(_)));
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| ApiError::invalid("prompt", e));
@@ -284,6 +360,9 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
     let top_p = body.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
+    }
+    if body.seed.is_some_and(|s| s > JSON_SAFE_MAX) {
+        return Err(ApiError::invalid("seed", format!("seed must be at most {JSON_SAFE_MAX}")));
     }
     Ok(Parsed {
         kind,

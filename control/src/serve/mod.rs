@@ -21,6 +21,7 @@ pub mod pools;
 mod prefixes;
 mod registry;
 mod simulations;
+mod spool;
 mod store;
 mod stream;
 pub mod tokenizer;
@@ -69,6 +70,17 @@ pub struct Args {
     /// PostgreSQL database (created if missing).
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
+
+    /// Folder of the write-behind queue's spool on disk: writes queued while the database is
+    /// down survive this replica's death, and the next replica of the database to start on
+    /// this machine takes them over [default: $XDG_STATE_HOME/fleetplane/spool, else
+    /// ~/.local/state/fleetplane/spool].
+    #[arg(long, env = "FLEETPLANE_SPOOL_DIR")]
+    pub spool_dir: Option<std::path::PathBuf>,
+
+    /// Keep queued writes in memory only (lost if this replica dies before the database is back).
+    #[arg(long, conflicts_with = "spool_dir")]
+    pub no_spool: bool,
 
     /// Router until a policy is stored through the API.
     #[arg(long, default_value = "cache-aware")]
@@ -130,6 +142,30 @@ pub struct App {
     pub http: reqwest::Client,
     /// Engines named to this replica that do not serve yet, by URL: their spec and why.
     pub pending_engines: Mutex<std::collections::BTreeMap<String, (vllm::EngineSpec, String)>>,
+    /// What the API and the history read from memory, so that they answer while PostgreSQL
+    /// does not.
+    pub known: Mutex<Known>,
+}
+
+/// The stored state this replica serves reads of from memory: read at start, after each
+/// write through this replica, and every 2 s from the database (what other replicas wrote).
+#[derive(Clone, Debug, Default)]
+pub struct Known {
+    /// SLO targets (TTFT ms, TPOT ms).
+    pub slo: (f64, f64),
+    /// The latest policy version: (version, policy, author, when).
+    pub policy: Option<(i32, serde_json::Value, String, String)>,
+    /// The pools' rows (name, role, bounds).
+    pub pools: Vec<serde_json::Value>,
+}
+
+impl Known {
+    /// Takes a policy version read from the database, unless a newer one is known.
+    pub fn learn_policy(&mut self, p: Option<(i32, serde_json::Value, String, String)>) {
+        if p.as_ref().map(|p| p.0) >= self.policy.as_ref().map(|k| k.0) {
+            self.policy = p;
+        }
+    }
 }
 
 impl App {
@@ -220,24 +256,25 @@ async fn serve(
     tokenizers: tokenizer::Tokenizers,
     engines: Vec<vllm::EngineSpec>,
 ) -> anyhow::Result<()> {
-    let store = Store::open(&args.database_url).await?;
+    let mut nonce = [0u8; 4];
+    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
+    let spool_dir = (!args.no_spool).then(|| args.spool_dir.clone().unwrap_or_else(spool::default_dir));
+    let store = Store::open(&args.database_url, spool_dir.as_deref(), nonce).await?;
     let admin_token = token_from_env("FLEETPLANE_ADMIN_TOKEN", "admin token")?;
     let engine_token = token_from_env("FLEETPLANE_ENGINE_TOKEN", "engine token")?;
     let auth = Auth::new(&admin_token, &engine_token);
     let (live, _) = store.live_tokens().await?;
     auth.learn(live);
     let replica = args.replica.clone().unwrap_or_else(|| format!("fleetplane-{}", std::process::id()));
-    let mut nonce = [0u8; 4];
-    getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     let (news_tx, news_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
-    let slo = match store.slo().await? {
-        Some((ttft_ms, tpot_ms)) => simulator::metrics::Slo { ttft_ms, tpot_ms },
-        None => default_slo(),
-    };
+    let known_slo = store.slo().await?.unwrap_or(DEFAULT_SLO);
+    let slo = simulator::metrics::Slo { ttft_ms: known_slo.0, tpot_ms: known_slo.1 };
+    let stored_policy = store.policy().await?;
+    let known = Known { slo: known_slo, policy: stored_policy.clone(), pools: store.pools().await? };
     let pd = args.pools.pd_config(slo)?;
     let config = ControllerConfig { router, seed: args.seed, hints: args.pools.cost_hints()? };
-    let nonce = u32::from_le_bytes(nonce) & 0xff_ffff;
     let present = crate::engine_auth::Present::new(&engine_token)?;
     let hub = Hub::new(config, pd, LiveFleet::new(news_tx, present.clone()), metrics.clone(), nonce);
     let app = Arc::new(App {
@@ -256,8 +293,9 @@ async fn serve(
         engine_token: present,
         http: reqwest::Client::builder().tcp_nodelay(true).build().context("cannot make an HTTP client")?,
         pending_engines: Mutex::default(),
+        known: Mutex::new(known),
     });
-    if let Some((version, policy, _, _)) = store.policy().await? {
+    if let Some((version, policy, _, _)) = stored_policy {
         match policy::Policy::stored(policy, app.pool_args.as_ref()) {
             Ok(set) => app.apply_policy(set, version),
             Err(e) => tracing::warn!(version, "stored policy ignored: {e}"),
@@ -313,6 +351,7 @@ async fn serve(
     println!("fleetplane {} serving http://{http_addr} (console /console/, gateway /v1, API /api, metrics /metrics); engines register at {grpc_addr}", app.replica);
     listener::serve(http, routes(app), args.limits, crate::shutdown_signal()).await?;
     grpc_task.await??;
+    store.close();
     Ok(())
 }
 
@@ -429,10 +468,10 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in lost {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down".into() });
                 }
                 for id in back {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving".into() });
                 }
                 store_scaling(&app, scaling);
             }
@@ -459,7 +498,7 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                 let scaling = hub.new_scaling_events();
                 drop(hub);
                 for id in stale {
-                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down" });
+                    app.store.write(Write::InstanceState { id: id.0 as i32, state: "down".into() });
                 }
                 store_scaling(&app, scaling);
             }
@@ -511,11 +550,14 @@ fn store_scaling(app: &App, events: Vec<policies::ScalingEvent>) {
             "at_s": e.at_s,
             "loads": e.loads,
         });
-        app.store.write(Write::Scaling { pool: e.pool.name(), action, reason, replica: app.replica.clone() });
+        let (pool, action) = (e.pool.name().into(), action.into());
+        app.store.write(Write::Scaling { pool, action, reason, replica: app.replica.clone() });
     }
 }
 
-/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too.
+/// Keeps what other replicas change (tokens, policy, SLO targets) in force here too, and the
+/// copies the API reads from memory up to date. A database that does not answer changes
+/// nothing: what is known stays in force.
 async fn sync_from_database(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -526,12 +568,19 @@ async fn sync_from_database(app: Arc<App>) {
             }
         }
         if let Ok(Some((ttft_ms, tpot_ms))) = app.store.slo().await {
+            lock(&app.known).slo = (ttft_ms, tpot_ms);
             app.lock_hub().set_slo(ttft_ms, tpot_ms);
         }
-        if let Ok(Some((version, policy, _, _))) = app.store.policy().await {
-            if version > app.policy_version.load(Ordering::SeqCst) {
-                if let Ok(set) = policy::Policy::stored(policy, app.pool_args.as_ref()) {
-                    app.apply_policy(set, version);
+        if let Ok(pools) = app.store.pools().await {
+            lock(&app.known).pools = pools;
+        }
+        if let Ok(stored) = app.store.policy().await {
+            lock(&app.known).learn_policy(stored.clone());
+            if let Some((version, policy, _, _)) = stored {
+                if version > app.policy_version.load(Ordering::SeqCst) {
+                    if let Ok(set) = policy::Policy::stored(policy, app.pool_args.as_ref()) {
+                        app.apply_policy(set, version);
+                    }
                 }
             }
         }
@@ -567,7 +616,7 @@ async fn recover_instances(app: &Arc<App>) {
                 hub.pump();
                 tracing::info!(instance = row.id, address = %row.address, "engine recovered from the database");
             }
-            _ => app.store.write(Write::InstanceState { id: row.id, state: "down" }),
+            _ => app.store.write(Write::InstanceState { id: row.id, state: "down".into() }),
         }
     }
 }

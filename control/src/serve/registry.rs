@@ -71,10 +71,13 @@ impl Control for Registry {
         let mut hub = self.app.lock_hub();
         if hub.fleet.join(id, r.address.clone(), r.pool.clone(), info.clone()) {
             tracing::info!(instance = %id, address = %r.address, name = %info.name, "engine joined");
-            self.app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving" });
+            self.app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving".into() });
         }
         if r.draining && hub.fleet.mark_draining(id) {
             tracing::info!(instance = %id, "engine drained by another control plane");
+            // Stored again from the engine's own report: the replica that drained it may
+            // have died before the database took its write.
+            self.app.store.write(Write::InstanceState { id: id.0 as i32, state: "draining".into() });
         }
         hub.pump();
         Ok(Response::new(proto::RegisterReply { instance_id: id.0, heartbeat_ms: HEARTBEAT_MS }))

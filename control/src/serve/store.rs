@@ -1,31 +1,35 @@
 //! Fleet state in PostgreSQL, through sqlx migrations (migrations/) and runtime queries.
 //!
-//! Reads that answer the API go to the database. Writes that the serving path produces
-//! (instance state, scaling events) go through a queue that retries until the database takes
-//! them: routing never waits on the database, and when PostgreSQL restarts the writes catch up.
+//! Reads of the logs that answer the API go to the database. Writes that the serving path
+//! produces (instance state, scaling events, drains' audit rows) go through a queue that
+//! retries until the database takes them: routing never waits on the database, and when
+//! PostgreSQL restarts the writes catch up. Each carries the time of its action, and is
+//! spooled to disk first ([`super::spool`]), so that a replica dying meanwhile loses none.
 
 use super::auth::{Principal, Role, TokenHash};
+use super::spool::{Spool, Spooled};
 use anyhow::{Context, Result};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, Row};
+use std::path::Path;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
 /// A write the serving path queues.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Write {
     InstanceState {
         id: i32,
-        state: &'static str,
+        state: String,
     },
     /// A pool's size changed, with why (the loads that caused it).
     Scaling {
-        pool: &'static str,
-        action: &'static str,
+        pool: String,
+        action: String,
         reason: Value,
         replica: String,
     },
@@ -39,8 +43,20 @@ pub enum Write {
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
-    writes: mpsc::UnboundedSender<Write>,
-    backlog: Arc<AtomicUsize>,
+    writes: mpsc::UnboundedSender<Spooled>,
+    queue: Arc<Queue>,
+}
+
+/// What the queue's two ends share. The spool is appended to as a write is queued and emptied
+/// when the last one reaches the database, both under its lock, so that a write is never
+/// queued but missing from the spool.
+struct Queue {
+    spool: Mutex<Option<Spool>>,
+    /// Writes queued and not yet in the database.
+    backlog: AtomicUsize,
+    /// This replica's prefix of write ids (process id and a random nonce) and the next number.
+    owner: String,
+    next: AtomicU64,
 }
 
 /// An engine's row.
@@ -82,7 +98,10 @@ pub async fn ensure_database(url: &str) -> Result<()> {
 }
 
 impl Store {
-    pub async fn open(url: &str) -> Result<Store> {
+    /// Connects, applies the migrations and starts the write-behind queue, spooled in
+    /// `spool_dir` (`None`: in memory only); writes spooled by replicas of this database that
+    /// are gone are queued first.
+    pub async fn open(url: &str, spool_dir: Option<&Path>, nonce: u32) -> Result<Store> {
         ensure_database(url).await?;
         let pool = PgPoolOptions::new()
             .max_connections(8)
@@ -91,23 +110,59 @@ impl Store {
             .await
             .with_context(|| format!("cannot connect to PostgreSQL at {url} (set DATABASE_URL)"))?;
         sqlx::migrate!("../migrations").run(&pool).await.context("cannot apply the database migrations")?;
+        let owner = format!("{}-{nonce:06x}", std::process::id());
+        let (spool, adopted) = match spool_dir {
+            Some(dir) => {
+                let opts = PgConnectOptions::from_str(url)?;
+                let key =
+                    super::spool::database_key(opts.get_host(), opts.get_port(), opts.get_database().unwrap_or(""));
+                let (spool, adopted) = Spool::open(dir, &key, &owner)?;
+                (Some(spool), adopted)
+            }
+            None => (None, Vec::new()),
+        };
         let (writes, rx) = mpsc::unbounded_channel();
-        let backlog = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(write_behind(pool.clone(), rx, backlog.clone()));
-        Ok(Store { pool, writes, backlog })
+        let queue =
+            Arc::new(Queue { spool: Mutex::new(spool), backlog: AtomicUsize::new(0), owner, next: AtomicU64::new(0) });
+        for w in adopted {
+            queue.backlog.fetch_add(1, Ordering::Relaxed);
+            let _ = writes.send(w);
+        }
+        tokio::spawn(write_behind(pool.clone(), rx, queue.clone()));
+        Ok(Store { pool, writes, queue })
     }
 
-    /// Queues a write; it reaches the database as soon as the database is there.
-    pub fn write(&self, w: Write) {
-        self.backlog.fetch_add(1, Ordering::Relaxed);
+    /// Queues a write, stamped with the time of its action, after putting it in the spool; it
+    /// reaches the database as soon as the database is there.
+    pub fn write(&self, write: Write) {
+        let q = &self.queue;
+        let at_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        let w = Spooled { id: format!("{}-{}", q.owner, q.next.fetch_add(1, Ordering::Relaxed)), at_us, write };
+        let mut spool = crate::serve::lock(&q.spool);
+        if let Some(s) = spool.as_mut() {
+            if let Err(e) = s.append(&w) {
+                tracing::warn!("write not spooled (lost if this replica dies before the database takes it): {e:#}");
+            }
+        }
+        q.backlog.fetch_add(1, Ordering::Relaxed);
         if self.writes.send(w).is_err() {
-            self.backlog.fetch_sub(1, Ordering::Relaxed);
+            q.backlog.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Writes queued and not yet in the database.
     pub fn backlog(&self) -> usize {
-        self.backlog.load(Ordering::Relaxed)
+        self.queue.backlog.load(Ordering::Relaxed)
+    }
+
+    /// Removes the spool when nothing is queued (a clean shutdown).
+    pub fn close(&self) {
+        let mut spool = crate::serve::lock(&self.queue.spool);
+        if self.backlog() == 0 {
+            if let Some(s) = spool.take() {
+                s.remove();
+            }
+        }
     }
 
     /// The id of the engine at `address`, registering it (or updating its description).
@@ -116,7 +171,7 @@ impl Store {
             "INSERT INTO instances (address, name, pool, model, executor, block_size, kv_blocks, capacity_tokens, state)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'serving')
              ON CONFLICT (address) DO UPDATE SET name = $2, pool = $3, model = $4, executor = $5, block_size = $6,
-                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', last_seen = now()
+                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', last_seen = to_timestamp($9)
              RETURNING id",
         )
         .bind(address)
@@ -127,6 +182,7 @@ impl Store {
         .bind(info.block_size as i32)
         .bind(i64::from(info.kv_blocks))
         .bind(info.capacity_tokens as i64)
+        .bind(epoch_s(SystemTime::now()))
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
@@ -143,7 +199,7 @@ impl Store {
             "INSERT INTO instances (address, name, pool, model, executor, block_size, kv_blocks, capacity_tokens, state, kind, spec)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'serving', $9, $10)
              ON CONFLICT (address) DO UPDATE SET name = $2, pool = $3, model = $4, executor = $5, block_size = $6,
-                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', kind = $9, spec = $10, last_seen = now()
+                 kv_blocks = $7, capacity_tokens = $8, state = 'serving', kind = $9, spec = $10, last_seen = to_timestamp($11)
              RETURNING id",
         )
         .bind(&spec.url)
@@ -156,6 +212,7 @@ impl Store {
         .bind(info.capacity_tokens as i64)
         .bind(spec.kind.name())
         .bind(serde_json::to_value(spec)?)
+        .bind(epoch_s(SystemTime::now()))
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
@@ -457,7 +514,8 @@ fn simulation_json(r: &sqlx::postgres::PgRow, with_result: bool) -> Value {
 }
 
 async fn audit<'e>(db: impl sqlx::PgExecutor<'e>, actor: &str, action: &str, detail: Value) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO audit_log (actor, action, detail) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO audit_log (at, actor, action, detail) VALUES (to_timestamp($1), $2, $3, $4)")
+        .bind(epoch_s(SystemTime::now()))
         .bind(actor)
         .bind(action)
         .bind(detail)
@@ -466,37 +524,68 @@ async fn audit<'e>(db: impl sqlx::PgExecutor<'e>, actor: &str, action: &str, det
     Ok(())
 }
 
-async fn apply(pool: &PgPool, w: &Write) -> Result<(), sqlx::Error> {
-    match w {
+/// Seconds since the Unix epoch, as PostgreSQL's `to_timestamp` takes them (microseconds
+/// survive in an f64 for centuries).
+fn epoch_s(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Applies a queued write once: a write taken over from a spool may have reached the database
+/// already (its replica died before emptying the spool), so rows carry the write's id, unique,
+/// and an instance's state is set only over one not newer.
+async fn apply(pool: &PgPool, w: &Spooled) -> Result<(), sqlx::Error> {
+    let at = w.at_us as f64 / 1e6;
+    match &w.write {
         Write::InstanceState { id, state } => {
-            sqlx::query("UPDATE instances SET state = $2, last_seen = now() WHERE id = $1")
-                .bind(id)
-                .bind(*state)
-                .execute(pool)
-                .await?;
+            sqlx::query(
+                "UPDATE instances SET state = $2, last_seen = to_timestamp($3) WHERE id = $1 AND last_seen <= to_timestamp($3)",
+            )
+            .bind(id)
+            .bind(state)
+            .bind(at)
+            .execute(pool)
+            .await?;
         }
         Write::Scaling { pool: name, action, reason, replica } => {
-            sqlx::query("INSERT INTO scaling_events (pool, action, reason, replica) VALUES ($1, $2, $3, $4)")
-                .bind(*name)
-                .bind(*action)
-                .bind(reason)
-                .bind(replica)
-                .execute(pool)
-                .await?;
+            sqlx::query(
+                "INSERT INTO scaling_events (write_id, at, pool, action, reason, replica)
+                 VALUES ($1, to_timestamp($2), $3, $4, $5, $6) ON CONFLICT (write_id) DO NOTHING",
+            )
+            .bind(&w.id)
+            .bind(at)
+            .bind(name)
+            .bind(action)
+            .bind(reason)
+            .bind(replica)
+            .execute(pool)
+            .await?;
         }
-        Write::Audit { actor, action, detail } => audit(pool, actor, action, detail.clone()).await?,
+        Write::Audit { actor, action, detail } => {
+            sqlx::query(
+                "INSERT INTO audit_log (write_id, at, actor, action, detail)
+                 VALUES ($1, to_timestamp($2), $3, $4, $5) ON CONFLICT (write_id) DO NOTHING",
+            )
+            .bind(&w.id)
+            .bind(at)
+            .bind(actor)
+            .bind(action)
+            .bind(detail)
+            .execute(pool)
+            .await?;
+        }
     }
     Ok(())
 }
 
-/// Applies queued writes in order, retrying each until the database takes it.
-async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Write>, backlog: Arc<AtomicUsize>) {
+/// Applies queued writes in order, retrying each until the database takes it; empties the
+/// spool whenever the queue is empty.
+async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Spooled>, queue: Arc<Queue>) {
     while let Some(w) = rx.recv().await {
         let mut delay = Duration::from_millis(100);
         let mut warned = false;
         while let Err(e) = apply(&pool, &w).await {
             if !warned {
-                tracing::warn!("database write delayed ({} queued): {e}", backlog.load(Ordering::Relaxed));
+                tracing::warn!("database write delayed ({} queued): {e}", queue.backlog.load(Ordering::Relaxed));
                 warned = true;
             }
             tokio::time::sleep(delay).await;
@@ -505,6 +594,11 @@ async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Write>, back
         if warned {
             tracing::info!("database writes caught up");
         }
-        backlog.fetch_sub(1, Ordering::Relaxed);
+        let mut spool = crate::serve::lock(&queue.spool);
+        if queue.backlog.fetch_sub(1, Ordering::Relaxed) == 1 {
+            if let Some(Err(e)) = spool.as_mut().map(Spool::clear) {
+                tracing::warn!("{e:#}");
+            }
+        }
     }
 }

@@ -55,4 +55,35 @@ assert usage is not None and usage.completion_tokens == 7, usage
 
 check_refusals(client, base_url, model)
 
+# Fields engines of ours would not honour are refused, each named, rather than ignored.
+chat_fields = {
+    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    "tool_choice": {"tool_choice": "required"},
+    "response_format": {"response_format": {"type": "json_object"}},
+    "logit_bias": {"logit_bias": {"42": 5}},
+    "presence_penalty": {"presence_penalty": 0.5},
+}
+for field, extra in chat_fields.items():
+    try:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **extra)
+        raise AssertionError(f"{field} was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.body["param"] == field, (field, e.body)
+try:
+    client.completions.create(model=model, prompt="hi", max_tokens=2, best_of=3)
+    raise AssertionError("best_of was accepted")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "best_of", e.body
+try:
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a"}, {"role": "wizard", "content": "b"}], max_tokens=2)
+    raise AssertionError("an unknown role was accepted")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "messages[1].role", e.body
+# Their defaults change nothing, and are taken.
+ok = client.chat.completions.create(
+    model=model, messages=[{"role": "developer", "content": "hi"}], max_tokens=2,
+    response_format={"type": "text"}, tool_choice="none", presence_penalty=0, logit_bias={},
+)
+assert ok.usage.completion_tokens == 2, ok
+
 print("openai client: all checks passed")

@@ -57,9 +57,17 @@ impl Db {
     }
 }
 
+impl Db {
+    /// The folder serve spools its queued writes to for this database (removed with it).
+    pub fn spool_dir(&self) -> String {
+        std::env::temp_dir().join(format!("{}-spool", self.name)).to_string_lossy().into_owned()
+    }
+}
+
 impl Drop for Db {
     fn drop(&mut self) {
         psql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        let _ = std::fs::remove_dir_all(self.spool_dir());
     }
 }
 
@@ -144,8 +152,10 @@ pub fn serve(db: &Db, extra: &[&str]) -> Serve {
 pub fn serve_on(db: &Db, http: &str, grpc: &str, extra: &[&str]) -> Serve {
     let mut args = vec!["serve", "--listen", http, "--grpc-listen", grpc, "--database-url", &db.url];
     args.extend_from_slice(extra);
-    let proc =
-        start(&args, &[("FLEETPLANE_ADMIN_TOKEN", ADMIN), ("FLEETPLANE_ENGINE_TOKEN", ENGINE)], "serving http://");
+    let spool = db.spool_dir();
+    let env =
+        [("FLEETPLANE_ADMIN_TOKEN", ADMIN), ("FLEETPLANE_ENGINE_TOKEN", ENGINE), ("FLEETPLANE_SPOOL_DIR", &spool)];
+    let proc = start(&args, &env, "serving http://");
     let words: Vec<&str> = proc.first_line.split_whitespace().collect();
     let http = words.iter().find(|w| w.starts_with("http://")).expect("http address").to_string();
     let grpc = words.last().expect("grpc address").to_string();
@@ -236,6 +246,7 @@ pub fn run_demo(db: &Db, extra: &[&str]) -> String {
         .args(["demo", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--exit-after-replay"])
         .args(["--database-url", &db.url])
         .args(extra)
+        .env("FLEETPLANE_SPOOL_DIR", db.spool_dir())
         .env("RUST_LOG", "warn")
         .output()
         .expect("demo runs");
