@@ -332,7 +332,7 @@ pub async fn put_slo(
     let slo: SloBody = body(bytes)?;
     for (name, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
         if !(v > 0.0 && v <= SLO_MAX_MS) {
-            let why = format!("{name} must be a number of milliseconds above 0 and at most {SLO_MAX_MS} (an hour)");
+            let why = format!("{name} must be a positive number of milliseconds, at most {SLO_MAX_MS} (an hour)");
             return Err(ApiError::invalid(name, why));
         }
     }
