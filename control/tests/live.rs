@@ -842,6 +842,19 @@ fn requests_go_only_to_engines_of_their_model() {
     assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("`qwen3-32b` holds 1024")), "{v}");
     let (status, _) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": long, "max_tokens": 8}));
     assert_eq!(status, 200);
+    // Loads are the engines' own reports: wait for the one that shows the llama request gone,
+    // or a report sent while it ran reads as a qwen request below.
+    let llama_running = || {
+        let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+        v["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .filter(|i| i["model"] == MODEL)
+            .map(|i| i["load"]["running"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    eventually(10, "the llama engine reports its request done", || llama_running() == 0);
 
     // Streams for qwen run on the qwen engine only, however busy it is.
     let streams: Vec<_> = (0..4)
