@@ -889,3 +889,30 @@ fn requests_go_only_to_engines_of_their_model() {
     let (status, v) = completion(&s.http, ADMIN, json!({"model": "gpt-9", "prompt": "hi", "max_tokens": 2}));
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
 }
+
+/// Prompt tokens the cache served for a completion of `prompt`.
+fn cached_tokens(http: &str, prompt: &[u32]) -> u64 {
+    let (status, v) = completion(http, ADMIN, json!({"model": MODEL, "prompt": prompt, "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached tokens")
+}
+
+#[test]
+fn a_policy_change_keeps_what_the_controller_knows_of_the_caches() {
+    let db = Db::fresh("keepindex");
+    let s = serve(&db, &["--router", "cache-aware"]);
+    let (_a, _b) = (engine(&s.grpc, "a", &[]), engine(&s.grpc, "b", &[]));
+    wait_serving(&s.http, 2);
+    let prompt: Vec<u32> = (0..600).map(|i| 7 + i % 500).collect();
+    assert_eq!(cached_tokens(&s.http, &prompt), 0);
+    // Cache-aware finds it once the engine's KV events are in.
+    eventually(10, "a repeat is served from the cache", || cached_tokens(&s.http, &prompt) > 0);
+
+    // Dynamo's rule reads the same index: with it kept, the repeat goes where the prefix is
+    // (forgotten, both engines tie and the one holding fewer cached blocks wins).
+    let url = format!("{}/api/policies", s.http);
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "dynamo-kv"}));
+    assert_eq!(status, 200, "{v}");
+    eventually(10, "dynamo-kv in force", || get(&url, Some(ADMIN)).1["in_force"]["router"] == "dynamo-kv");
+    assert!(cached_tokens(&s.http, &prompt) >= 576, "the first request after the change is served from the cache");
+}

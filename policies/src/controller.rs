@@ -6,17 +6,18 @@
 //! [`Fleet`](crate::Fleet), and with `now` never moving backwards:
 //!
 //! - feeds every [`FleetEvent`] it polls from the fleet to [`Controller::on_event`];
-//! - asks [`Controller::route`] where each arriving request goes, then dispatches it;
-//! - asks [`Controller::reroute`] where each request an instance evicted goes next (after
-//!   feeding the events of the step that evicted it), then dispatches it: none is dropped;
+//! - hands each arriving request to [`Controller::place`], which routes it, dispatches it
+//!   to the fleet and, if the fleet does not take it, undoes the routing and gives it back;
+//! - hands each request an instance evicted (after feeding the events of the step that
+//!   evicted it) to `place` again, with the instance it left: none is dropped;
 //! - calls [`Controller::tick`] at [`Controller::next_deadline`] and applies the commands.
 //!
 //! The controller reads no clock, socket or thread-local random source; its routers draw from
 //! ChaCha generators seeded from the run's seed. The same inputs give the same decisions.
 
-use crate::fleet::{Command, FleetEvent};
+use crate::fleet::{Command, Fleet, FleetEvent, Route, Unplaced};
 use crate::pd::{Pd, PdConfig, PdStatus, ScalingEvent};
-use crate::router::{CostHints, Router, RouterConfig, Why};
+use crate::router::{CostHints, Router, RouterConfig};
 use crate::view::{FleetView, InstanceState, Role};
 use engine::{InstanceId, Request, Time};
 
@@ -26,16 +27,6 @@ pub struct ControllerConfig {
     /// The run's seed; every random choice derives from it.
     pub seed: u64,
     pub hints: CostHints,
-}
-
-/// Where a request goes and why.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Route {
-    /// The instance that computes the prompt.
-    pub prefill: InstanceId,
-    /// The instance that generates the output (the same one in a colocated fleet).
-    pub decode: InstanceId,
-    pub why: Why,
 }
 
 /// Why a request could not be placed.
@@ -53,11 +44,17 @@ pub struct Controller {
     /// Pairing, SLO load and pool sizing of a disaggregated fleet (see [`crate::pd`]);
     /// `None` for a colocated one.
     pd: Option<Pd>,
+    unmatched_ends: u64,
 }
 
 impl Controller {
     pub fn new(config: &ControllerConfig) -> Controller {
-        Controller { router: config.router.build(config.seed, &config.hints), fleet: FleetView::default(), pd: None }
+        Controller {
+            router: config.router.build(config.seed, &config.hints),
+            fleet: FleetView::default(),
+            pd: None,
+            unmatched_ends: 0,
+        }
     }
 
     /// The controller of a disaggregated fleet: requests go to the prefill pool, each is
@@ -66,6 +63,21 @@ impl Controller {
     pub fn with_pools(mut self, pools: PdConfig) -> Controller {
         self.pd = Some(Pd::new(pools));
         self
+    }
+
+    /// Puts a new router in force (an operator changed the policy). What the controller
+    /// knows of the fleet stays: loads, requests in flight, the prefix index, the pools and
+    /// their hand-offs; the new router's own memory starts empty.
+    pub fn set_router(&mut self, config: &ControllerConfig) {
+        self.router = config.router.build(config.seed, &config.hints);
+    }
+
+    /// Puts a new autoscaler in force for the pools of a disaggregated fleet, keeping their
+    /// hand-offs, SLO windows and scaling log (a colocated fleet has none: no-op).
+    pub fn set_autoscaler(&mut self, autoscaler: crate::autoscaler::AutoscalerConfig) {
+        if let Some(pd) = &mut self.pd {
+            pd.set_autoscaler(autoscaler);
+        }
     }
 
     /// Whether the fleet should report each finished request's latencies
@@ -130,10 +142,10 @@ impl Controller {
                     }
                 }
             }
-            FleetEvent::RequestFinished { instance, .. } | FleetEvent::RequestEvicted { instance, .. } => {
-                if let Some(v) = self.fleet.get_mut(instance) {
-                    v.in_flight = v.in_flight.saturating_sub(1);
-                }
+            FleetEvent::RequestFinished { instance, .. }
+            | FleetEvent::RequestEvicted { instance, .. }
+            | FleetEvent::RequestLost { instance, .. } => {
+                self.request_left(instance);
             }
             FleetEvent::Kv { instance, ref events } => self.fleet.index_mut().apply_batch(instance, events),
             FleetEvent::InstanceModel { instance, model } => self.fleet.set_model(instance, model),
@@ -152,17 +164,13 @@ impl Controller {
                 if let Some(pd) = &mut self.pd {
                     pd.on_transfer_done(request);
                 }
-                if let Some(v) = self.fleet.get_mut(from) {
-                    v.in_flight = v.in_flight.saturating_sub(1);
-                }
+                self.request_left(from);
             }
             FleetEvent::TransferRefused { request, to, .. } => {
                 if let Some(pd) = &mut self.pd {
                     pd.on_transfer_refused(now, request);
                 }
-                if let Some(v) = self.fleet.get_mut(to) {
-                    v.in_flight = v.in_flight.saturating_sub(1);
-                }
+                self.request_left(to);
             }
             FleetEvent::StartFailed { role } => {
                 if let Some(pd) = &mut self.pd {
@@ -176,6 +184,22 @@ impl Controller {
             }
         }
         self.router.on_event(event);
+    }
+
+    /// A request routed to `instance` left it. One that was never counted there is a broken
+    /// fleet contract: counted in [`Controller::unmatched_ends`] rather than hidden.
+    fn request_left(&mut self, instance: InstanceId) {
+        match self.fleet.get_mut(instance).filter(|v| v.in_flight > 0) {
+            Some(v) => v.in_flight -= 1,
+            None => self.unmatched_ends += 1,
+        }
+    }
+
+    /// How many times a fleet reported a request leaving an instance that held none as far
+    /// as the controller knew (zero while the fleet keeps the [`Fleet`] contract; the
+    /// simulator's tests check it after every event).
+    pub fn unmatched_ends(&self) -> u64 {
+        self.unmatched_ends
     }
 
     fn set_state(&mut self, instance: InstanceId, state: InstanceState) {
@@ -197,14 +221,55 @@ impl Controller {
         };
         let v = self.fleet.get_mut(pick.instance).expect("router picked an unknown instance");
         debug_assert!(v.is_serving() && request.peak_kv_tokens() <= v.capacity_tokens);
-        // A prefill instance generates only the first token; the rest is the decode pool's.
-        let output = if v.role == Role::Prefill { 1 } else { request.max_output_tokens };
         if let (Role::Prefill, Some(pd)) = (v.role, &mut self.pd) {
             pd.on_routed(now, request.prompt_tokens);
         }
-        v.routed_since_report += u64::from(request.prompt_tokens) + u64::from(output);
+        v.routed_since_report += routed_tokens(request, v.role);
         v.in_flight += 1;
         Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })
+    }
+
+    /// Routes `request` (away from `evicted_from`, the instance that evicted it, when another
+    /// admits: see [`Controller::reroute`]) and dispatches it to `fleet`. If the fleet does not
+    /// take it, the routing is undone ([`Controller::unroute`]) and the request comes back
+    /// with its payload and why. The one path from a decision to a fleet, for both drivers.
+    pub fn place<F: Fleet + ?Sized>(
+        &mut self,
+        fleet: &mut F,
+        now: Time,
+        request: Request,
+        payload: F::Payload,
+        evicted_from: Option<InstanceId>,
+    ) -> Result<Route, Unplaced<F::Payload>> {
+        let routed = match evicted_from {
+            Some(from) => self.reroute(now, &request, from),
+            None => self.route(now, &request),
+        };
+        let route = match routed {
+            Ok(route) => route,
+            Err(e) => return Err(Unplaced { error: e.into(), request, payload }),
+        };
+        match fleet.dispatch(now, request, payload, &route) {
+            Ok(()) => Ok(route),
+            Err((e, request, payload)) => {
+                self.unroute(&request, &route);
+                Err(Unplaced { error: e.into(), request, payload })
+            }
+        }
+    }
+
+    /// Takes back the accounting of the [`Controller::route`] just made for `request` (no
+    /// other call in between): its instance's in-flight count and routed tokens, the prefill
+    /// pool's inflow, and whatever the router remembered of the pick.
+    fn unroute(&mut self, request: &Request, route: &Route) {
+        let v = self.fleet.get_mut(route.prefill).expect("unroute of a route to an unknown instance");
+        let routed = routed_tokens(request, v.role);
+        v.routed_since_report -= routed;
+        v.in_flight -= 1;
+        if let (Role::Prefill, Some(pd)) = (v.role, &mut self.pd) {
+            pd.on_unrouted(request.prompt_tokens);
+        }
+        self.router.unpick(request, route.prefill);
     }
 
     /// Places again a request that `from` evicted (its `resume` says how far it got): as
@@ -231,4 +296,11 @@ impl Controller {
     pub fn next_deadline(&self) -> Option<Time> {
         self.pd.as_ref().and_then(Pd::next_deadline)
     }
+}
+
+/// The tokens a request brings to an instance of `role`: its prompt and output, of which a
+/// prefill instance generates only the first token (the rest is the decode pool's).
+fn routed_tokens(request: &Request, role: Role) -> u64 {
+    let output = if role == Role::Prefill { 1 } else { request.max_output_tokens };
+    u64::from(request.prompt_tokens) + u64::from(output)
 }

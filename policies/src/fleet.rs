@@ -1,6 +1,7 @@
 //! The boundary between the controller and a fleet backend.
 
-use crate::controller::Route;
+use crate::controller::Reject;
+use crate::router::Why;
 use crate::view::Role;
 use engine::kv::KvEvent;
 use engine::{CutShort, Dur, InstanceId, Load, ModelId, Request, RequestId, Time};
@@ -20,8 +21,13 @@ pub enum FleetEvent {
     /// reason in its record).
     RequestFinished { instance: InstanceId, request: RequestId },
     /// The instance evicted a request before it finished (KV high-water protection); the
-    /// driver places it again through [`crate::Controller::reroute`].
+    /// driver places it again through [`crate::Controller::place`].
     RequestEvicted { instance: InstanceId, request: RequestId, reason: CutShort },
+    /// A request left the instance unfinished, as far as the live fleet could tell: its
+    /// stream broke (the engine vanished, failed or stopped answering) or the engine evicted
+    /// it. The driver places it again through [`crate::Controller::place`]. The simulator,
+    /// which knows why, reports `RequestEvicted` instead.
+    RequestLost { instance: InstanceId, request: RequestId },
     /// Changes to what an instance caches (for L3, to the shared store), in order, as the
     /// instance published them together. Published only when the controller asks for them
     /// ([`crate::Controller::wants_kv_events`]).
@@ -63,6 +69,16 @@ pub enum Command {
     Transfer { request: RequestId, from: InstanceId, to: InstanceId },
 }
 
+/// Where a request goes and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    /// The instance that computes the prompt.
+    pub prefill: InstanceId,
+    /// The instance that generates the output (the same one in a colocated fleet).
+    pub decode: InstanceId,
+    pub why: Why,
+}
+
 /// Why a fleet could not take a routed request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
@@ -72,10 +88,50 @@ pub enum DispatchError {
     Refused { instance: InstanceId, reason: engine::Rejected },
 }
 
+/// Why a request could not be placed: no instance for it, or the chosen one did not take it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    #[error(transparent)]
+    Reject(#[from] Reject),
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+}
+
+/// A request that was not placed, handed back whole with its payload.
+#[derive(Debug)]
+pub struct Unplaced<P> {
+    pub error: PlaceError,
+    pub request: Request,
+    pub payload: P,
+}
+
 /// A fleet backend: the simulator's, or the live one.
+///
+/// # Contract
+///
+/// - Requests reach [`Fleet::dispatch`] only through [`crate::Controller::place`], right after
+///   the controller routed them: the one path from a decision to a fleet, in both drivers.
+/// - `Ok`: the fleet owns the request and its payload and reports, on the instance it went to,
+///   exactly one end of its stay there: `RequestFinished`, `RequestEvicted` or `RequestLost`
+///   (the driver places it again), or `PrefillDone` and later `TransferDone` or
+///   `TransferRefused` for the transfer the controller then commands.
+/// - `Err`: the fleet did nothing with it and reports nothing of it; it hands the request and
+///   payload back, and `place` undoes the controller's accounting of the route.
+/// - [`Fleet::poll_events`] yields events in the order they happened; an instance announces
+///   itself (`InstanceModel`, `InstanceRole`, then `InstanceUp`) before any news of it.
 pub trait Fleet {
+    /// What a request carries besides [`Request`] to be served: nothing in the simulator; the
+    /// client's tokens and its reply channel in the live fleet.
+    type Payload;
     /// Hands a routed request to its instance.
-    fn dispatch(&mut self, now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)>;
+    #[allow(clippy::type_complexity)]
+    fn dispatch(
+        &mut self,
+        now: Time,
+        request: Request,
+        payload: Self::Payload,
+        route: &Route,
+    ) -> Result<(), (DispatchError, Request, Self::Payload)>;
     /// Carries out a controller command.
     fn apply(&mut self, now: Time, command: &Command);
     /// Moves the events that happened since the last call into `out`, in order.

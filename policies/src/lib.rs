@@ -28,8 +28,8 @@ pub mod slo_load;
 pub mod view;
 
 pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutoscaler};
-pub use controller::{Controller, ControllerConfig, Reject, Route};
-pub use fleet::{Command, DispatchError, Fleet, FleetEvent};
+pub use controller::{Controller, ControllerConfig, Reject};
+pub use fleet::{Command, DispatchError, Fleet, FleetEvent, PlaceError, Route, Unplaced};
 pub use pairing::TransferHints;
 pub use pd::{PdConfig, PdStatus, ScalingEvent};
 pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};

@@ -127,6 +127,11 @@ impl Pd {
         self.slo.set_targets(ttft_ms, tpot_ms);
     }
 
+    pub(crate) fn set_autoscaler(&mut self, autoscaler: AutoscalerConfig) {
+        self.config.autoscaler = autoscaler;
+        self.scaler = autoscaler.build();
+    }
+
     pub(crate) fn set_autoscaling(&mut self, on: bool) {
         self.autoscaling = on;
     }
@@ -185,6 +190,11 @@ impl Pd {
     /// A request entered the prefill pool.
     pub(crate) fn on_routed(&mut self, now: Time, prompt_tokens: u32) {
         self.slo.on_routed(now, prompt_tokens);
+    }
+
+    /// The request last routed to the prefill pool was not taken after all.
+    pub(crate) fn on_unrouted(&mut self, prompt_tokens: u32) {
+        self.slo.on_unrouted(prompt_tokens);
     }
 
     /// A transfer ended; returns the prefill instance it left.

@@ -220,6 +220,12 @@ impl SloLoad {
         self.routed_prompts.push(now, f64::from(prompt_tokens));
     }
 
+    /// Takes back the last [`SloLoad::on_routed`] (its request was not taken).
+    pub fn on_unrouted(&mut self, prompt_tokens: u32) {
+        let last = self.routed_prompts.samples.pop_back();
+        debug_assert_eq!(last.map(|(_, v)| v), Some(f64::from(prompt_tokens)), "unrouted what was not routed last");
+    }
+
     /// A prefill of `prompt_tokens` tokens ended at `now`, its first token `ttft` after
     /// arrival, for a request of `output_tokens`.
     pub fn on_prefill_done(&mut self, now: Time, prompt_tokens: u64, output_tokens: u32, ttft: Dur) {

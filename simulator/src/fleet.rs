@@ -19,7 +19,7 @@ use crate::cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use crate::queue::EventQueue;
 use engine::kv::{KvEvent, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
-use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
+use policies::{Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, Role, Route, TransferHints};
 use std::collections::VecDeque;
 
 /// Something that happens to one instance at a point in virtual time.
@@ -517,6 +517,32 @@ impl SimFleet {
         self.instances.iter().map(|i| i.engine.in_flight()).sum::<usize>() + self.evicted.len()
     }
 
+    /// Panics, naming the instance, where the controller's view of the fleet is not what the
+    /// fleet is: each instance's state, role and requests in flight. Only KV events travel
+    /// late, so after the driver fed every event and placed every evicted request, the rest
+    /// must agree exactly.
+    pub fn check_view(&self, view: &FleetView) {
+        for (i, inst) in self.instances.iter().enumerate() {
+            let id = InstanceId(i as u32);
+            let v = view.get(id);
+            let state = v.map_or(InstanceState::Down, |v| v.state);
+            let expected = match inst.state {
+                State::Starting | State::Down => InstanceState::Down,
+                State::Serving => InstanceState::Serving,
+                State::Draining => InstanceState::Draining,
+            };
+            assert_eq!(state, expected, "{id}: the controller's state is not the fleet's");
+            let Some(v) = v.filter(|_| inst.state != State::Starting) else { continue };
+            assert_eq!(v.role, inst.role, "{id}: the controller's role is not the fleet's");
+            let held = inst.engine.in_flight();
+            assert_eq!(
+                v.in_flight as usize, held,
+                "{id}: the controller counts {} requests in flight, the instance holds {held}",
+                v.in_flight
+            );
+        }
+    }
+
     /// Time admission was paused up to `now`, summed over instances.
     pub fn admission_paused(&self, now: Time) -> Dur {
         self.instances.iter().fold(Dur::ZERO, |sum, i| sum + i.engine.paused_clock(now))
@@ -546,16 +572,25 @@ impl SimFleet {
 }
 
 impl Fleet for SimFleet {
-    fn dispatch(&mut self, now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)> {
+    /// A simulated request is all in its [`Request`].
+    type Payload = ();
+
+    fn dispatch(
+        &mut self,
+        now: Time,
+        request: Request,
+        (): (),
+        route: &Route,
+    ) -> Result<(), (DispatchError, Request, ())> {
         let id = route.prefill;
         let Some(inst) = self.instances.get_mut(id.0 as usize).filter(|i| i.state == State::Serving) else {
-            return Err((DispatchError::NotServing { instance: id }, request));
+            return Err((DispatchError::NotServing { instance: id }, request, ()));
         };
         let queued = match inst.role {
             Role::Prefill => inst.engine.enqueue_prefill_only(now, request),
             Role::Colocated | Role::Decode => inst.engine.enqueue(now, request),
         };
-        queued.map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r))?;
+        queued.map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r, ()))?;
         if !inst.busy {
             inst.busy = true;
             self.queue.push(now, (id, Wake::Start));
@@ -653,7 +688,7 @@ mod tests {
     #[test]
     fn a_transfer_holds_kv_on_both_sides_then_only_on_the_decode_side() {
         let mut f = fleet(1, 1, Dur::ZERO);
-        f.dispatch(Time::ZERO, request(1, 160, 4), &route(0)).expect("serving");
+        f.dispatch(Time::ZERO, request(1, 160, 4), (), &route(0)).expect("serving");
         let (events, kv) = drive(&mut f, InstanceId(1));
         // 160 prompt tokens are 10 blocks: held on both sides while they travel, then the
         // prefill side lets go.
@@ -692,9 +727,9 @@ mod tests {
             ]
         );
         let now = Time::from_millis(10_000);
-        f.dispatch(now, request(2, 64, 50), &route(0)).expect("serving");
+        f.dispatch(now, request(2, 64, 50), (), &route(0)).expect("serving");
         f.apply(now, &Command::Drain { instance: InstanceId(0) });
-        assert!(f.dispatch(now, request(3, 64, 5), &route(0)).is_err(), "a draining instance takes nothing new");
+        assert!(f.dispatch(now, request(3, 64, 5), (), &route(0)).is_err(), "a draining instance takes nothing new");
         let (events, _) = drive(&mut f, InstanceId(2));
         assert!(events.contains(&FleetEvent::InstanceDown { instance: InstanceId(0) }));
         let mut done = Vec::new();

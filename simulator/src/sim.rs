@@ -21,7 +21,7 @@ use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
-use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig};
+use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig, Unplaced};
 use serde::{Deserialize, Serialize};
 
 /// Everything one run needs besides its workload.
@@ -244,29 +244,26 @@ fn drive<S: Stopwatch>(
                 b.observe(&request, config.instance.block_size);
             }
             watch.lap(Phase::Metrics);
-            let routed = controller.route(now, &request);
-            watch.lap(Phase::Routing);
-            let refused = match routed {
+            let (id, prompt_tokens) = (request.id, request.prompt_tokens);
+            match controller.place(&mut fleet, now, request, (), None) {
                 Ok(route) => {
-                    if request.id.0.is_multiple_of(DECISION_EVERY) && decisions.len() < DECISIONS_KEPT {
+                    if id.0.is_multiple_of(DECISION_EVERY) && decisions.len() < DECISIONS_KEPT {
                         decisions.push(Decision {
-                            request: request.id,
+                            request: id,
                             at_s: now.as_secs_f64(),
-                            prompt_tokens: request.prompt_tokens,
+                            prompt_tokens,
                             instance: route.prefill,
                             why: serde_json::to_value(&route.why).unwrap_or_default(),
                         });
                     }
-                    fleet.dispatch(now, request, &route).err().map(|(e, r)| (e.to_string(), r))
                 }
-                Err(e) => Some((e.to_string(), request)),
-            };
-            watch.lap(Phase::Engine);
-            if let Some((reason, request)) = refused {
-                metrics.record_rejected(&request);
-                first_rejection.get_or_insert_with(|| format!("{}: {reason}", request.id));
-                spare.push(request.block_hashes);
+                Err(Unplaced { error, request, .. }) => {
+                    metrics.record_rejected(&request);
+                    first_rejection.get_or_insert_with(|| format!("{}: {error}", request.id));
+                    spare.push(request.block_hashes);
+                }
             }
+            watch.lap(Phase::Routing);
             if arrivals.is_multiple_of(PROGRESS_EVERY) {
                 progress(Progress { arrivals, now });
             }
@@ -301,19 +298,19 @@ fn drive<S: Stopwatch>(
         fleet.take_evicted(&mut evicted);
         for (from, request) in evicted.drain(..) {
             metrics.record_eviction();
-            let refused = match controller.reroute(now, &request, from) {
-                Ok(route) => fleet.dispatch(now, request, &route).err().map(|(e, r)| (e.to_string(), r)),
-                Err(e) => Some((e.to_string(), request)),
-            };
-            match refused {
-                None => metrics.record_reroute(),
-                Some((reason, request)) => {
+            match controller.place(&mut fleet, now, request, (), Some(from)) {
+                Ok(_) => metrics.record_reroute(),
+                Err(Unplaced { error, request, .. }) => {
                     metrics.record_rejected(&request);
-                    first_rejection.get_or_insert_with(|| format!("{} (evicted from {from}): {reason}", request.id));
+                    first_rejection.get_or_insert_with(|| format!("{} (evicted from {from}): {error}", request.id));
                     spare.push(request.block_hashes);
                 }
             }
             watch.lap(Phase::Routing);
+        }
+        if cfg!(any(test, feature = "invariants")) {
+            fleet.check_view(controller.fleet());
+            assert_eq!(controller.unmatched_ends(), 0, "the fleet ended requests the controller never placed there");
         }
     }
     assert_eq!(fleet.in_flight(), 0, "the fleet went idle with requests in flight");
@@ -374,4 +371,72 @@ fn drive<S: Stopwatch>(
         first_rejection,
         decisions,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Scenario;
+    use crate::workload::Arrival;
+    use std::collections::VecDeque;
+
+    /// Arrivals given one by one.
+    struct Given(VecDeque<Arrival>);
+
+    impl Workload for Given {
+        fn next_arrival(&mut self, _buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
+            Ok(self.0.pop_front())
+        }
+    }
+
+    fn arrival(at_ms: u64, prompt_tokens: u32) -> Arrival {
+        Arrival { at: Time(at_ms * 1000), prompt_tokens, output_tokens: 8, block_hashes: Vec::new() }
+    }
+
+    fn config(router: &str) -> SimConfig {
+        let text = format!(
+            "routers = [\"{router}\"]\n[fleet]\ninstances = 2\n[workload.synthetic]\nrequests = 1\n\
+             arrival = {{ kind = \"poisson\", rate_rps = 1.0 }}\ninput = {{ kind = \"constant\", tokens = 100 }}\n\
+             output = {{ kind = \"constant\", tokens = 10 }}"
+        );
+        let s: Scenario = toml::from_str(&text).expect("parses");
+        let settings = s.resolve().expect("valid");
+        settings.sim_config(&settings.routers[0])
+    }
+
+    /// A request the fleet refuses after the controller routed it (an empty prompt: only the
+    /// engine checks) is undone in the controller, not left counted in flight on its
+    /// instance. The run checks the controller's view against the fleet after every event.
+    #[test]
+    fn a_request_the_fleet_refuses_is_not_left_in_flight() {
+        for router in RouterConfig::names() {
+            let arrivals = [arrival(0, 0), arrival(1, 100), arrival(2, 0), arrival(3, 50)];
+            let out = run(&config(router), Box::new(Given(arrivals.into())), &mut |_| {}).expect("runs");
+            assert_eq!((out.summary.requests, out.summary.rejected), (2, 2), "{router}: {:?}", out.summary);
+            let why = out.first_rejection.unwrap_or_default();
+            assert!(why.contains("empty prompt"), "{router}: {why}");
+        }
+    }
+
+    /// Every example scenario, each of its runs (tiers, KV protection, P/D pools, drafters)
+    /// on its first arrivals, with the controller's view checked after every event.
+    #[test]
+    fn the_controllers_view_matches_the_fleet_in_every_example() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
+        files.sort();
+        let mut runs = 0;
+        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
+            let mut s = Scenario::load(path).expect("loads");
+            s.workload.max_requests = Some(300);
+            let settings = s.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for spec in &settings.routers {
+                let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(spec) };
+                let workload = settings.open_workload(settings.rate_scale).expect("opens");
+                run(&config, workload, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                runs += 1;
+            }
+        }
+        assert!(runs >= 40, "only {runs} runs");
+    }
 }

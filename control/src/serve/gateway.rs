@@ -4,7 +4,6 @@
 
 use super::auth::Role;
 use super::history::Finished;
-use super::hub::PlaceError;
 use super::live_fleet::{Delta, MemberState, Payload};
 use super::tokenizer::{TextDecoder, Tokenizer, Tokenizers};
 use super::vllm::relay::OpenAiCall;
@@ -18,7 +17,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::{InstanceId, Request, RequestId};
-use policies::Reject;
+use policies::{PlaceError, Reject};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;

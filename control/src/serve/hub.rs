@@ -5,19 +5,10 @@ use super::live_fleet::{Delta, LiveFleet, News, Payload, MAX_ATTEMPTS};
 use super::metrics::Metrics;
 use engine::{Request, RequestId, Time};
 use policies::{
-    Command, Controller, ControllerConfig, DispatchError, Fleet, FleetEvent, PdConfig, Reject, Route, ScalingEvent,
+    Command, Controller, ControllerConfig, Fleet, FleetEvent, PdConfig, PlaceError, Route, ScalingEvent, Unplaced,
 };
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Why a request could not be placed.
-#[derive(Debug, thiserror::Error)]
-pub enum PlaceError {
-    #[error(transparent)]
-    Reject(#[from] Reject),
-    #[error(transparent)]
-    Dispatch(#[from] DispatchError),
-}
 
 pub struct Hub {
     /// The prompt prefixes recent requests share (the console's cache page).
@@ -77,32 +68,18 @@ impl Hub {
         RequestId(self.id_base | (self.next_request & ((1 << 40) - 1)))
     }
 
-    /// Replaces the routing policy; the fleet view (loads, prefix index) is rebuilt from the
-    /// next reports and KV events, and prefilled requests wait for a decode engine again.
-    pub fn set_policy(&mut self, config: ControllerConfig) {
-        let mut controller = build(&config, self.pools, self.sizes_pools());
-        let now = self.now();
-        for m in self.fleet.members() {
-            if m.state == super::live_fleet::MemberState::Serving {
-                for e in self.fleet.announcement(m) {
-                    controller.on_event(now, &e);
-                }
-                controller.on_event(now, &FleetEvent::Load { instance: m.id, load: m.load });
-            }
+    /// Puts a new policy in force: the router of `config` and the autoscaler of `pools`.
+    /// What the controller knows of the fleet (loads, requests in flight, the prefix index,
+    /// hand-offs waiting for a decode engine) stays.
+    pub fn set_policy(&mut self, config: ControllerConfig, pools: Option<PdConfig>) {
+        if config.router != self.config.router {
+            self.controller.set_router(&config);
         }
-        for p in self.fleet.parked() {
-            let done = FleetEvent::PrefillDone {
-                instance: p.from,
-                request: p.request.id,
-                kv_tokens: p.kv_tokens,
-                output_tokens: p.request.max_output_tokens,
-                ttft: p.ttft,
-            };
-            controller.on_event(now, &done);
+        if let Some(p) = pools.filter(|p| self.pools.is_none_or(|old| old.autoscaler != p.autoscaler)) {
+            self.controller.set_autoscaler(p.autoscaler);
         }
-        self.controller = controller;
         self.config = config;
-        self.scaling_taken = 0;
+        self.pools = pools;
     }
 
     /// Leading (with an actuator to carry out its decisions), this replica's controller sizes
@@ -157,39 +134,20 @@ impl Hub {
         self.controller.on_event(now, &e);
     }
 
-    /// Hands a routed request to the fleet; if the fleet cannot take it, undoes the
-    /// controller's accounting of it and gives the payload back.
-    fn dispatch_routed(
-        &mut self,
-        now: Time,
-        request: Request,
-        route: &Route,
-        payload: Payload,
-    ) -> Result<(), (DispatchError, Box<Payload>)> {
-        let id = request.id;
-        self.fleet.stage(id, payload);
-        self.fleet.dispatch(now, request, route).map_err(|(e, _)| {
-            self.controller.on_event(now, &FleetEvent::RequestFinished { instance: route.prefill, request: id });
-            (e, Box::new(self.fleet.unstage(id).expect("staged payload vanished")))
-        })
-    }
-
     /// Routes and dispatches a request whose tokens are in `payload`.
     /// On failure the payload comes back (boxed: it is large, and failures are rare).
     pub fn place(&mut self, request: Request, payload: Payload) -> Result<Route, (PlaceError, Box<Payload>)> {
         self.pump();
         let now = self.now();
         let started = Instant::now();
-        let routed = self.controller.route(now, &request);
+        let placed = self.controller.place(&mut self.fleet, now, request, payload, None);
         self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
-        let route = match routed {
-            Ok(r) => r,
-            Err(e) => return Err((e.into(), Box::new(payload))),
-        };
-        tracing::debug!(request = %request.id, instance = %route.prefill, why = ?route.why, "routed");
-        match self.dispatch_routed(now, request, &route, payload) {
-            Ok(()) => Ok(route),
-            Err((e, payload)) => Err((e.into(), payload)),
+        match placed {
+            Ok(route) => {
+                tracing::debug!(instance = %route.prefill, why = ?route.why, "routed");
+                Ok(route)
+            }
+            Err(Unplaced { error, payload, .. }) => Err((error, Box::new(payload))),
         }
     }
 
@@ -206,11 +164,7 @@ impl Hub {
                 tracing::warn!(%instance, "engine lost: {why}");
                 self.fleet.lose(instance);
             }
-            News::Replace { from, request, payload, why } => {
-                let now = self.now();
-                self.controller.on_event(now, &FleetEvent::RequestFinished { instance: from, request: request.id });
-                self.replace(from, request, payload, why);
-            }
+            News::Replace { from, request, payload, why } => self.replace(from, request, payload, why),
             News::Parked(p) => self.fleet.park(p),
             News::Drained { instance } => {
                 tracing::info!(%instance, "drained: holds no request");
@@ -241,14 +195,13 @@ impl Hub {
         tracing::info!(request = %request.id, %from, "placing again: {why}");
         self.pump();
         let now = self.now();
-        match self.controller.reroute(now, &request, from) {
-            Err(e) => {
+        match self.controller.place(&mut self.fleet, now, request, payload, Some(from)) {
+            Ok(_) => {}
+            Err(Unplaced { error: PlaceError::Reject(e), payload, .. }) => {
                 let _ = payload.out.send(Delta::Failed(format!("{why}; no other engine can take it: {e}")));
             }
-            Ok(route) => {
-                if let Err((e, p)) = self.dispatch_routed(now, request, &route, payload) {
-                    let _ = p.out.send(Delta::Failed(format!("{why}; then {e}")));
-                }
+            Err(Unplaced { error, payload, .. }) => {
+                let _ = payload.out.send(Delta::Failed(format!("{why}; then {error}")));
             }
         }
     }

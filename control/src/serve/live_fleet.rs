@@ -10,7 +10,7 @@ use crate::engine_proc::Sampling;
 use crate::proto;
 use engine::{Dur, InstanceId, ModelId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Instant;
@@ -215,8 +215,6 @@ pub struct LiveFleet {
     /// Served models' names, indexed by their `ModelId`.
     models: Vec<String>,
     members: BTreeMap<InstanceId, Member>,
-    /// Payloads of requests routed but not yet dispatched.
-    staged: HashMap<RequestId, Payload>,
     /// Prefilled requests waiting for a decode engine.
     parked: BTreeMap<RequestId, Parked>,
     events: Vec<FleetEvent>,
@@ -237,7 +235,6 @@ impl LiveFleet {
             present,
             models: Vec::new(),
             members: BTreeMap::new(),
-            staged: HashMap::new(),
             parked: BTreeMap::new(),
             events: Vec::new(),
             report: Reporter { news, latencies: false, clock: Instant::now() },
@@ -289,11 +286,6 @@ impl LiveFleet {
     /// Keeps a prefilled request until the controller sends it on.
     pub fn park(&mut self, parked: Parked) {
         self.parked.insert(parked.request.id, parked);
-    }
-
-    /// Requests waiting for a decode engine, in id order.
-    pub fn parked(&self) -> impl Iterator<Item = &Parked> {
-        self.parked.values()
     }
 
     /// Takes note of engine processes that exited by themselves: one that never registered
@@ -352,16 +344,6 @@ impl LiveFleet {
         self.members
             .values()
             .find(|m| m.state != MemberState::Down && m.info.model == model && m.info.block_size != block_size)
-    }
-
-    /// Keeps `payload` for the request's dispatch.
-    pub fn stage(&mut self, id: RequestId, payload: Payload) {
-        self.staged.insert(id, payload);
-    }
-
-    /// Takes back a payload whose request could not be routed.
-    pub fn unstage(&mut self, id: RequestId) -> Option<Payload> {
-        self.staged.remove(&id)
     }
 
     /// Records an engine's (re)registration; returns whether it is new or came back, in which
@@ -447,7 +429,7 @@ impl LiveFleet {
     }
 
     /// What tells a controller of a serving member, in order: its model, its role, and that
-    /// it is up (on joining, on coming back, and to a controller a policy change rebuilt).
+    /// it is up (on joining and on coming back).
     pub fn announcement(&self, m: &Member) -> [FleetEvent; 3] {
         let (instance, model) = (m.id, self.model_id(&m.info.model).unwrap_or_default());
         [
@@ -571,15 +553,18 @@ impl LiveFleet {
 }
 
 impl Fleet for LiveFleet {
-    fn dispatch(&mut self, _now: Time, request: Request, route: &Route) -> Result<(), (DispatchError, Request)> {
+    type Payload = Payload;
+
+    fn dispatch(
+        &mut self,
+        _now: Time,
+        request: Request,
+        payload: Payload,
+        route: &Route,
+    ) -> Result<(), (DispatchError, Request, Payload)> {
         let instance = route.prefill;
         let Some(m) = self.members.get(&instance).filter(|m| m.state == MemberState::Serving) else {
-            return Err((DispatchError::NotServing { instance }, request));
-        };
-        let Some(payload) = self.staged.remove(&request.id) else {
-            // The gateway stages every payload before routing; a missing one is a bug there.
-            tracing::error!("{} dispatched without its tokens", request.id);
-            return Err((DispatchError::NotServing { instance }, request));
+            return Err((DispatchError::NotServing { instance }, request, payload));
         };
         match &m.link {
             Link::Grpc(client, lost) => {

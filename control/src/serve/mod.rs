@@ -186,9 +186,8 @@ impl App {
             (pools, _) => pools,
         };
         if hub.config.router != set.router || hub.pools != pools {
-            hub.pools = pools;
             let config = ControllerConfig { router: set.router, ..hub.config.clone() };
-            hub.set_policy(config);
+            hub.set_policy(config, pools);
             let autoscaler = pools.map(|p| p.autoscaler.name());
             tracing::info!(router = set.router.name(), ?autoscaler, version, "policy in force");
         }

@@ -166,6 +166,7 @@ impl Reporter {
                 self.event(done);
             }
             Ended::Broke(why) => {
+                self.event(FleetEvent::RequestLost { instance, request: request.id });
                 let _ = self.news.send(News::Replace { from: instance, request, payload, why });
             }
         }

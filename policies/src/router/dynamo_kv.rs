@@ -56,7 +56,7 @@ use super::{Pick, Router, Why};
 use crate::fleet::FleetEvent;
 use crate::prefix_index::PrefixMatches;
 use crate::view::FleetView;
-use engine::Request;
+use engine::{InstanceId, Request};
 
 /// Dynamo's selector settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,12 +87,20 @@ pub struct DynamoKv {
     since_report: Vec<SinceReport>,
     /// Result of the current match, kept to avoid allocating per request.
     matches: PrefixMatches,
+    /// What the last pick added to `since_report`, to take back if it is not taken.
+    last: SinceReport,
 }
 
 impl DynamoKv {
     pub fn new(config: DynamoKvConfig, block_size: u32) -> DynamoKv {
         assert!(block_size > 0, "block size must be positive");
-        DynamoKv { config, block_size, since_report: Vec::new(), matches: PrefixMatches::default() }
+        DynamoKv {
+            config,
+            block_size,
+            since_report: Vec::new(),
+            matches: PrefixMatches::default(),
+            last: SinceReport::default(),
+        }
     }
 }
 
@@ -139,7 +147,16 @@ impl Router for DynamoKv {
         let sent = &mut self.since_report[i];
         sent.prefill_tokens += new.prefill_tokens;
         sent.blocks += new.blocks;
+        self.last = new;
         Some(Pick { instance: engine::InstanceId(id), why })
+    }
+
+    fn unpick(&mut self, _request: &Request, instance: InstanceId) {
+        if let Some(sent) = self.since_report.get_mut(instance.0 as usize) {
+            sent.prefill_tokens -= self.last.prefill_tokens;
+            sent.blocks -= self.last.blocks;
+        }
+        self.last = SinceReport::default();
     }
 
     fn on_event(&mut self, event: &FleetEvent) {

@@ -35,6 +35,10 @@ pub trait Router: Send {
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick>;
     /// Lifecycle news, for routers that keep state of their own.
     fn on_event(&mut self, _event: &FleetEvent) {}
+    /// The last pick, of `request` for `instance`, was not taken (the fleet refused it):
+    /// routers that count what they sent take it back. SGLang's rule keeps the prefix it
+    /// inserted into its tree, as SGLang's gateway does (it inserts when it selects).
+    fn unpick(&mut self, _request: &Request, _instance: InstanceId) {}
     /// Whether the router reads the global prefix index ([`FleetView::index`]): only then do
     /// fleets publish KV events and the controller index them.
     fn wants_kv_events(&self) -> bool {

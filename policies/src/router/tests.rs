@@ -1,7 +1,8 @@
 //! One contract suite run over every router, then each router's own rule.
 
 use super::*;
-use crate::controller::{Controller, ControllerConfig, Reject, Route};
+use crate::controller::{Controller, ControllerConfig, Reject};
+use crate::fleet::Route;
 use engine::kv::{KvEvent, Tier};
 use engine::{BlockHash, InstanceId, Load, RequestId, Time};
 
