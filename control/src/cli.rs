@@ -216,7 +216,7 @@ impl SimFlags {
     fn as_scenario(&self) -> Scenario {
         Scenario {
             seed: self.seed,
-            routers: self.router.clone(),
+            routers: self.router.as_ref().map(|r| r.iter().map(|s| s.as_str().into()).collect()),
             fleet: FleetSection {
                 instances: self.instances,
                 model: self.model.clone(),

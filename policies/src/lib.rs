@@ -16,11 +16,13 @@
 //! | `pairing` | choosing the decode instance of a request whose prefill ended |
 //! | `slo_load` | [`SloLoad`]: `Load_P` and `Load_D` from actual and predicted latency |
 //! | `autoscaler` | the [`Autoscaler`] trait, one file per scaling policy, and the registry |
+//! | `params` | [`Params`]: each policy's tunable parameters, their ranges and the one check |
 
 pub mod autoscaler;
 pub mod controller;
 pub mod fleet;
 pub mod pairing;
+pub mod params;
 pub mod pd;
 pub mod prefix_index;
 pub mod router;
@@ -31,8 +33,9 @@ pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutos
 pub use controller::{Controller, ControllerConfig, Reject};
 pub use fleet::{Command, DispatchError, Fleet, FleetEvent, PlaceError, Route, Unplaced};
 pub use pairing::TransferHints;
+pub use params::{Param, ParamError, Params, PolicyParams};
 pub use pd::{PdConfig, PdStatus, ScalingEvent};
 pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};
-pub use router::{CostHints, Pick, Router, RouterConfig, UnknownRouter, Why};
+pub use router::{CostHints, Pick, Router, RouterConfig, RouterError, RouterFactory, UnknownRouter, Why};
 pub use slo_load::{DecodeModel, Loads, SloLoad, SloLoadConfig};
 pub use view::{CandidateRule, FleetView, InstanceState, InstanceView, Role};

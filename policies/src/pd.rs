@@ -411,8 +411,12 @@ mod tests {
             block_size: 16,
         };
         let hints = CostHints::default();
-        let mut c = Controller::new(&ControllerConfig { router: RouterConfig::LeastOutstanding, seed: 1, hints })
-            .with_pools(config);
+        let mut c = Controller::new(&ControllerConfig {
+            router: RouterConfig::LeastOutstanding(Default::default()),
+            seed: 1,
+            hints,
+        })
+        .with_pools(config);
         for (i, role) in [Role::Prefill, Role::Decode].into_iter().enumerate() {
             let instance = InstanceId(i as u32);
             c.on_event(Time::ZERO, &FleetEvent::InstanceRole { instance, role });

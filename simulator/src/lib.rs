@@ -17,6 +17,7 @@
 //! | `report`, `plot` | terminal tables, JSON, CDF charts |
 //! | `pools` | disaggregated and autoscaled runs: settings, controller config, report |
 //! | `scenario` | scenario files, flag overlay, resolved settings |
+//! | `policy_file` | policy files: a router with its parameters, scheduling, autoscaler |
 //! | `tiers` | the `[kv]` section: tiers on, their sizes and links, KV event delay |
 //! | `timeline` | per-window time series: pools, GPUs, SLO loads and attainment; restore times |
 
@@ -26,6 +27,7 @@ pub mod infinite_cache;
 pub mod metrics;
 pub mod phases;
 pub mod plot;
+pub mod policy_file;
 pub mod pools;
 mod queue;
 pub mod report;

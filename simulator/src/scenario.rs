@@ -3,7 +3,10 @@
 //!
 //! ```toml
 //! seed = 42
-//! routers = ["round-robin", "least-outstanding"]
+//! # Each run's router: a name, or an inline table of the name and router parameters
+//! # (`fleetplane params` lists them with defaults and ranges; a run whose parameters differ
+//! # from the defaults is labelled with them, `dynamo-kv(overlap_score_weight=2)`).
+//! routers = ["round-robin", "least-outstanding", { name = "dynamo-kv", overlap_score_weight = 2.0 }]
 //!
 //! [fleet]
 //! instances = 8
@@ -33,6 +36,7 @@
 //! prefill_instances = 2
 //! decode_instances = 6
 //! autoscaler = "slo-load"
+//! autoscaler_params = { up_load = 0.85 }   # the autoscaler's hysteresis knobs
 //! ```
 //!
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
@@ -49,8 +53,9 @@ use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
 use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction, StepProfile};
-use policies::{AutoscalerConfig, RouterConfig, UnknownAutoscaler, UnknownRouter};
+use policies::{AutoscalerConfig, ParamError, Params, RouterConfig, RouterError, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_SEED: u64 = 42;
@@ -64,7 +69,7 @@ pub const DEFAULT_TPOT_SLO_MS: f64 = 100.0;
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     pub seed: Option<u64>,
-    pub routers: Option<Vec<String>>,
+    pub routers: Option<Vec<RouterEntry>>,
     #[serde(default)]
     pub fleet: FleetSection,
     #[serde(default)]
@@ -84,6 +89,64 @@ pub struct Scenario {
     pub pools: PoolsSection,
 }
 
+/// One entry of `routers`: a run's name (`"cache-aware@l1+l2"`), or an inline table of that
+/// name and the router's parameters (`{ name = "dynamo-kv", overlap_score_weight = 2.0 }`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RouterEntry {
+    Name(String),
+    Table(BTreeMap<String, toml::Value>),
+}
+
+impl RouterEntry {
+    /// The run's name as written and the router's parameters.
+    pub fn parts(&self) -> Result<(&str, BTreeMap<String, f64>), ScenarioError> {
+        let table = match self {
+            RouterEntry::Name(name) => return Ok((name, BTreeMap::new())),
+            RouterEntry::Table(table) => table,
+        };
+        let Some(toml::Value::String(name)) = table.get("name") else {
+            return Err(invalid("routers", "a router's table needs `name = \"ROUTER\"`"));
+        };
+        let mut params = BTreeMap::new();
+        for (key, value) in table.iter().filter(|(k, _)| *k != "name") {
+            let v = match value {
+                toml::Value::Float(v) => *v,
+                toml::Value::Integer(v) => *v as f64,
+                other => {
+                    let reason = format!("`{key}` of `{name}` is {other}, not a number");
+                    return Err(invalid("routers", reason));
+                }
+            };
+            params.insert(key.clone(), v);
+        }
+        Ok((name, params))
+    }
+
+    /// The entry of a run named `name` (a router, `@` and variants) with router parameters.
+    pub fn with_params(name: &str, params: &BTreeMap<String, f64>) -> RouterEntry {
+        if params.is_empty() {
+            return RouterEntry::Name(name.to_string());
+        }
+        let mut table: BTreeMap<String, toml::Value> =
+            params.iter().map(|(k, v)| (k.clone(), toml::Value::Float(*v))).collect();
+        table.insert("name".to_string(), toml::Value::String(name.to_string()));
+        RouterEntry::Table(table)
+    }
+}
+
+impl From<&str> for RouterEntry {
+    fn from(name: &str) -> RouterEntry {
+        RouterEntry::Name(name.to_string())
+    }
+}
+
+impl From<String> for RouterEntry {
+    fn from(name: String) -> RouterEntry {
+        RouterEntry::Name(name)
+    }
+}
+
 /// `[pools]`: a disaggregated fleet, its autoscaler, and time series.
 ///
 /// ```toml
@@ -92,6 +155,7 @@ pub struct Scenario {
 /// prefill_instances = 2       # at the start [default: 1]
 /// decode_instances = 6        # [default: 1]
 /// autoscaler = "slo-load"     # none, fixed-xpyd, slo-load [default: none]
+/// autoscaler_params = { up_load = 0.85, down_hold = 30 }   # its knobs (`fleetplane params`)
 /// startup_s = 10              # from Start to serving [default: 10]
 /// gpu_budget = 16             # GPUs held at most [default: fleet.instances × GPUs per instance]
 /// xpyd = "1:3"                # fixed-xpyd's group [default: the starting pools' ratio]
@@ -114,6 +178,9 @@ pub struct PoolsSection {
     pub prefill_instances: Option<u32>,
     pub decode_instances: Option<u32>,
     pub autoscaler: Option<String>,
+    /// The autoscaler's hysteresis knobs by name, over its defaults (durations in seconds).
+    #[serde(default)]
+    pub autoscaler_params: Option<BTreeMap<String, f64>>,
     pub startup_s: Option<f64>,
     pub gpu_budget: Option<u32>,
     pub xpyd: Option<String>,
@@ -134,6 +201,7 @@ impl PoolsSection {
             prefill_instances: over.prefill_instances.or(self.prefill_instances),
             decode_instances: over.decode_instances.or(self.decode_instances),
             autoscaler: over.autoscaler.or(self.autoscaler),
+            autoscaler_params: over.autoscaler_params.or(self.autoscaler_params),
             startup_s: over.startup_s.or(self.startup_s),
             gpu_budget: over.gpu_budget.or(self.gpu_budget),
             xpyd: over.xpyd.or(self.xpyd),
@@ -186,7 +254,10 @@ impl PoolsSection {
                     }
                 };
                 let startup = seconds("pools.startup_s", self.startup_s, 10.0)?;
-                let autoscaler = AutoscalerConfig::by_name(autoscaler_name, startup, xpyd)?;
+                let mut autoscaler = AutoscalerConfig::by_name(autoscaler_name, startup, xpyd)?;
+                for (name, v) in self.autoscaler_params.iter().flatten() {
+                    autoscaler.set(name, *v).map_err(|e| param_error("pools.autoscaler_params", e))?;
+                }
                 let gpu_budget = self.gpu_budget.unwrap_or(fleet_instances * gpus_per_instance);
                 if gpu_budget < (prefill + decode) * gpus_per_instance {
                     let reason = format!(
@@ -441,27 +512,15 @@ impl SchedulerSection {
     }
 
     fn resolve(&self) -> Result<PrefillPolicy, ScenarioError> {
-        let d = FairPrefill::default();
-        let fair = FairPrefill {
-            chunk_tokens: self.chunk_tokens.unwrap_or(d.chunk_tokens),
-            quota_kv_share: self.quota_kv_share.unwrap_or(d.quota_kv_share),
-            quota_growth: self.quota_growth.unwrap_or(d.quota_growth),
-            long_min_tokens: self.long_min_tokens.unwrap_or(d.long_min_tokens),
-        };
-        if fair.chunk_tokens == 0 {
-            return Err(invalid("scheduler.chunk_tokens", "must be at least 1"));
-        }
-        if !(fair.quota_kv_share.is_finite() && fair.quota_kv_share > 0.0 && fair.quota_kv_share <= 1.0) {
-            return Err(invalid(
-                "scheduler.quota_kv_share",
-                format!("{} is not a share in (0, 1]", fair.quota_kv_share),
-            ));
-        }
-        if !(fair.quota_growth.is_finite() && fair.quota_growth >= 1.0) {
-            return Err(invalid("scheduler.quota_growth", format!("{} is not a number >= 1", fair.quota_growth)));
-        }
-        if fair.long_min_tokens == 0 {
-            return Err(invalid("scheduler.long_min_tokens", "must be at least 1, or long prompts could starve"));
+        let mut fair = FairPrefill::default();
+        let given = [
+            ("chunk_tokens", self.chunk_tokens.map(f64::from)),
+            ("quota_kv_share", self.quota_kv_share),
+            ("quota_growth", self.quota_growth),
+            ("long_min_tokens", self.long_min_tokens.map(f64::from)),
+        ];
+        for (name, v) in given.into_iter().filter_map(|(n, v)| Some((n, v?))) {
+            fair.set(name, v).map_err(|e| param_error("scheduler", e))?;
         }
         match self.prefill.as_deref().unwrap_or("fcfs") {
             "fcfs" => Ok(PrefillPolicy::Fcfs),
@@ -504,6 +563,14 @@ pub enum ScenarioError {
     Calibration { path: PathBuf, source: Box<CalibrationError> },
     #[error("invalid setting `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+    /// A policy's parameter refused; `key` is where it was set (`routers`,
+    /// `pools.autoscaler_params`, `scheduler`), the error names the parameter and its range.
+    #[error("invalid setting `{key}.{}`: {source}", source.param())]
+    Param { key: &'static str, source: ParamError },
+}
+
+fn param_error(key: &'static str, source: ParamError) -> ScenarioError {
+    ScenarioError::Param { key, source }
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ScenarioError {
@@ -546,8 +613,8 @@ impl RunSpec {
     /// The run's name in tables and JSON.
     pub fn label(&self) -> String {
         let name = match &self.variant {
-            Some(t) => format!("{}@{t}", self.router),
-            None => self.router.to_string(),
+            Some(t) => format!("{}@{t}", self.router.label()),
+            None => self.router.label(),
         };
         match self.pools.as_ref().and_then(|p| p.label.as_deref()) {
             Some(l) => format!("{name}/{l}"),
@@ -662,7 +729,7 @@ impl Scenario {
     /// Fills defaults and checks every name and number.
     pub fn resolve(&self) -> Result<Settings, ScenarioError> {
         let names = match &self.routers {
-            None => vec![RouterConfig::LeastOutstanding.name().to_string()],
+            None => vec![RouterEntry::from("least-outstanding")],
             Some(names) if names.is_empty() => return Err(invalid("routers", "name at least one router")),
             Some(names) => names.clone(),
         };
@@ -716,12 +783,16 @@ impl Scenario {
             }
         };
         let mut routers = Vec::with_capacity(names.len() * pool_runs.len());
-        for spec in &names {
+        for entry in &names {
+            let (spec, params) = entry.parts()?;
             let (name, variant) = match spec.trim().split_once('@') {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (spec.trim(), None),
             };
-            let router: RouterConfig = name.parse()?;
+            let router = RouterConfig::with_params(name, &params).map_err(|e| match e {
+                RouterError::Unknown(e) => ScenarioError::UnknownRouter(e),
+                RouterError::Param(e) => param_error("routers", e),
+            })?;
             let (mut run_tiers, mut run_prefill, mut run_protection) = (tiers, prefill, kv_protection);
             let mut run_drafter = drafter;
             if let Some(v) = &variant {
@@ -1137,6 +1208,45 @@ mod tests {
         assert_eq!(
             check("fcfs", None, Some(0.5)).unwrap_err(),
             "invalid setting `scheduler.kv_low_water`: a low-water mark needs kv_high_water"
+        );
+    }
+
+    #[test]
+    fn a_routers_table_sets_its_parameters_and_labels_the_run() {
+        let s =
+            resolve(r#"routers = ["dynamo-kv", { name = "dynamo-kv@l1", overlap_score_weight = 2 }]"#).expect("valid");
+        let weights: Vec<RouterConfig> = s.routers.iter().map(|r| s.sim_config(r).router).collect();
+        let weight = |w| RouterConfig::from(policies::router::DynamoKvConfig { overlap_score_weight: w });
+        assert_eq!(weights, [weight(1.0), weight(2.0)]);
+        let labels: Vec<String> = s.routers.iter().map(RunSpec::label).collect();
+        assert_eq!(labels, ["dynamo-kv", "dynamo-kv(overlap_score_weight=2)@l1"]);
+    }
+
+    #[test]
+    fn a_router_or_autoscaler_parameter_out_of_range_names_itself_and_its_range() {
+        let e = resolve(r#"routers = [{ name = "llm-d", kv_weight = 20.0 }]"#).unwrap_err().to_string();
+        assert_eq!(e, "invalid setting `routers.kv_weight`: llm-d's `kv_weight` is 20, outside its range [0, 16]");
+        let e = resolve(r#"routers = [{ name = "llm-d", kv = "high" }]"#).unwrap_err().to_string();
+        assert_eq!(e, "invalid setting `routers`: `kv` of `llm-d` is \"high\", not a number");
+        let e = resolve(r#"routers = [{ overlap_score_weight = 1 }]"#).unwrap_err().to_string();
+        assert!(e.contains("needs `name"), "{e}");
+        let pd = "[pools]\nmode = \"pd\"\nautoscaler = \"slo-load\"\n";
+        let s = resolve(&format!("{pd}autoscaler_params = {{ up_load = 0.9, up_hold = 2.5 }}")).expect("valid");
+        let Some(AutoscalerConfig::SloLoad { knobs }) =
+            s.routers[0].pools.as_ref().and_then(|p| p.pd).map(|p| p.autoscaler)
+        else {
+            panic!("slo-load")
+        };
+        assert_eq!((knobs.up_load, knobs.up_hold), (0.9, Dur::from_millis(2_500)));
+        let e = resolve(&format!("{pd}autoscaler_params = {{ shrink_util = 0 }}")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid setting `pools.autoscaler_params.shrink_util`: autoscaler's `shrink_util` is 0, outside its range (0, 1]"
+        );
+        let e = resolve("[scheduler]\nquota_growth = 0.5").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid setting `scheduler.quota_growth`: fair's `quota_growth` is 0.5, outside its range [1, 16]"
         );
     }
 }

@@ -10,7 +10,7 @@ use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, SyntheticConf
 
 fn mooncake(instances: u32, max_requests: u64) -> Settings {
     Scenario {
-        routers: Some(RouterConfig::names().iter().map(|s| s.to_string()).collect()),
+        routers: Some(RouterConfig::names().iter().map(|s| s.to_string().into()).collect()),
         fleet: FleetSection { instances: Some(instances), ..FleetSection::default() },
         workload: WorkloadSection {
             trace: Some(tests::trace("mooncake-conversation.jsonl")),
@@ -70,7 +70,7 @@ fn a_synthetic_workload_replays_from_its_seed_and_changes_with_it() {
 fn speculating(seed: u64, mode: &str, routers: &[&str]) -> Settings {
     Scenario {
         seed: Some(seed),
-        routers: Some(routers.iter().map(|r| r.to_string()).collect()),
+        routers: Some(routers.iter().map(|r| r.to_string().into()).collect()),
         fleet: FleetSection { instances: Some(2), ..FleetSection::default() },
         workload: WorkloadSection {
             trace: Some(tests::trace("mooncake-conversation.jsonl")),
@@ -123,7 +123,7 @@ fn load_aware_routing_beats_round_robin_on_a_loaded_fleet() {
             .expect("run");
         out.summary.ttft_ms.mean
     };
-    assert!(w(RouterConfig::LeastOutstanding) < w(RouterConfig::RoundRobin));
+    assert!(w(RouterConfig::LeastOutstanding(Default::default())) < w(RouterConfig::RoundRobin(Default::default())));
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn more_instances_give_lower_time_to_first_token() {
     let ttft = |n| {
         let s = mooncake(n, 1500);
         let out = sim::run(
-            &s.sim_config(&s.run_of(RouterConfig::LeastOutstanding)),
+            &s.sim_config(&s.run_of(RouterConfig::LeastOutstanding(Default::default()))),
             s.open_workload(1.0).expect("trace"),
             &mut |_| {},
         )
@@ -143,7 +143,7 @@ fn more_instances_give_lower_time_to_first_token() {
 
 fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> Settings {
     Scenario {
-        routers: Some(routers.iter().map(|s| s.to_string()).collect()),
+        routers: Some(routers.iter().map(|s| s.to_string().into()).collect()),
         fleet: FleetSection { instances: Some(instances), ..FleetSection::default() },
         workload: WorkloadSection {
             trace: Some(tests::trace(trace)),
@@ -236,7 +236,7 @@ fn long_output_burst(routers: &[&str], runaway_action: &str) -> Settings {
         }),
     };
     Scenario {
-        routers: Some(routers.iter().map(|s| s.to_string()).collect()),
+        routers: Some(routers.iter().map(|s| s.to_string().into()).collect()),
         fleet: FleetSection {
             instances: Some(2),
             model: Some("qwen3-32b".into()),

@@ -24,6 +24,7 @@ pub use fixed_xpyd::FixedXpyd;
 pub use none::NoScaling;
 pub use slo_load::SloLoadScaler;
 
+use crate::params::{ParamError, Params, PolicyParams};
 use crate::slo_load::Loads;
 use engine::{Dur, Time};
 use std::fmt;
@@ -121,6 +122,17 @@ impl Knobs {
     }
 }
 
+crate::params!(Knobs, "autoscaler", {
+    up_load: float from 0.0 ..= 16.0, "a pool whose load stays above this for up_hold grows";
+    down_load: float from 0.0 ..= 16.0, "a pool whose load stays below this for down_hold may shrink";
+    shrink_util: float above 0.0 ..= 1.0, "and shrinks only if its utilization with one instance (or group) fewer stays below this";
+    target_load: float above 0.0 ..= 16.0, "growth aims at this load";
+    up_hold: seconds from 0.0 ..= 3600.0, "how long the load must stay above up_load";
+    down_hold: seconds from 0.0 ..= 3600.0, "how long the load must stay below down_load";
+    up_cooldown: seconds from 0.0 ..= 3600.0, "after growing, before growing again [default: start-up time + 10 s]";
+    down_cooldown: seconds from 0.0 ..= 3600.0, "after any change, before shrinking [default: the larger of up_cooldown and 120 s]";
+});
+
 /// How long a condition has held: the hysteresis timer of one pool and direction.
 #[derive(Clone, Copy, Debug, Default)]
 struct Held {
@@ -185,6 +197,27 @@ impl AutoscalerConfig {
             "slo-load" => Ok(AutoscalerConfig::SloLoad { knobs }),
             _ => Err(UnknownAutoscaler { name: name.to_string() }),
         }
+    }
+
+    /// Sets one of the policy's hysteresis [`Knobs`], checked against its range; `none` has
+    /// no parameters.
+    pub fn set(&mut self, name: &str, value: f64) -> Result<(), ParamError> {
+        match self {
+            AutoscalerConfig::None => {
+                Err(ParamError::Unknown { policy: "none", param: name.to_string(), valid: "none".to_string() })
+            }
+            AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } => knobs.set(name, value),
+        }
+    }
+
+    /// Every autoscaler's parameters with their defaults (for instances that start in 10 s).
+    pub fn catalog() -> Vec<PolicyParams> {
+        let knobs = Knobs::for_startup(Dur::from_millis(10_000));
+        vec![
+            PolicyParams { role: "autoscaler", policy: "none", params: Vec::new() },
+            PolicyParams::of("autoscaler", "fixed-xpyd", &knobs),
+            PolicyParams::of("autoscaler", "slo-load", &knobs),
+        ]
     }
 
     pub fn build(&self) -> Box<dyn Autoscaler> {

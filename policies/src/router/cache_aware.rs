@@ -47,7 +47,7 @@
 //! The parameters, the terms tried and dropped, and the runs that chose them are in
 //! docs/ROUTERS.md.
 
-use super::{CostHints, Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::fleet::FleetEvent;
 use crate::prefix_index::{PrefixMatches, TierMatch};
 use crate::view::{FleetView, InstanceView};
@@ -83,6 +83,20 @@ impl Default for CacheAwareConfig {
             hot_factor: HOT_FACTOR,
             hot_slack: HOT_SLACK,
         }
+    }
+}
+
+crate::params!(CacheAwareConfig, "cache-aware", {
+    copy_weight: float from 0.0 ..= 64.0, "prefill-seconds of score per prompt token the instance would newly hold (not in its L1 or L2)";
+    stall_weight: float from 0.0 ..= 16.0, "seconds of score per second of TPOT added to the requests running there";
+    own_weight: float from 0.0 ..= 16.0, "seconds of score per second of the request's own predicted TPOT";
+    hot_factor: float from 1.0 ..= 64.0, "an instance with more requests in flight than this times the mean (plus hot_slack) is hot";
+    hot_slack: float from 0.0 ..= 1024.0, "requests in flight above hot_factor times the mean before an instance is hot";
+});
+
+impl RouterFactory for CacheAwareConfig {
+    fn build(&self, _seed: u64, hints: &CostHints) -> Box<dyn Router> {
+        Box::new(CacheAware::new(*self, *hints))
     }
 }
 

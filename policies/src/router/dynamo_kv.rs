@@ -9,7 +9,7 @@
 //! ```text
 //! prefill_blocks = (prefill tokens in flight + prompt_tokens − overlap × B) / B
 //! decode_blocks  = blocks in flight + (request_blocks − overlap)
-//! cost           = overlap_score_weight × prefill_blocks + decode_blocks     (weight 1)
+//! cost           = overlap_score_weight × prefill_blocks + decode_blocks     (weight 1 by default)
 //! ```
 //!
 //! The lowest cost wins (temperature 0: argmin, no sampling). Ties go to the instance caching
@@ -52,7 +52,7 @@
 //! tree, so the L1 blocks of a prefix are always its first blocks: the overlap is the
 //! [`TierMatch::l1`](crate::TierMatch) count.
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::fleet::FleetEvent;
 use crate::prefix_index::PrefixMatches;
 use crate::view::FleetView;
@@ -68,6 +68,16 @@ pub struct DynamoKvConfig {
 impl Default for DynamoKvConfig {
     fn default() -> Self {
         DynamoKvConfig { overlap_score_weight: 1.0 }
+    }
+}
+
+crate::params!(DynamoKvConfig, "dynamo-kv", {
+    overlap_score_weight: float from 0.0 ..= 16.0, "weight of the prefill blocks against the decode blocks in the cost";
+});
+
+impl RouterFactory for DynamoKvConfig {
+    fn build(&self, _seed: u64, hints: &CostHints) -> Box<dyn Router> {
+        Box::new(DynamoKv::new(*self, hints.block_size))
     }
 }
 

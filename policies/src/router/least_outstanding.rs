@@ -5,9 +5,21 @@
 //! [`InstanceView::outstanding_tokens`](crate::InstanceView::outstanding_tokens)). Ties go to
 //! the lowest id, so the choice is deterministic.
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::view::FleetView;
 use engine::Request;
+
+/// `least-outstanding` has no parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LeastOutstandingConfig;
+
+crate::params!(LeastOutstandingConfig, "least-outstanding", {});
+
+impl RouterFactory for LeastOutstandingConfig {
+    fn build(&self, _seed: u64, _hints: &CostHints) -> Box<dyn Router> {
+        Box::new(LeastOutstanding)
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct LeastOutstanding;

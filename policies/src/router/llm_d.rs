@@ -51,7 +51,7 @@
 //!   [`FleetView::candidates`]: serving instances that can hold the request, without those
 //!   that paused admission unless all did.
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::prefix_index::PrefixMatches;
 use crate::view::{FleetView, InstanceView};
 use engine::Request;
@@ -65,12 +65,36 @@ pub struct LlmDConfig {
     pub queue_weight: f64,
     pub kv_weight: f64,
     /// Credit for a matched block held in L1, L2 and L3.
-    pub tier_weights: [f64; 3],
+    pub l1_weight: f64,
+    pub l2_weight: f64,
+    pub l3_weight: f64,
 }
 
 impl Default for LlmDConfig {
     fn default() -> Self {
-        LlmDConfig { prefix_weight: 3.0, queue_weight: 2.0, kv_weight: 2.0, tier_weights: [1.0, 0.8, 0.0] }
+        LlmDConfig {
+            prefix_weight: 3.0,
+            queue_weight: 2.0,
+            kv_weight: 2.0,
+            l1_weight: 1.0,
+            l2_weight: 0.8,
+            l3_weight: 0.0,
+        }
+    }
+}
+
+crate::params!(LlmDConfig, "llm-d", {
+    prefix_weight: float from 0.0 ..= 16.0, "weight of the prefix-cache scorer";
+    queue_weight: float from 0.0 ..= 16.0, "weight of the queue scorer";
+    kv_weight: float from 0.0 ..= 16.0, "weight of the KV-cache-utilization scorer";
+    l1_weight: float from 0.0 ..= 1.0, "prefix credit of a matched block held in GPU memory (L1)";
+    l2_weight: float from 0.0 ..= 1.0, "prefix credit of a matched block held in host memory (L2)";
+    l3_weight: float from 0.0 ..= 1.0, "prefix credit of a matched block held only in the shared store (L3)";
+});
+
+impl RouterFactory for LlmDConfig {
+    fn build(&self, seed: u64, _hints: &CostHints) -> Box<dyn Router> {
+        Box::new(LlmD::new(*self, engine::ids::derive_seed(seed, "llm-d", 0)))
     }
 }
 
@@ -124,8 +148,8 @@ impl Router for LlmD {
             let prefix_score = match hashes.len() {
                 0 => 0.0,
                 n => {
-                    let [w1, w2, w3] = c.tier_weights;
-                    (w1 * f64::from(m.l1) + w2 * f64::from(m.l2) + w3 * f64::from(m.l3)) / n as f64
+                    (c.l1_weight * f64::from(m.l1) + c.l2_weight * f64::from(m.l2) + c.l3_weight * f64::from(m.l3))
+                        / n as f64
                 }
             }
             .clamp(0.0, 1.0);

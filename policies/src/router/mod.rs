@@ -1,29 +1,19 @@
 //! Routers: given a request and the fleet view, pick an instance.
 //!
 //! A router decides and explains; it does not reserve, send or account (the controller does).
-//! Each router lives in its own file with its rule at the top; [`RouterConfig`] is the
-//! registry that turns a name into one.
+//! Each router lives in its own file with its rule at the top and its config type, which
+//! holds its parameters ([`Params`]: defaults, ranges, docs) and builds it
+//! ([`RouterFactory`]). [`RouterConfig`] is the registry: a new router is one file and one
+//! line of [`registry!`]'s list.
 
-mod cache_aware;
-mod dynamo_kv;
-mod least_outstanding;
-mod llm_d;
-mod power_of_two;
-mod round_robin;
-mod sglang_cache_aware;
-
-pub use cache_aware::{CacheAware, CacheAwareConfig};
-pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
-pub use least_outstanding::LeastOutstanding;
-pub use llm_d::{LlmD, LlmDConfig};
-pub use power_of_two::PowerOfTwo;
-pub use round_robin::RoundRobin;
-pub use sglang_cache_aware::{SglangBranch, SglangCacheAware, SglangCacheAwareConfig};
+pub use sglang_cache_aware::SglangBranch;
 
 use crate::fleet::FleetEvent;
+use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::slo_load::DecodeModel;
 use crate::view::FleetView;
 use engine::{InstanceId, Request};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -145,74 +135,148 @@ pub enum Why {
     },
 }
 
-/// A router by name, and its settings: the factory of routers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RouterConfig {
-    RoundRobin,
-    LeastOutstanding,
-    PowerOfTwo,
-    SglangCacheAware,
-    DynamoKv,
-    LlmD,
-    CacheAware,
+/// A router's config: its parameters, and the factory of the router.
+pub trait RouterFactory: Params + Default + Copy + Into<RouterConfig> {
+    /// Builds the router; `seed` is the run's seed (routers that draw derive theirs from it).
+    fn build(&self, seed: u64, hints: &CostHints) -> Box<dyn Router>;
+}
+
+/// The registry: each line is `module => Variant(Config)`, the router's file and its config
+/// type (whose [`Params::POLICY`] is the router's name).
+macro_rules! registry {
+    ($($module:ident => $variant:ident($config:ident),)*) => {
+        $(mod $module; pub use $module::$config;)*
+
+        /// A router by name, with its parameters: the factory of routers.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum RouterConfig {
+            $($variant($config),)*
+        }
+
+        $(impl From<$config> for RouterConfig {
+            fn from(c: $config) -> RouterConfig {
+                RouterConfig::$variant(c)
+            }
+        })*
+
+        impl RouterConfig {
+            /// Every router's name, in the registry's order.
+            pub const NAMES: &'static [&'static str] = &[$(<$config as Params>::POLICY,)*];
+
+            /// Every router with its default parameters.
+            pub fn all() -> Vec<RouterConfig> {
+                vec![$(RouterConfig::$variant($config::default()),)*]
+            }
+
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(RouterConfig::$variant(_) => <$config as Params>::POLICY,)*
+                }
+            }
+
+            /// Builds the router; `seed` is the run's seed (routers that draw derive theirs
+            /// from it).
+            pub fn build(&self, seed: u64, hints: &CostHints) -> Box<dyn Router> {
+                match self {
+                    $(RouterConfig::$variant(c) => c.build(seed, hints),)*
+                }
+            }
+
+            /// The router's parameters.
+            pub fn params(&self) -> &'static [Param] {
+                match self {
+                    $(RouterConfig::$variant(_) => <$config as Params>::PARAMS,)*
+                }
+            }
+
+            /// Every parameter's value.
+            pub fn values(&self) -> std::collections::BTreeMap<String, f64> {
+                match self {
+                    $(RouterConfig::$variant(c) => c.values(),)*
+                }
+            }
+
+            /// Sets one parameter, checked against its range.
+            pub fn set(&mut self, name: &str, value: f64) -> Result<(), ParamError> {
+                match self {
+                    $(RouterConfig::$variant(c) => c.set(name, value),)*
+                }
+            }
+
+            /// Every router's parameters with their defaults.
+            pub fn catalog() -> Vec<PolicyParams> {
+                vec![$(PolicyParams::of("router", <$config as Params>::POLICY, &$config::default()),)*]
+            }
+        }
+    };
+}
+
+registry! {
+    round_robin => RoundRobin(RoundRobinConfig),
+    least_outstanding => LeastOutstanding(LeastOutstandingConfig),
+    power_of_two => PowerOfTwo(PowerOfTwoConfig),
+    sglang_cache_aware => SglangCacheAware(SglangCacheAwareConfig),
+    dynamo_kv => DynamoKv(DynamoKvConfig),
+    llm_d => LlmD(LlmDConfig),
+    cache_aware => CacheAware(CacheAwareConfig),
 }
 
 impl RouterConfig {
-    pub const ALL: [RouterConfig; 7] = [
-        RouterConfig::RoundRobin,
-        RouterConfig::LeastOutstanding,
-        RouterConfig::PowerOfTwo,
-        RouterConfig::SglangCacheAware,
-        RouterConfig::DynamoKv,
-        RouterConfig::LlmD,
-        RouterConfig::CacheAware,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            RouterConfig::RoundRobin => "round-robin",
-            RouterConfig::LeastOutstanding => "least-outstanding",
-            RouterConfig::PowerOfTwo => "power-of-two",
-            RouterConfig::SglangCacheAware => "sglang-cache-aware",
-            RouterConfig::DynamoKv => "dynamo-kv",
-            RouterConfig::LlmD => "llm-d",
-            RouterConfig::CacheAware => "cache-aware",
-        }
-    }
-
     pub fn names() -> Vec<&'static str> {
-        RouterConfig::ALL.iter().map(|r| r.name()).collect()
+        RouterConfig::NAMES.to_vec()
     }
 
-    /// Builds the router; `seed` is the run's seed (routers that draw derive theirs from it).
-    pub fn build(self, seed: u64, hints: &CostHints) -> Box<dyn Router> {
-        match self {
-            RouterConfig::RoundRobin => Box::new(RoundRobin::default()),
-            RouterConfig::LeastOutstanding => Box::new(LeastOutstanding),
-            RouterConfig::PowerOfTwo => Box::new(PowerOfTwo::new(engine::ids::derive_seed(seed, "power-of-two", 0))),
-            RouterConfig::SglangCacheAware => Box::new(SglangCacheAware::new(
-                SglangCacheAwareConfig::for_block_size(hints.block_size),
-                hints.block_size,
-            )),
-            RouterConfig::DynamoKv => Box::new(DynamoKv::new(DynamoKvConfig::default(), hints.block_size)),
-            RouterConfig::LlmD => {
-                Box::new(LlmD::new(LlmDConfig::default(), engine::ids::derive_seed(seed, "llm-d", 0)))
-            }
-            RouterConfig::CacheAware => Box::new(CacheAware::new(CacheAwareConfig::default(), *hints)),
+    /// The router `name` with `params` over its defaults: the one check of a router setting,
+    /// for scenarios, policy files and the live policy API.
+    pub fn with_params(name: &str, params: &BTreeMap<String, f64>) -> Result<RouterConfig, RouterError> {
+        let mut router: RouterConfig = name.parse()?;
+        for (param, value) in params {
+            router.set(param, *value)?;
         }
+        Ok(router)
+    }
+
+    /// The parameters that differ from the router's defaults.
+    pub fn changed(&self) -> BTreeMap<String, f64> {
+        let defaults = RouterConfig::all().into_iter().find(|r| r.name() == self.name()).map(|r| r.values());
+        let mut values = self.values();
+        values.retain(|k, v| defaults.as_ref().and_then(|d| d.get(k)) != Some(v));
+        values
+    }
+
+    /// The router's name in reports: its name, followed by the parameters that differ from
+    /// its defaults (`dynamo-kv(overlap_score_weight=2)`), so that runs of one router with
+    /// other parameters are told apart.
+    pub fn label(&self) -> String {
+        let changed = self.changed();
+        if changed.is_empty() {
+            return self.name().to_string();
+        }
+        let params: Vec<String> = changed.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{}({})", self.name(), params.join(","))
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown router `{name}` (valid: {})", RouterConfig::names().join(", "))]
+#[error("unknown router `{name}` (valid: {})", RouterConfig::NAMES.join(", "))]
 pub struct UnknownRouter {
     pub name: String,
 }
 
+/// A router setting refused: an unknown name, or a parameter unknown or out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouterError {
+    #[error(transparent)]
+    Unknown(#[from] UnknownRouter),
+    #[error(transparent)]
+    Param(#[from] ParamError),
+}
+
 impl FromStr for RouterConfig {
     type Err = UnknownRouter;
+    /// The router with its default parameters.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RouterConfig::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| UnknownRouter { name: s.to_string() })
+        RouterConfig::all().into_iter().find(|r| r.name() == s).ok_or_else(|| UnknownRouter { name: s.to_string() })
     }
 }
 

@@ -5,11 +5,23 @@
 //! The draw comes from a ChaCha generator seeded from the run's seed. With one candidate,
 //! it is chosen.
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::view::{FleetView, InstanceView};
 use engine::Request;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// `power-of-two` has no parameters (its draws derive from the run's seed).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PowerOfTwoConfig;
+
+crate::params!(PowerOfTwoConfig, "power-of-two", {});
+
+impl RouterFactory for PowerOfTwoConfig {
+    fn build(&self, seed: u64, _hints: &CostHints) -> Box<dyn Router> {
+        Box::new(PowerOfTwo::new(engine::ids::derive_seed(seed, "power-of-two", 0)))
+    }
+}
 
 #[derive(Debug)]
 pub struct PowerOfTwo {

@@ -2,9 +2,21 @@
 //!
 //! Blind to load and cache: the baseline every other router must beat.
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::view::FleetView;
 use engine::Request;
+
+/// `round-robin` has no parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoundRobinConfig;
+
+crate::params!(RoundRobinConfig, "round-robin", {});
+
+impl RouterFactory for RoundRobinConfig {
+    fn build(&self, _seed: u64, _hints: &CostHints) -> Box<dyn Router> {
+        Box::new(RoundRobin::default())
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct RoundRobin {

@@ -35,7 +35,7 @@
 //! each node listing the workers ("tenants") it was sent to with a last-access time, and
 //! evicts a worker's least recently used leaves once its share passes `max_tree_size`
 //! characters. `ApproxTree` is the same tree over block hashes: each routed request's chain
-//! is inserted for the chosen instance, and each instance keeps at most `max_tree_blocks`
+//! is inserted for the chosen instance, and each instance keeps at most `max_tree_tokens` worth of
 //! blocks, evicting its least recently used nodes, leaves first (a path is touched from its
 //! leaf up, so a node is always less recent than its ancestors). What an instance remembers
 //! is therefore always closed under prefixes, as in SGLang.
@@ -46,7 +46,7 @@
 //!   match rate is `matched blocks / request blocks`, where request blocks count the whole
 //!   prompt (`ceil(prompt_tokens / block_size)`), so a partial last block or an unhashed tail
 //!   counts as unmatched, as the unmatched text does in SGLang.
-//! - **Tree size.** `max_tree_blocks` defaults to 2^20 tokens' worth of blocks (65,536 blocks
+//! - **Tree size.** `max_tree_tokens` defaults to 2^20 tokens' worth of blocks (65,536 blocks
 //!   of 16 tokens). SGLang's 2^26 characters are about 2^24 tokens at ~4 characters a token,
 //!   far more than one GPU caches (Llama-3.1-8B on an H100 holds ~450k tokens); it evicts
 //!   only every 120 s, so in practice it remembers prefixes the worker has long dropped. We
@@ -72,7 +72,7 @@
 //! comparison of its hashes, whatever the fleet size (about 2 µs for 400-block prompts over
 //! 64 instances).
 
-use super::{Pick, Router, Why};
+use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::fleet::FleetEvent;
 use crate::view::{FleetView, InstanceView};
 use engine::slots;
@@ -101,22 +101,43 @@ pub struct SglangCacheAwareConfig {
     /// Ratio of max to min in-flight above which the fleet may be imbalanced
     /// (`--balance-rel-threshold`).
     pub balance_rel_threshold: f64,
-    /// Blocks each instance's approximate tree keeps (the analogue of `--max-tree-size`).
-    pub max_tree_blocks: u32,
+    /// Tokens' worth of blocks each instance's approximate tree keeps (the analogue of
+    /// `--max-tree-size`).
+    pub max_tree_tokens: u32,
 }
 
 impl SglangCacheAwareConfig {
     /// Tokens' worth of blocks an instance's tree keeps by default (see the module doc).
     pub const DEFAULT_TREE_TOKENS: u32 = 1 << 20;
 
-    /// SGLang's launch defaults, with a tree of [`Self::DEFAULT_TREE_TOKENS`] at `block_size`.
-    pub fn for_block_size(block_size: u32) -> SglangCacheAwareConfig {
+    /// Blocks each instance's tree keeps at `block_size`.
+    fn max_tree_blocks(&self, block_size: u32) -> u32 {
+        (self.max_tree_tokens / block_size.max(1)).max(1)
+    }
+}
+
+impl Default for SglangCacheAwareConfig {
+    /// SGLang's launch defaults, with a tree of [`Self::DEFAULT_TREE_TOKENS`].
+    fn default() -> Self {
         SglangCacheAwareConfig {
             cache_threshold: 0.3,
             balance_abs_threshold: 64,
             balance_rel_threshold: 1.5,
-            max_tree_blocks: (Self::DEFAULT_TREE_TOKENS / block_size.max(1)).max(1),
+            max_tree_tokens: Self::DEFAULT_TREE_TOKENS,
         }
+    }
+}
+
+crate::params!(SglangCacheAwareConfig, "sglang-cache-aware", {
+    cache_threshold: float from 0.0 ..= 1.0, "match rate above which a request follows its longest remembered match";
+    balance_abs_threshold: integer from 0 ..= 65_536, "in-flight spread above which the fleet may be imbalanced";
+    balance_rel_threshold: float from 1.0 ..= 64.0, "max over min in-flight ratio above which the fleet may be imbalanced";
+    max_tree_tokens: integer from 1 ..= 1_073_741_824, "tokens' worth of blocks each instance's approximate tree keeps";
+});
+
+impl RouterFactory for SglangCacheAwareConfig {
+    fn build(&self, _seed: u64, hints: &CostHints) -> Box<dyn Router> {
+        Box::new(SglangCacheAware::new(*self, hints.block_size))
     }
 }
 
@@ -134,7 +155,7 @@ pub struct SglangCacheAware {
 impl SglangCacheAware {
     pub fn new(config: SglangCacheAwareConfig, block_size: u32) -> SglangCacheAware {
         assert!(block_size > 0, "block size must be positive");
-        SglangCacheAware { config, block_size, tree: ApproxTree::new(config.max_tree_blocks), candidate: Vec::new() }
+        SglangCacheAware { config, block_size, tree: ApproxTree::new(config.max_tree_blocks(block_size)), candidate: Vec::new() }
     }
 }
 

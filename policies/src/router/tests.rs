@@ -33,7 +33,7 @@ fn report(c: &mut Controller, instance: u32, prefill_tokens_left: u64) {
 
 #[test]
 fn every_router_picks_only_serving_instances_that_can_hold_the_request() {
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         let mut c = controller(router, &[1_000, 100_000, 100_000, 100_000]);
         c.on_event(Time::ZERO, &FleetEvent::InstanceDraining { instance: InstanceId(2) });
         c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(3) });
@@ -47,7 +47,7 @@ fn every_router_picks_only_serving_instances_that_can_hold_the_request() {
 
 #[test]
 fn every_router_rejects_when_nothing_serves_or_fits() {
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         let mut c = controller(router, &[]);
         assert_eq!(c.route(Time::ZERO, &request(10, 10)), Err(Reject::NoInstance), "{router}");
         let mut c = controller(router, &[1_000, 2_000]);
@@ -62,7 +62,7 @@ fn every_router_rejects_when_nothing_serves_or_fits() {
 #[test]
 fn every_router_keeps_a_request_to_engines_of_its_model() {
     use engine::ModelId;
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         // Instances 0 and 2 serve model 1, the big one 1 and 3 model 0.
         let mut c = Controller::new(&ControllerConfig { router, seed: 7, hints: CostHints::default() });
         for (i, (model, cap)) in [(1, 1_000), (0, 100_000), (1, 2_000), (0, 100_000)].into_iter().enumerate() {
@@ -89,7 +89,7 @@ fn every_router_keeps_a_request_to_engines_of_its_model() {
 
 #[test]
 fn every_router_repeats_its_choices_for_the_same_seed() {
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         let run = || {
             let mut c = controller(router, &[10_000; 8]);
             (0..100u32)
@@ -105,7 +105,7 @@ fn every_router_repeats_its_choices_for_the_same_seed() {
 
 #[test]
 fn router_names_round_trip_and_unknown_names_list_the_valid_ones() {
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         assert_eq!(router.name().parse::<RouterConfig>(), Ok(router));
         assert_eq!(router.build(1, &CostHints::default()).name(), router.name());
     }
@@ -134,7 +134,7 @@ fn report_kv(c: &mut Controller, instance: u32, kv_used_blocks: u32, paused: boo
 
 #[test]
 fn every_router_avoids_instances_that_paused_admission_unless_all_did() {
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         let mut c = controller(router, &[100_000; 3]);
         // 0 and 1 are idle and hold the prompt's prefix, but paused admission (KV above the
         // high-water mark); 2 admits but has a long queue.
@@ -165,7 +165,7 @@ fn every_router_places_an_evicted_request_away_from_the_instance_it_left() {
             &FleetEvent::RequestEvicted { instance: InstanceId(instance), request: RequestId(0), reason },
         );
     };
-    for router in RouterConfig::ALL {
+    for router in RouterConfig::all() {
         let mut c = controller(router, &[100_000; 2]);
         // 0 caches the prompt and is idle: the first choice of every router but for the eviction.
         let prompt = chain(1, 8);
@@ -193,14 +193,14 @@ fn every_router_places_an_evicted_request_away_from_the_instance_it_left() {
 
 #[test]
 fn round_robin_cycles_through_serving_instances() {
-    let mut c = controller(RouterConfig::RoundRobin, &[10_000; 3]);
+    let mut c = controller(RouterConfig::RoundRobin(Default::default()), &[10_000; 3]);
     let picks: Vec<u32> = (0..6).map(|_| c.route(Time::ZERO, &request(10, 1)).unwrap().prefill.0).collect();
     assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
 }
 
 #[test]
 fn least_outstanding_counts_tokens_routed_since_the_last_report() {
-    let mut c = controller(RouterConfig::LeastOutstanding, &[10_000; 3]);
+    let mut c = controller(RouterConfig::LeastOutstanding(Default::default()), &[10_000; 3]);
     report(&mut c, 0, 500);
     report(&mut c, 1, 100);
     report(&mut c, 2, 300);
@@ -214,7 +214,7 @@ fn least_outstanding_counts_tokens_routed_since_the_last_report() {
 
 #[test]
 fn power_of_two_sends_to_the_less_loaded_of_its_draw() {
-    let mut c = controller(RouterConfig::PowerOfTwo, &[10_000; 5]);
+    let mut c = controller(RouterConfig::PowerOfTwo(Default::default()), &[10_000; 5]);
     for (i, load) in [400u64, 0, 300, 200, 100].into_iter().enumerate() {
         report(&mut c, i as u32, load);
     }
@@ -269,7 +269,7 @@ fn sglang_why(route: &Route) -> (SglangBranch, u32, u32) {
 
 #[test]
 fn sglang_sends_a_match_above_30_percent_to_the_instance_it_remembers() {
-    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 4]);
+    let mut c = controller(RouterConfig::SglangCacheAware(Default::default()), &[100_000; 4]);
     let a = chain(1, 10);
     assert_eq!(c.route(Time::ZERO, &request_of(&a)).unwrap().prefill, InstanceId(0), "a miss: least loaded");
     assert_eq!(c.route(Time::ZERO, &request_of(&chain(2, 10))).unwrap().prefill, InstanceId(1));
@@ -287,7 +287,7 @@ fn sglang_sends_a_match_above_30_percent_to_the_instance_it_remembers() {
 
 #[test]
 fn sglang_sends_to_the_least_loaded_once_the_spread_passes_64_and_half_the_minimum() {
-    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 4]);
+    let mut c = controller(RouterConfig::SglangCacheAware(Default::default()), &[100_000; 4]);
     let a = request_of(&chain(1, 8));
     let picks: Vec<(u32, SglangBranch)> = (0..70)
         .map(|_| {
@@ -315,7 +315,7 @@ fn sglang_sends_to_the_least_loaded_once_the_spread_passes_64_and_half_the_minim
 
 #[test]
 fn sglang_forgets_what_it_sent_to_an_instance_that_went_down() {
-    let mut c = controller(RouterConfig::SglangCacheAware, &[100_000; 2]);
+    let mut c = controller(RouterConfig::SglangCacheAware(Default::default()), &[100_000; 2]);
     let a = request_of(&chain(1, 8));
     assert_eq!(c.route(Time::ZERO, &a).unwrap().prefill, InstanceId(0));
     c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(0) });
@@ -334,7 +334,7 @@ fn dynamo_why(route: &Route) -> (u32, f64, u64, f64) {
 
 #[test]
 fn dynamo_prefers_a_big_gpu_overlap_to_an_idle_empty_instance() {
-    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    let mut c = controller(RouterConfig::DynamoKv(Default::default()), &[100_000; 2]);
     assert!(c.wants_kv_events());
     let prompt = chain(1, 110);
     store(&mut c, 0, Tier::L1, &prompt[..100]);
@@ -347,7 +347,7 @@ fn dynamo_prefers_a_big_gpu_overlap_to_an_idle_empty_instance() {
 
 #[test]
 fn dynamo_prefers_the_lighter_instance_when_the_overlap_is_small() {
-    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    let mut c = controller(RouterConfig::DynamoKv(Default::default()), &[100_000; 2]);
     let prompt = chain(1, 20);
     store(&mut c, 0, Tier::L1, &prompt[..4]);
     let busy = Load { kv_used_blocks: 200, kv_total_blocks: 1_000, prefill_tokens_left: 1_600, ..Load::default() };
@@ -360,7 +360,7 @@ fn dynamo_prefers_the_lighter_instance_when_the_overlap_is_small() {
 
 #[test]
 fn dynamo_counts_what_it_sent_since_the_last_report_and_only_gpu_blocks_as_overlap() {
-    let mut c = controller(RouterConfig::DynamoKv, &[100_000; 2]);
+    let mut c = controller(RouterConfig::DynamoKv(Default::default()), &[100_000; 2]);
     let prompt = chain(1, 10);
     store(&mut c, 0, Tier::L2, &prompt);
     let picks: Vec<u32> = (0..3).map(|_| c.route(Time::ZERO, &request_of(&prompt)).unwrap().prefill.0).collect();
@@ -371,6 +371,83 @@ fn dynamo_counts_what_it_sent_since_the_last_report_and_only_gpu_blocks_as_overl
     report_load(&mut c, 0, Load::default());
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!((route.prefill, dynamo_why(&route).3), (InstanceId(0), 20.0));
+}
+
+#[test]
+fn dynamos_overlap_weight_set_by_name_weighs_the_prefill_term() {
+    let router =
+        RouterConfig::with_params("dynamo-kv", &[("overlap_score_weight".to_string(), 0.5)].into()).expect("in range");
+    let mut c = controller(router, &[100_000; 2]);
+    let prompt = chain(1, 110);
+    store(&mut c, 0, Tier::L1, &prompt[..100]);
+    report_load(&mut c, 0, Load { kv_used_blocks: 20, kv_total_blocks: 1_000, ..Load::default() });
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    // 0: 0.5 × prefill 10 + decode (20 used + 10 new) = 35.
+    assert_eq!(dynamo_why(&route), (100, 10.0, 30, 35.0));
+}
+
+#[test]
+fn a_router_parameter_unknown_or_out_of_range_is_refused_by_name_with_its_range() {
+    let with = |name: &str, param: &str, v: f64| RouterConfig::with_params(name, &[(param.to_string(), v)].into());
+    let e = with("dynamo-kv", "overlap_score_weight", -1.0).unwrap_err();
+    assert_eq!(e.to_string(), "dynamo-kv's `overlap_score_weight` is -1, outside its range [0, 16]");
+    let RouterError::Param(p) = &e else { panic!("{e:?}") };
+    assert_eq!(p.param(), "overlap_score_weight");
+    let e = with("sglang-cache-aware", "balance_abs_threshold", 1.5).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "sglang-cache-aware's `balance_abs_threshold` is 1.5, outside its range integer in [0, 65536]"
+    );
+    let e = with("cache-aware", "copy", 1.0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack)"
+    );
+    assert_eq!(
+        with("round-robin", "x", 1.0).unwrap_err().to_string(),
+        "round-robin has no parameter `x` (valid: none)"
+    );
+    assert!(matches!(with("fastest", "x", 1.0), Err(RouterError::Unknown(_))));
+}
+
+#[test]
+fn every_routers_parameters_read_back_as_set_at_both_ends_of_their_ranges() {
+    for router in RouterConfig::all() {
+        assert_eq!(router.label(), router.name(), "defaults add nothing to the name");
+        for p in router.params() {
+            for end in [p.max, if p.min_open { (p.min + p.max) / 2.0 } else { p.min }] {
+                let mut r = router;
+                r.set(p.name, end).expect("in range");
+                assert_eq!(r.values()[p.name], end, "{router} {}", p.name);
+                let built = r.build(1, &CostHints::default());
+                assert_eq!(built.name(), router.name());
+            }
+        }
+    }
+    let mut r: RouterConfig = "llm-d".parse().unwrap();
+    r.set("queue_weight", 1.0).unwrap();
+    r.set("l2_weight", 0.5).unwrap();
+    assert_eq!(r.label(), "llm-d(l2_weight=0.5,queue_weight=1)");
+}
+
+#[test]
+fn the_catalog_lists_every_routers_parameters_with_defaults_and_ranges() {
+    let catalog = crate::params::catalog();
+    let routers: Vec<&str> = catalog.iter().filter(|p| p.role == "router").map(|p| p.policy).collect();
+    assert_eq!(routers, RouterConfig::NAMES);
+    for (router, entry) in RouterConfig::all().iter().zip(&catalog) {
+        let names: Vec<&str> = entry.params.iter().map(|p| p.param.name).collect();
+        assert_eq!(names, router.params().iter().map(|p| p.name).collect::<Vec<_>>());
+        for p in &entry.params {
+            assert_eq!(router.values()[p.param.name], p.default);
+            assert!(p.param.min <= p.default && p.default <= p.param.max, "{router} {}", p.param.name);
+        }
+    }
+    let dynamo = catalog.iter().find(|p| p.policy == "dynamo-kv").unwrap().to_string();
+    assert!(dynamo.contains("overlap_score_weight") && dynamo.contains("[0, 16]"), "{dynamo}");
+    for policy in ["fair", "fixed-xpyd", "slo-load", "none"] {
+        assert!(catalog.iter().any(|p| p.policy == policy), "{policy}");
+    }
 }
 
 fn llm_d_scores(route: &Route) -> [f64; 4] {
@@ -385,7 +462,7 @@ fn llm_d_weighs_prefix_3_queue_2_and_free_kv_2() {
     // 0 holds the whole prompt but has 4 waiting (queue score 0); 1 is empty and idle
     // (prefix 0, queue 1, kv 1: 4.0). 0 scores 3 + 0 + 2 × (1 − usage).
     for (used_blocks, winner, score) in [(250, 0, 4.5), (750, 1, 4.0)] {
-        let mut c = controller(RouterConfig::LlmD, &[100_000; 2]);
+        let mut c = controller(RouterConfig::LlmD(Default::default()), &[100_000; 2]);
         assert!(c.wants_kv_events());
         let prompt = chain(1, 8);
         store(&mut c, 0, Tier::L1, &prompt);
@@ -400,7 +477,7 @@ fn llm_d_weighs_prefix_3_queue_2_and_free_kv_2() {
 
 #[test]
 fn llm_d_normalizes_queues_over_the_candidates_and_credits_host_blocks_at_0_8() {
-    let mut c = controller(RouterConfig::LlmD, &[100_000; 3]);
+    let mut c = controller(RouterConfig::LlmD(Default::default()), &[100_000; 3]);
     let prompt = chain(1, 10);
     store(&mut c, 1, Tier::L2, &prompt[..5]);
     for (i, waiting) in [(0, 4), (1, 6), (2, 8)] {
@@ -417,7 +494,7 @@ fn llm_d_normalizes_queues_over_the_candidates_and_credits_host_blocks_at_0_8() 
 
 #[test]
 fn llm_d_breaks_ties_at_random_from_the_seed() {
-    let mut c = controller(RouterConfig::LlmD, &[100_000; 4]);
+    let mut c = controller(RouterConfig::LlmD(Default::default()), &[100_000; 4]);
     let picks: Vec<u32> = (0..12).map(|_| c.route(Time::ZERO, &request(100, 10)).unwrap().prefill.0).collect();
     assert_eq!(picks, [2, 3, 2, 2, 3, 0, 3, 2, 1, 1, 0, 1]);
 }
@@ -434,7 +511,7 @@ fn cache_aware_why(route: &Route) -> (u32, u32, u32, f64) {
 #[test]
 fn cache_aware_weighs_a_cached_prefix_against_the_queue_in_predicted_seconds() {
     // Default hints: 40,000 prompt tokens/s; L2 loads 400,000 tokens/s; L3 200,000.
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 3]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 3]);
     assert!(c.wants_kv_events());
     let prompt = chain(1, 250); // 4,000 tokens: 100 ms to compute from scratch
     store(&mut c, 0, Tier::L1, &prompt[..200]);
@@ -459,7 +536,7 @@ fn cache_aware_weighs_a_cached_prefix_against_the_queue_in_predicted_seconds() {
 #[test]
 fn cache_aware_passes_over_a_hot_instance_however_much_it_caches() {
     // Only instance 0 holds 2,000-token requests; all four hold the cached 896-token one.
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000, 1_000, 1_000, 1_000]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000, 1_000, 1_000, 1_000]);
     let prompt = chain(2, 56);
     store(&mut c, 0, Tier::L1, &prompt[..55]);
     let big = request(2_000, 1);
@@ -497,7 +574,7 @@ fn decoding(running: u32, decode_tokens_left: u64) -> Load {
 fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() {
     // 0 decodes 60 requests (100 tokens left each on average), 1 is idle; neither has a
     // queue, so the time to first token is the same (50 ms of prefill, no prefix).
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(60, 6_000));
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
@@ -517,7 +594,7 @@ fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() 
 fn cache_aware_counts_a_stall_against_the_tokens_the_running_requests_have_left() {
     // 0 runs 10 requests about to finish (10 tokens left each); 1 runs 40 with 1,000 left
     // each. The same 50 ms of prefill adds 5 ms to each of 0's TPOTs, 0.05 ms to 1's.
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(10, 100));
     report_load(&mut c, 1, decoding(40, 40_000));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
@@ -530,7 +607,7 @@ fn cache_aware_counts_a_stall_against_the_tokens_the_running_requests_have_left(
 fn cache_aware_predicts_the_decode_step_the_request_would_join() {
     // Equal queues and batches; 0 holds 320,000 tokens of KV, 1 none. Default hints: a step
     // is 6 ms + 20 µs a sequence + 0.04 µs a token of KV.
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
     report_load(&mut c, 0, Load { kv_used_blocks: 20_000, ..decoding(0, 0) });
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request(1_000, 100)).unwrap();
@@ -544,7 +621,7 @@ fn cache_aware_predicts_the_decode_step_the_request_would_join() {
 fn cache_aware_keeps_a_cached_prompt_on_its_busy_instance() {
     // 0 holds all but the last block of the prompt and decodes 60 requests; 1 is idle and
     // holds nothing. On 0 only 16 tokens are computed, so the stall is tiny.
-    let mut c = controller(RouterConfig::CacheAware, &[1_000_000; 2]);
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
     let prompt = chain(3, 250);
     store(&mut c, 0, Tier::L1, &prompt[..249]);
     report_load(&mut c, 0, decoding(60, 6_000));

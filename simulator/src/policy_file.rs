@@ -1,0 +1,203 @@
+//! Policy files: one router with its parameters, the engines' scheduling (prefill scheduler
+//! and its parameters, KV water marks) and the autoscaler with its parameters, in TOML or
+//! JSON (by the extension: `.json` is JSON). `simulate --policy FILE` and `max-rate --policy
+//! FILE` run it in place of the scenario's routers.
+//!
+//! ```toml
+//! router = "dynamo-kv"
+//! router_params = { overlap_score_weight = 1.5 }
+//! prefill_scheduler = "fair"
+//! prefill_params = { chunk_tokens = 4096 }
+//! kv_high_water = 0.9
+//! kv_low_water = 0.7
+//! autoscaler = "slo-load"
+//! autoscaler_params = { up_load = 0.85 }
+//! ```
+//!
+//! Only `router` is required; a key left out keeps the scenario's setting. The router keys and
+//! the scheduling's are those of the live policy API (`PUT /api/policy`), so a live policy's
+//! JSON is a policy file. Every value is checked where the scenario's own settings are
+//! ([`Scenario::resolve`]), by the policy types' one validator ([`policies::Params`]).
+
+use crate::scenario::{PoolsSection, RouterEntry, Scenario, ScenarioError, SchedulerSection};
+use engine::{Dur, FairPrefill};
+use policies::{AutoscalerConfig, Params, RouterConfig, RouterError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    pub router: String,
+    /// The router's parameters by name, over its defaults.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub router_params: BTreeMap<String, f64>,
+    /// `fcfs` or `fair`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_scheduler: Option<String>,
+    /// Fair prefill's parameters by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prefill_params: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_high_water: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_low_water: Option<f64>,
+    /// A P/D fleet's autoscaler (the scenario's `[pools] autoscaler`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<String>,
+    /// Its hysteresis knobs by name (durations in seconds).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub autoscaler_params: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("reading policy {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing policy {path}: {reason}")]
+    Parse { path: PathBuf, reason: String },
+    #[error("policy {path}: {source}")]
+    Invalid { path: PathBuf, source: Box<ScenarioError> },
+}
+
+impl PolicyFile {
+    /// Reads a policy file (JSON if its name ends in `.json`, TOML otherwise) and checks it.
+    pub fn load(path: &Path) -> Result<PolicyFile, PolicyFileError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| PolicyFileError::Read { path: path.into(), source })?;
+        let parsed = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| e.to_string())
+        } else {
+            toml::from_str(&text).map_err(|e| e.to_string())
+        };
+        let policy: PolicyFile = parsed.map_err(|reason| PolicyFileError::Parse { path: path.into(), reason })?;
+        policy.check().map_err(|source| PolicyFileError::Invalid { path: path.into(), source: Box::new(source) })?;
+        Ok(policy)
+    }
+
+    /// The policy as TOML, the form [`PolicyFile::load`] reads.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a policy file's fields are all TOML values")
+    }
+
+    /// A policy of `router` as configured (its parameters that differ from the defaults).
+    pub fn of_router(router: &RouterConfig) -> PolicyFile {
+        PolicyFile { router: router.name().to_string(), router_params: router.changed(), ..PolicyFile::default() }
+    }
+
+    /// Checks every setting, each by its one validator: the router and its parameters, the
+    /// scheduling (as an engine takes it) and fair prefill's parameters, the autoscaler and its
+    /// parameters.
+    pub fn check(&self) -> Result<(), ScenarioError> {
+        RouterConfig::with_params(&self.router, &self.router_params).map_err(|e| match e {
+            RouterError::Unknown(e) => ScenarioError::UnknownRouter(e),
+            RouterError::Param(e) => ScenarioError::Param { key: "router_params", source: e },
+        })?;
+        self.scheduler()?.engine_scheduling()?;
+        if let Some(name) = &self.autoscaler {
+            let mut autoscaler = AutoscalerConfig::by_name(name, Dur::ZERO, (1, 1))?;
+            for (param, v) in &self.autoscaler_params {
+                autoscaler.set(param, *v).map_err(|e| ScenarioError::Param { key: "autoscaler_params", source: e })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `[scheduler]` settings the policy gives (fair prefill's parameters checked).
+    fn scheduler(&self) -> Result<SchedulerSection, ScenarioError> {
+        let mut fair = FairPrefill::default();
+        for (name, v) in &self.prefill_params {
+            fair.set(name, *v).map_err(|e| ScenarioError::Param { key: "prefill_params", source: e })?;
+        }
+        let given = |name: &str| self.prefill_params.contains_key(name);
+        Ok(SchedulerSection {
+            prefill: self.prefill_scheduler.clone(),
+            chunk_tokens: given("chunk_tokens").then_some(fair.chunk_tokens),
+            quota_kv_share: given("quota_kv_share").then_some(fair.quota_kv_share),
+            quota_growth: given("quota_growth").then_some(fair.quota_growth),
+            long_min_tokens: given("long_min_tokens").then_some(fair.long_min_tokens),
+            kv_high_water: self.kv_high_water,
+            kv_low_water: self.kv_low_water,
+            ..SchedulerSection::default()
+        })
+    }
+
+    /// `scenario` running this policy: its routers replaced by this router, and the
+    /// scheduling and autoscaler settings the policy gives laid over the scenario's.
+    pub fn overlay(&self, scenario: Scenario) -> Result<Scenario, ScenarioError> {
+        let pools = PoolsSection {
+            autoscaler: self.autoscaler.clone(),
+            autoscaler_params: (!self.autoscaler_params.is_empty()).then(|| self.autoscaler_params.clone()),
+            ..PoolsSection::default()
+        };
+        let over = Scenario {
+            routers: Some(vec![RouterEntry::with_params(&self.router, &self.router_params)]),
+            scheduler: self.scheduler()?,
+            pools,
+            ..Scenario::default()
+        };
+        Ok(scenario.overlay(over))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> PolicyFile {
+        PolicyFile {
+            router: "cache-aware".into(),
+            router_params: [("copy_weight".to_string(), 2.5), ("hot_slack".to_string(), 4.0)].into(),
+            prefill_scheduler: Some("fair".into()),
+            prefill_params: [("chunk_tokens".to_string(), 4096.0)].into(),
+            kv_high_water: Some(0.9),
+            kv_low_water: Some(0.7),
+            autoscaler: Some("slo-load".into()),
+            autoscaler_params: [("up_load".to_string(), 0.85)].into(),
+        }
+    }
+
+    #[test]
+    fn a_policy_file_round_trips_through_toml_and_json() {
+        let dir = std::env::temp_dir().join(format!("fp-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let p = policy();
+        let toml_path = dir.join("p.toml");
+        std::fs::write(&toml_path, p.to_toml()).expect("write");
+        assert_eq!(PolicyFile::load(&toml_path).expect("reads"), p);
+        let json_path = dir.join("p.json");
+        std::fs::write(&json_path, serde_json::to_string(&p).expect("json")).expect("write");
+        assert_eq!(PolicyFile::load(&json_path).expect("reads"), p);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_policy_replaces_the_scenarios_routers_with_its_router_and_parameters() {
+        let base = Scenario { routers: Some(vec!["round-robin".into(), "llm-d".into()]), ..Scenario::default() };
+        let s = policy().overlay(base).expect("valid");
+        let (name, params) = s.routers.as_ref().expect("routers")[0].parts().expect("entry");
+        assert_eq!((name, params), ("cache-aware", policy().router_params));
+        assert_eq!(s.routers.as_ref().map(Vec::len), Some(1));
+        assert_eq!(s.scheduler.chunk_tokens, Some(4096));
+        assert_eq!(s.pools.autoscaler_params, Some(policy().autoscaler_params));
+    }
+
+    #[test]
+    fn each_invalid_setting_of_a_policy_names_its_parameter() {
+        let check = |p: PolicyFile| p.check().unwrap_err().to_string();
+        let mut p = policy();
+        p.router_params.insert("own_weight".into(), -1.0);
+        assert_eq!(
+            check(p),
+            "invalid setting `router_params.own_weight`: cache-aware's `own_weight` is -1, outside its range [0, 16]"
+        );
+        let p = PolicyFile { prefill_params: [("chunk_tokens".to_string(), 0.5)].into(), ..policy() };
+        assert!(check(p).starts_with("invalid setting `prefill_params.chunk_tokens`"));
+        let p = PolicyFile { autoscaler_params: [("up".to_string(), 1.0)].into(), ..policy() };
+        assert!(check(p).starts_with("invalid setting `autoscaler_params.up`: autoscaler has no parameter `up`"));
+        let p = PolicyFile { kv_high_water: Some(1.5), ..policy() };
+        assert_eq!(check(p), "invalid setting `scheduler.kv_high_water`: 1.5 is not a share in (0, 1]");
+        assert!(check(PolicyFile { router: "magic".into(), ..PolicyFile::default() }).starts_with("unknown router"));
+    }
+}
