@@ -5,7 +5,8 @@
 //! ([`Params::PARAMS`]) and reads and writes each field by name, so a parameter is named in
 //! one place. Scenarios, policy files and the live policy API set parameters by name with
 //! [`Params::set`], which refuses an unknown name or a value outside the range with an error
-//! naming the parameter ([`ParamError::param`]); `fleetplane params` lists [`catalog`].
+//! naming the parameter ([`ParamError::param`]); [`catalog`] lists them all (no command prints
+//! it yet).
 //!
 //! Values travel as `f64`: integers must be whole, durations are seconds.
 

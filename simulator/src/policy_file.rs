@@ -1,7 +1,7 @@
 //! Policy files: one router with its parameters, the engines' scheduling (prefill scheduler
 //! and its parameters, KV water marks) and the autoscaler with its parameters, in TOML or
-//! JSON (by the extension: `.json` is JSON). `simulate --policy FILE` and `max-rate --policy
-//! FILE` run it in place of the scenario's routers.
+//! JSON (by the extension: `.json` is JSON). [`PolicyFile::overlay`] runs it in place of a
+//! scenario's routers; no command reads policy files yet (`--policy FILE` is to come).
 //!
 //! ```toml
 //! router = "dynamo-kv"
@@ -14,14 +14,17 @@
 //! autoscaler_params = { up_load = 0.85 }
 //! ```
 //!
-//! Only `router` is required; a key left out keeps the scenario's setting. The router keys and
-//! the scheduling's are those of the live policy API (`PUT /api/policy`), so a live policy's
-//! JSON is a policy file. Every value is checked where the scenario's own settings are
+//! Only `router` is required; a key left out keeps the scenario's setting. The keys the live
+//! policy API has (`PUT /api/policies`: router, scheduling, autoscaler) mean the same here, so
+//! a live policy's JSON is a policy file; the `*_params` keys are not in the live API yet.
+//! Every value is checked where the scenario's own settings are
 //! ([`Scenario::resolve`]), by the policy types' one validator ([`policies::Params`]).
 
-use crate::scenario::{PoolsSection, RouterEntry, Scenario, ScenarioError, SchedulerSection};
+use crate::scenario::{
+    autoscaler_with_params, router_with_params, PoolsSection, RouterEntry, Scenario, ScenarioError, SchedulerSection,
+};
 use engine::{Dur, FairPrefill};
-use policies::{AutoscalerConfig, Params, RouterConfig, RouterError};
+use policies::{Params, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -90,16 +93,10 @@ impl PolicyFile {
     /// scheduling (as an engine takes it) and fair prefill's parameters, the autoscaler and its
     /// parameters.
     pub fn check(&self) -> Result<(), ScenarioError> {
-        RouterConfig::with_params(&self.router, &self.router_params).map_err(|e| match e {
-            RouterError::Unknown(e) => ScenarioError::UnknownRouter(e),
-            RouterError::Param(e) => ScenarioError::Param { key: "router_params", source: e },
-        })?;
+        router_with_params(&self.router, &self.router_params, "router_params")?;
         self.scheduler()?.engine_scheduling()?;
         if let Some(name) = &self.autoscaler {
-            let mut autoscaler = AutoscalerConfig::by_name(name, Dur::ZERO, (1, 1))?;
-            for (param, v) in &self.autoscaler_params {
-                autoscaler.set(param, *v).map_err(|e| ScenarioError::Param { key: "autoscaler_params", source: e })?;
-            }
+            autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! ```toml
 //! seed = 42
 //! # Each run's router: a name, or an inline table of the name and router parameters
-//! # (`fleetplane params` lists them with defaults and ranges; a run whose parameters differ
+//! # (each router's config type lists them with defaults and ranges; a run whose parameters differ
 //! # from the defaults is labelled with them, `dynamo-kv(overlap_score_weight=2)`).
 //! routers = ["round-robin", "least-outstanding", { name = "dynamo-kv", overlap_score_weight = 2.0 }]
 //!
@@ -155,7 +155,7 @@ impl From<String> for RouterEntry {
 /// prefill_instances = 2       # at the start [default: 1]
 /// decode_instances = 6        # [default: 1]
 /// autoscaler = "slo-load"     # none, fixed-xpyd, slo-load [default: none]
-/// autoscaler_params = { up_load = 0.85, down_hold = 30 }   # its knobs (`fleetplane params`)
+/// autoscaler_params = { up_load = 0.85, down_hold = 30 }   # its knobs (policies' `Knobs`)
 /// startup_s = 10              # from Start to serving [default: 10]
 /// gpu_budget = 16             # GPUs held at most [default: fleet.instances × GPUs per instance]
 /// xpyd = "1:3"                # fixed-xpyd's group [default: the starting pools' ratio]
@@ -254,10 +254,9 @@ impl PoolsSection {
                     }
                 };
                 let startup = seconds("pools.startup_s", self.startup_s, 10.0)?;
-                let mut autoscaler = AutoscalerConfig::by_name(autoscaler_name, startup, xpyd)?;
-                for (name, v) in self.autoscaler_params.iter().flatten() {
-                    autoscaler.set(name, *v).map_err(|e| param_error("pools.autoscaler_params", e))?;
-                }
+                let params = self.autoscaler_params.iter().flatten();
+                let autoscaler =
+                    autoscaler_with_params(autoscaler_name, startup, xpyd, params, "pools.autoscaler_params")?;
                 let gpu_budget = self.gpu_budget.unwrap_or(fleet_instances * gpus_per_instance);
                 if gpu_budget < (prefill + decode) * gpus_per_instance {
                     let reason = format!(
@@ -573,6 +572,33 @@ fn param_error(key: &'static str, source: ParamError) -> ScenarioError {
     ScenarioError::Param { key, source }
 }
 
+/// The router `name` with `params` (set under `key`), as [`RouterConfig::with_params`] checks it.
+pub(crate) fn router_with_params(
+    name: &str,
+    params: &BTreeMap<String, f64>,
+    key: &'static str,
+) -> Result<RouterConfig, ScenarioError> {
+    RouterConfig::with_params(name, params).map_err(|e| match e {
+        RouterError::Unknown(e) => ScenarioError::UnknownRouter(e),
+        RouterError::Param(e) => param_error(key, e),
+    })
+}
+
+/// The autoscaler `name` with `params` (set under `key`) over its defaults.
+pub(crate) fn autoscaler_with_params<'a>(
+    name: &str,
+    startup: Dur,
+    xpyd: (u32, u32),
+    params: impl IntoIterator<Item = (&'a String, &'a f64)>,
+    key: &'static str,
+) -> Result<AutoscalerConfig, ScenarioError> {
+    let mut autoscaler = AutoscalerConfig::by_name(name, startup, xpyd)?;
+    for (param, v) in params {
+        autoscaler.set(param, *v).map_err(|e| param_error(key, e))?;
+    }
+    Ok(autoscaler)
+}
+
 fn invalid(key: &'static str, reason: impl Into<String>) -> ScenarioError {
     ScenarioError::Invalid { key, reason: reason.into() }
 }
@@ -789,10 +815,7 @@ impl Scenario {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (spec.trim(), None),
             };
-            let router = RouterConfig::with_params(name, &params).map_err(|e| match e {
-                RouterError::Unknown(e) => ScenarioError::UnknownRouter(e),
-                RouterError::Param(e) => param_error("routers", e),
-            })?;
+            let router = router_with_params(name, &params, "routers")?;
             let (mut run_tiers, mut run_prefill, mut run_protection) = (tiers, prefill, kv_protection);
             let mut run_drafter = drafter;
             if let Some(v) = &variant {

@@ -140,11 +140,12 @@ impl Hub {
         self.pump();
         let now = self.now();
         let started = Instant::now();
+        let id = request.id;
         let placed = self.controller.place(&mut self.fleet, now, request, payload, None);
         self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
         match placed {
             Ok(route) => {
-                tracing::debug!(instance = %route.prefill, why = ?route.why, "routed");
+                tracing::debug!(request = %id, instance = %route.prefill, why = ?route.why, "routed");
                 Ok(route)
             }
             Err(Unplaced { error, payload, .. }) => Err((error, Box::new(payload))),

@@ -76,7 +76,7 @@ impl Metrics {
         let route_seconds = Histogram::new(exponential_buckets(1e-6, 2.0, 16));
         registry.register(
             "route_decision_seconds",
-            "Time the controller takes to route a request",
+            "Time the controller takes to route a request and hand it to the task that streams it",
             route_seconds.clone(),
         );
         let replaced = Counter::default();

@@ -238,7 +238,7 @@ impl RouterConfig {
 
     /// The parameters that differ from the router's defaults.
     pub fn changed(&self) -> BTreeMap<String, f64> {
-        let defaults = RouterConfig::all().into_iter().find(|r| r.name() == self.name()).map(|r| r.values());
+        let defaults = self.name().parse::<RouterConfig>().ok().map(|r| r.values());
         let mut values = self.values();
         values.retain(|k, v| defaults.as_ref().and_then(|d| d.get(k)) != Some(v));
         values
