@@ -5,6 +5,7 @@ use crate::Failure;
 use anyhow::Context;
 use clap::Args;
 use simulator::cost::{CpMode, UnknownName};
+use simulator::policy_file::PolicyFile;
 use simulator::scenario::{
     FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection,
 };
@@ -16,6 +17,12 @@ pub struct SimFlags {
     /// Scenario file (TOML) with any of the settings below; flags override it.
     #[arg(long, value_name = "FILE.toml")]
     pub scenario: Option<PathBuf>,
+
+    /// Policy file (TOML, or JSON if it ends in .json), as `fleetplane tune` writes it: its
+    /// router with its parameters runs in place of the scenario's routers, and its scheduling
+    /// and autoscaler settings override the scenario's and the flags'.
+    #[arg(long, value_name = "FILE", conflicts_with = "router")]
+    pub policy: Option<PathBuf>,
 
     /// Trace to replay: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or
     /// Azure LLM CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
@@ -274,13 +281,26 @@ impl SimFlags {
         }
     }
 
-    /// The scenario file (if any) with the flags laid over it, resolved and checked.
+    /// The scenario file (if any) with the flags and then the policy file laid over it,
+    /// resolved and checked.
     pub fn settings(&self) -> Result<Settings, Failure> {
+        self.scenario()?.resolve().context("invalid settings").map_err(Failure::Input)
+    }
+
+    /// The scenario these flags describe, before it is resolved.
+    pub fn scenario(&self) -> Result<Scenario, Failure> {
         let base = match &self.scenario {
             Some(path) => Scenario::load(path).map_err(|e| Failure::Input(e.into()))?,
             None => Scenario::default(),
         };
-        base.overlay(self.as_scenario()).resolve().context("invalid settings").map_err(Failure::Input)
+        let scenario = base.overlay(self.as_scenario());
+        match &self.policy {
+            None => Ok(scenario),
+            Some(path) => {
+                let policy = PolicyFile::load(path).map_err(|e| Failure::Input(e.into()))?;
+                policy.overlay(scenario).with_context(|| format!("policy {}", path.display())).map_err(Failure::Input)
+            }
+        }
     }
 }
 

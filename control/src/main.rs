@@ -5,6 +5,7 @@
 //! | `cli` | flags shared by the simulation commands, turned into a scenario overlay |
 //! | `simulate` | `fleetplane simulate`: routers side by side on the same arrivals |
 //! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
+//! | `tune` | `fleetplane tune`: a policy's parameters searched (CMA-ES) on one slice, judged on the rest |
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
 //! | `bench_suite` | `fleetplane bench-suite`: the simulator on tiered, cache-aware, P/D and 1,000-instance fleets |
 //! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
@@ -43,6 +44,7 @@ mod replay;
 mod scheduling;
 mod serve;
 mod simulate;
+mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -63,6 +65,11 @@ enum Command {
     Simulate(simulate::Args),
     /// Find, per router, the highest --rate-scale at which SLO attainment still meets a target.
     MaxRate(max_rate::Args),
+    /// Search a policy's parameters (router weights and guards, fair prefill, KV water marks,
+    /// autoscaler) for an objective on a training slice of the workload, judge the result on
+    /// the held-out rest beside the untuned policy and every other router, and write it as a
+    /// policy file.
+    Tune(tune::Args),
     /// Measure the simulator: a million synthetic requests on 64 instances; prints requests
     /// simulated per wall-clock second and peak memory.
     Bench(bench::Args),
@@ -199,6 +206,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::MaxRate(args) => max_rate::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchSuite(args) => bench_suite::run(args),
         Command::BenchMatching(args) => bench_matching::run(args),

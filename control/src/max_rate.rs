@@ -16,6 +16,7 @@ use crate::cli::{describe, SimFlags};
 use crate::simulate::run_routers;
 use crate::Failure;
 use clap::Args as ClapArgs;
+use indicatif::MultiProgress;
 use rayon::prelude::*;
 
 use simulator::metrics::Summary;
@@ -53,11 +54,12 @@ pub fn run(args: Args) -> Result<(), Failure> {
     println!("{} | target attainment {}", describe(&settings), args.target_attainment);
     // One search per run, side by side, each with its share of the threads.
     let width = batch_width(settings.routers.len());
+    let multi = MultiProgress::new();
     let runs = settings
         .routers
         .par_iter()
         .map(|run| {
-            let (max_rate_scale, summary) = search(&settings, run, args.target_attainment, width)?;
+            let (max_rate_scale, summary) = search(&settings, run, args.target_attainment, width, &multi)?;
             Ok(MaxRateRun { router: run.label(), max_rate_scale, summary })
         })
         .collect::<Result<Vec<_>, Failure>>()?;
@@ -70,23 +72,37 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 /// One run at rate `scale`; the infinite-cache bound is measured only when `measure_bound`
 /// (it depends on the arrivals, not on their rate, so a search measures it once).
-fn run_at(settings: &Settings, run: &RunSpec, scale: f64, measure_bound: bool) -> Result<Summary, Failure> {
-    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound)?;
+fn run_at(
+    settings: &Settings,
+    run: &RunSpec,
+    scale: f64,
+    measure_bound: bool,
+    multi: &MultiProgress,
+) -> Result<Summary, Failure> {
+    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound, multi)?;
     Ok(out.remove(0).summary)
 }
 
 /// Runs one search makes at once: its share of rayon's threads (shared by `searches`), as
 /// the size of a full tree of bisection levels (1, 3, 7, ...). Rounded down: six searches on
 /// 16 threads running 3 at once each took 2.3x the CPU time for the same wall time.
-fn batch_width(searches: usize) -> usize {
+pub(crate) fn batch_width(searches: usize) -> usize {
     let share = (rayon::current_num_threads() / searches.max(1)).max(1);
     (1usize << (share + 1).ilog2()) - 1
 }
 
-fn search(settings: &Settings, run: &RunSpec, target: f64, width: usize) -> Result<(f64, Summary), Failure> {
-    let first = run_at(settings, run, settings.rate_scale, true)?;
+/// The highest rate scale at which `run` meets `target` attainment, searched from the
+/// settings' rate scale with `width` runs at once, and the summary of the run at that scale.
+pub(crate) fn search(
+    settings: &Settings,
+    run: &RunSpec,
+    target: f64,
+    width: usize,
+    multi: &MultiProgress,
+) -> Result<(f64, Summary), Failure> {
+    let first = run_at(settings, run, settings.rate_scale, true, multi)?;
     let bound = first.max_hit_rate;
-    let search = Search { settings, run, target, width };
+    let search = Search { settings, run, target, width, multi };
     let (scale, mut best) = search.bisect(first)?;
     best.max_hit_rate = bound;
     Ok((scale, best))
@@ -99,6 +115,7 @@ struct Search<'a> {
     target: f64,
     /// Runs made at once.
     width: usize,
+    multi: &'a MultiProgress,
 }
 
 impl Search<'_> {
@@ -108,7 +125,7 @@ impl Search<'_> {
 
     /// Runs at every scale given, side by side; the results in the same order.
     fn runs_at(&self, scales: &[f64]) -> Vec<Result<Summary, Failure>> {
-        scales.par_iter().map(|&scale| run_at(self.settings, self.run, scale, false)).collect()
+        scales.par_iter().map(|&scale| run_at(self.settings, self.run, scale, false, self.multi)).collect()
     }
 
     /// Brackets then bisects the rate scale, from the run at the scenario's rate.

@@ -54,7 +54,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
         None => None,
     };
-    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true)?;
+    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true, &MultiProgress::new())?;
     for o in &outputs {
         if let Some(why) = &o.first_rejection {
             eprintln!("warning: {}: {} requests refused; first: {why}", o.router, o.summary.rejected);
@@ -101,19 +101,20 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// workload, so all see the same arrivals). Results come back in the order the routers were given.
 ///
 /// The infinite-cache bound depends on the arrivals alone, so only the first run measures it
-/// (when `measure_bound`) and the others report its value.
+/// (when `measure_bound`) and the others report its value. Each run longer than a second
+/// shows a spinner in `multi`.
 pub fn run_routers(
     settings: &Settings,
     routers: &[RunSpec],
     rate_scale: f64,
     measure_bound: bool,
+    multi: &MultiProgress,
 ) -> Result<Vec<RunOutput>, Failure> {
-    let multi = MultiProgress::new();
     let results: Vec<Result<RunOutput, Failure>> = routers
         .par_iter()
         .enumerate()
         .map(|(i, run)| {
-            let mut progress = RunProgress::new(&multi, run.label());
+            let mut progress = RunProgress::new(multi, run.label());
             let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
             let config = SimConfig { infinite_cache_bound: measure_bound && i == 0, ..settings.sim_config(run) };
             sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))

@@ -2,32 +2,15 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use tests::{mooncake, stderr, stdout};
 
 fn fleetplane(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fleetplane")).args(args).output().expect("fleetplane runs")
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn mooncake() -> String {
-    tests::trace("mooncake-conversation.jsonl").display().to_string()
-}
-
 /// Runs and expects a bad-input failure (exit 2) whose message contains every `needle`.
 fn fails_with(args: &[&str], needles: &[&str]) {
-    let o = fleetplane(args);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "exit code; stderr: {err}");
-    for n in needles {
-        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
-    }
-    assert!(!err.contains("panicked"), "{err}");
+    tests::assert_input_error(&fleetplane(args), needles);
 }
 
 #[test]

@@ -18,6 +18,7 @@
 //! | `pools` | disaggregated and autoscaled runs: settings, controller config, report |
 //! | `scenario` | scenario files, flag overlay, resolved settings |
 //! | `policy_file` | policy files: a router with its parameters, scheduling, autoscaler |
+//! | `search_space` | what `tune` searches: named parameters in ranges, a unit cube, the policy of a point |
 //! | `tiers` | the `[kv]` section: tiers on, their sizes and links, KV event delay |
 //! | `timeline` | per-window time series: pools, GPUs, SLO loads and attainment; restore times |
 
@@ -32,6 +33,7 @@ pub mod pools;
 mod queue;
 pub mod report;
 pub mod scenario;
+pub mod search_space;
 pub mod sim;
 pub mod tiers;
 pub mod timeline;

@@ -19,6 +19,31 @@ const CAPTION_PX: u32 = 24;
 const LABEL_PX: u32 = 16;
 const DESC_PX: u32 = 18;
 
+/// Draws `$draw(&root, $data)` into `$path`, SVG or PNG by its extension. A macro, not a
+/// function: each backend is another type, and the drawing functions are generic over it.
+macro_rules! render {
+    ($path:expr, $size:expr, $draw:ident, $data:expr) => {{
+        let path: &Path = $path;
+        let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        let draw_error = |message: String| PlotError::Draw { path: path.to_path_buf(), message };
+        match extension.as_deref() {
+            Some("svg") => {
+                register_font(path)?;
+                let root = SVGBackend::new(path, $size).into_drawing_area();
+                $draw(&root, $data).map_err(|e| draw_error(e.to_string()))?;
+                root.present().map_err(|e| draw_error(e.to_string()))
+            }
+            Some("png") => {
+                register_font(path)?;
+                let root = BitMapBackend::new(path, $size).into_drawing_area();
+                $draw(&root, $data).map_err(|e| draw_error(e.to_string()))?;
+                root.present().map_err(|e| draw_error(e.to_string()))
+            }
+            _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf() }),
+        }
+    }};
+}
+
 /// One router's distributions, as `(ms, cumulative fraction)` points (see
 /// [`crate::metrics::Metrics::ttft_cdf`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -41,23 +66,7 @@ pub enum PlotError {
 /// Draws two panels side by side, the TTFT CDF (log time axis) and the TPOT CDF (linear), with
 /// one line per series and a legend, into `path` (`.svg` or `.png`).
 pub fn plot_cdfs(path: &Path, series: &[CdfSeries]) -> Result<(), PlotError> {
-    let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let draw_error = |message: String| PlotError::Draw { path: path.to_path_buf(), message };
-    match extension.as_deref() {
-        Some("svg") => {
-            register_font(path)?;
-            let root = SVGBackend::new(path, SIZE_PX).into_drawing_area();
-            draw_cdfs(&root, series).map_err(|e| draw_error(e.to_string()))?;
-            root.present().map_err(|e| draw_error(e.to_string()))
-        }
-        Some("png") => {
-            register_font(path)?;
-            let root = BitMapBackend::new(path, SIZE_PX).into_drawing_area();
-            draw_cdfs(&root, series).map_err(|e| draw_error(e.to_string()))?;
-            root.present().map_err(|e| draw_error(e.to_string()))
-        }
-        _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf() }),
-    }
+    render!(path, SIZE_PX, draw_cdfs, series)
 }
 
 /// Registers the embedded font once per process; later calls reuse the outcome.
@@ -150,15 +159,22 @@ where
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
     }
     if !curves.is_empty() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FAMILY, LABEL_PX))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
+}
+
+/// The legend box, in the lower right corner.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> DrawResult<DB> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FAMILY, LABEL_PX))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
 }
 
 /// Most shifts marked on a time-series plot.
@@ -178,24 +194,7 @@ pub struct TimelineSeries {
 /// prefill and decode instances (dashed: decode; colocated instances as prefill), and the
 /// SLO loads `Load_P` (solid) and `Load_D` (dashed), into `path` (`.svg` or `.png`).
 pub fn plot_timeline(path: &Path, series: &[TimelineSeries]) -> Result<(), PlotError> {
-    let extension = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let draw_error = |message: String| PlotError::Draw { path: path.to_path_buf(), message };
-    let size = (1400, 1200);
-    match extension.as_deref() {
-        Some("svg") => {
-            register_font(path)?;
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw_timeline(&root, series).map_err(|e| draw_error(e.to_string()))?;
-            root.present().map_err(|e| draw_error(e.to_string()))
-        }
-        Some("png") => {
-            register_font(path)?;
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw_timeline(&root, series).map_err(|e| draw_error(e.to_string()))?;
-            root.present().map_err(|e| draw_error(e.to_string()))
-        }
-        _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf() }),
-    }
+    render!(path, (1400, 1200), draw_timeline, series)
 }
 
 /// A curve of one panel: its points, and whether it is drawn dashed.
@@ -330,6 +329,74 @@ fn log_ticks(lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
 fn format_ms(x: f64) -> String {
     let text = format!("{x:.2}");
     text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// A `fleetplane tune` search: each trial's objective, in the order tried.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchPlot {
+    pub title: String,
+    pub y_label: String,
+    /// `(trial, objective)`; trials that did not count are left out.
+    pub trials: Vec<(f64, f64)>,
+    /// The untuned policy's objective, drawn as a dashed line.
+    pub untuned: Option<f64>,
+    /// Higher is better (the best-so-far line follows the maximum).
+    pub maximize: bool,
+}
+
+/// Draws a search: a dot per trial, the best so far, and the untuned policy's value, into
+/// `path` (`.svg` or `.png`).
+pub fn plot_search(path: &Path, plot: &SearchPlot) -> Result<(), PlotError> {
+    render!(path, (1000, 560), draw_search, plot)
+}
+
+fn draw_search<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, plot: &SearchPlot) -> DrawResult<DB> {
+    root.fill(&WHITE)?;
+    let ys = || plot.trials.iter().map(|t| t.1).chain(plot.untuned);
+    let (lo, hi) = (ys().fold(f64::INFINITY, f64::min), ys().fold(f64::NEG_INFINITY, f64::max));
+    let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (lo.min(0.0).min(hi), hi.max(1.0)) };
+    let pad = (hi - lo) * 0.08;
+    let x_max = plot.trials.iter().map(|t| t.0).fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(root)
+        .caption(&plot.title, (FAMILY, CAPTION_PX))
+        .margin(16)
+        .x_label_area_size(56)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..x_max + 1.0, (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("trial")
+        .y_desc(plot.y_label.as_str())
+        .axis_desc_style((FAMILY, DESC_PX))
+        .label_style((FAMILY, LABEL_PX))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    let dots = Palette99::pick(0).to_rgba();
+    chart
+        .draw_series(plot.trials.iter().map(|&(x, y)| Circle::new((x, y), 4, dots.filled())))?
+        .label("trial")
+        .legend(move |(x, y)| Circle::new((x + 12, y), 4, dots.filled()));
+    let mut best: Vec<(f64, f64)> = Vec::new();
+    for &(x, y) in &plot.trials {
+        let b = match best.last() {
+            Some(&(_, b)) if (plot.maximize && b >= y) || (!plot.maximize && b <= y) => b,
+            _ => y,
+        };
+        best.push((x, b));
+    }
+    let line = Palette99::pick(1).to_rgba();
+    chart
+        .draw_series(LineSeries::new(best, line.stroke_width(2)))?
+        .label("best so far")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], line.stroke_width(2)));
+    if let Some(u) = plot.untuned {
+        let style = BLACK.stroke_width(1);
+        chart
+            .draw_series(DashedLineSeries::new(vec![(0.0, u), (x_max + 1.0, u)], 8, 6, style))?
+            .label("untuned")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+    }
+    draw_legend(&mut chart)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Policy files: one router with its parameters, the engines' scheduling (prefill scheduler
 //! and its parameters, KV water marks) and the autoscaler with its parameters, in TOML or
 //! JSON (by the extension: `.json` is JSON). [`PolicyFile::overlay`] runs it in place of a
-//! scenario's routers; no command reads policy files yet (`--policy FILE` is to come).
+//! scenario's routers (`simulate` and `max-rate --policy FILE`); `fleetplane tune` writes them.
 //!
 //! ```toml
 //! router = "dynamo-kv"
@@ -21,10 +21,11 @@
 //! ([`Scenario::resolve`]), by the policy types' one validator ([`policies::Params`]).
 
 use crate::scenario::{
-    autoscaler_with_params, router_with_params, PoolsSection, RouterEntry, Scenario, ScenarioError, SchedulerSection,
+    autoscaler_with_params, router_with_params, PoolsSection, RouterEntry, RunSpec, Scenario, ScenarioError,
+    SchedulerSection,
 };
-use engine::{Dur, FairPrefill};
-use policies::{Params, RouterConfig};
+use engine::{Dur, FairPrefill, PrefillPolicy};
+use policies::{Knobs, Params, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,6 +88,32 @@ impl PolicyFile {
     /// A policy of `router` as configured (its parameters that differ from the defaults).
     pub fn of_router(router: &RouterConfig) -> PolicyFile {
         PolicyFile { router: router.name().to_string(), router_params: router.changed(), ..PolicyFile::default() }
+    }
+
+    /// The policy `run` runs: its router's parameters that differ from the defaults, its
+    /// prefill scheduler (fair prefill's changed parameters), its KV water marks, and a P/D
+    /// fleet's autoscaler with the knobs that differ from those for its start-up time.
+    pub fn of_run(run: &RunSpec) -> PolicyFile {
+        let changed = |values: BTreeMap<String, f64>, defaults: BTreeMap<String, f64>| {
+            values.into_iter().filter(|(k, v)| defaults.get(k) != Some(v)).collect::<BTreeMap<_, _>>()
+        };
+        let (prefill_scheduler, prefill_params) = match &run.prefill {
+            PrefillPolicy::Fcfs => (None, BTreeMap::new()),
+            PrefillPolicy::Fair(f) => (Some("fair".to_string()), changed(f.values(), FairPrefill::default().values())),
+        };
+        let pd = run.pools.as_ref().and_then(|p| p.pd.as_ref());
+        let autoscaler_params = pd
+            .and_then(|pd| Some(changed(pd.autoscaler.knobs()?.values(), Knobs::for_startup(pd.startup).values())))
+            .unwrap_or_default();
+        PolicyFile {
+            prefill_scheduler,
+            prefill_params,
+            kv_high_water: run.kv_protection.map(|k| k.high_water),
+            kv_low_water: run.kv_protection.map(|k| k.low_water),
+            autoscaler: pd.map(|pd| pd.autoscaler.name().to_string()),
+            autoscaler_params,
+            ..PolicyFile::of_router(&run.router)
+        }
     }
 
     /// Checks every setting, each by its one validator: the router and its parameters, the

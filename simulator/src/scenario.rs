@@ -1074,10 +1074,11 @@ impl Settings {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn resolve(toml_text: &str) -> Result<Settings, ScenarioError> {
+    /// `toml_text` over a ten-request synthetic workload, resolved.
+    pub(crate) fn resolve(toml_text: &str) -> Result<Settings, ScenarioError> {
         let base = r#"
             [workload.synthetic]
             requests = 10

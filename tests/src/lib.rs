@@ -23,3 +23,28 @@ pub fn scratch_dir(test: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
 }
+
+/// A finished process's standard output, as text.
+pub fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A finished process's standard error, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The Mooncake conversation trace's path, as a flag's value.
+pub fn mooncake() -> String {
+    trace("mooncake-conversation.jsonl").display().to_string()
+}
+
+/// Expects a bad-input failure (exit 2) whose message contains every `needle`, and no panic.
+pub fn assert_input_error(o: &std::process::Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "exit code; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -199,6 +199,14 @@ impl AutoscalerConfig {
         }
     }
 
+    /// The policy's hysteresis knobs; `none` has none.
+    pub fn knobs(&self) -> Option<&Knobs> {
+        match self {
+            AutoscalerConfig::None => None,
+            AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } => Some(knobs),
+        }
+    }
+
     /// Sets one of the policy's hysteresis [`Knobs`], checked against its range; `none` has
     /// no parameters.
     pub fn set(&mut self, name: &str, value: f64) -> Result<(), ParamError> {

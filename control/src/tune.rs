@@ -1,0 +1,617 @@
+//! `fleetplane tune`: searches a policy's parameters for a scenario and an objective, on a
+//! training slice of the workload, and measures the chosen policy on the held-out rest beside
+//! the untuned policy and every other router.
+//!
+//! The search is CMA-ES (crate `cmaes`) in the unit cube of [`SearchSpace`], seeded by
+//! `--seed`: each generation's points are simulated side by side, and since a simulation is a
+//! function of its point, the search, its trials and its output are the same on any number of
+//! threads. A point outside the cube is simulated at its nearest point of the cube and scored
+//! a little worse, so that the search comes back inside.
+//!
+//! Objectives: `max-rate` (the highest rate scale that meets the attainment target, the
+//! `max-rate` command's search, each trial's started from the untuned policy's answer),
+//! `goodput` (requests per second that met the SLO, at the scenario's rate) and `cost` (GPU
+//! cost per million tokens at the scenario's rate; a trial below the attainment target does
+//! not count).
+
+use crate::cli::{describe, SimFlags};
+use crate::max_rate::{batch_width, search};
+use crate::simulate::run_routers;
+use crate::Failure;
+use anyhow::anyhow;
+use clap::{Args as ClapArgs, ValueEnum};
+use cmaes::{CMAESOptions, DVector};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+use serde::Serialize;
+use simulator::metrics::Summary;
+use simulator::plot::{plot_search, SearchPlot};
+use simulator::policy_file::PolicyFile;
+use simulator::report::write_json;
+use simulator::scenario::{Scenario, Settings};
+use simulator::search_space::{kv_params, Dim, SearchSpace};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub flags: SimFlags,
+
+    /// Print every tunable parameter (each router's, fair prefill's, the KV water marks, each
+    /// autoscaler's) with its range, default and meaning, and exit; with --json, also as JSON.
+    #[arg(long)]
+    pub list_params: bool,
+
+    /// Parameters to tune, comma-separated: a router parameter by its name, `prefill.NAME`
+    /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`
+    /// [default: every parameter of the router].
+    #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+    pub params: Vec<String>,
+
+    /// Search NAME between LO and HI instead of a quarter to four times its value (repeat
+    /// for several).
+    #[arg(long = "range", value_name = "NAME=LO:HI", value_parser = parse_range)]
+    pub ranges: Vec<(String, (f64, f64))>,
+
+    /// What the search maximizes (max-rate, goodput) or minimizes (cost).
+    #[arg(long, value_enum, default_value_t = Objective::MaxRate)]
+    pub objective: Objective,
+
+    /// Share of requests that must meet both SLO targets (max-rate's target; cost's floor).
+    #[arg(long, value_name = "X", default_value_t = 0.9)]
+    pub target_attainment: f64,
+
+    /// Simulations of the search (whole generations: rounded up to the population size).
+    #[arg(long, value_name = "N", default_value_t = 48)]
+    pub trials: usize,
+
+    /// Points per CMA-ES generation, simulated side by side [default: 4 + 3 ln(parameters), at least 8].
+    #[arg(long, value_name = "N")]
+    pub population: Option<usize>,
+
+    /// Share of the workload's requests the search sees (the first ones); the rest is the
+    /// held-out slice the result is judged on.
+    #[arg(long, value_name = "X", default_value_t = 0.5)]
+    pub train_share: f64,
+
+    /// Write the chosen policy as a policy file (TOML, or JSON if it ends in .json), for
+    /// `simulate --policy`, `max-rate --policy` and the live fleet's policies.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
+
+    /// Write the search and the held-out comparison as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+
+    /// Draw the search: every trial's objective on the training slice, the best so far and
+    /// the untuned policy's (SVG or PNG).
+    #[arg(long, value_name = "PATH")]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    MaxRate,
+    Goodput,
+    Cost,
+}
+
+impl Objective {
+    fn label(self, target: f64) -> String {
+        match self {
+            Objective::MaxRate => format!("max rate scale at {:.0}% attainment", 100.0 * target),
+            Objective::Goodput => "goodput (req/s meeting the SLO)".into(),
+            Objective::Cost => format!("cost per million tokens at {:.0}% attainment", 100.0 * target),
+        }
+    }
+
+    /// `a` is better than `b`.
+    fn better(self, a: f64, b: f64) -> bool {
+        match self {
+            Objective::MaxRate | Objective::Goodput => a > b,
+            Objective::Cost => a < b,
+        }
+    }
+
+    /// What the optimizer minimizes for a value.
+    fn loss(self, value: f64) -> f64 {
+        match self {
+            Objective::MaxRate | Objective::Goodput => -value,
+            Objective::Cost => value,
+        }
+    }
+}
+
+/// `NAME=LO:HI`.
+fn parse_range(s: &str) -> Result<(String, (f64, f64)), String> {
+    let bad = || format!("`{s}` is not NAME=LO:HI");
+    let (name, range) = s.split_once('=').ok_or_else(bad)?;
+    let (lo, hi) = range.split_once(':').ok_or_else(bad)?;
+    let num = |v: &str| v.trim().parse::<f64>().map_err(|_| format!("`{v}` in `{s}` is not a number"));
+    Ok((name.trim().to_string(), (num(lo)?, num(hi)?)))
+}
+
+/// One evaluation of a policy on a slice.
+#[derive(Clone, Debug, Serialize)]
+struct Eval {
+    /// The objective's value; `None` where the policy missed the attainment target at every
+    /// rate (max-rate) or at the scenario's (cost).
+    value: Option<f64>,
+    summary: Summary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Trial {
+    trial: usize,
+    generation: usize,
+    params: BTreeMap<String, f64>,
+    value: Option<f64>,
+    slo_attainment: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct HeldOutRun {
+    policy: String,
+    label: String,
+    train: Option<f64>,
+    value: Option<f64>,
+    summary: Summary,
+}
+
+#[derive(Debug, Serialize)]
+struct Slice {
+    skip_requests: u64,
+    requests: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct TuneReport {
+    objective: Objective,
+    target_attainment: f64,
+    seed: u64,
+    train: Slice,
+    held_out: Slice,
+    space: Vec<Dim>,
+    untuned: Trial,
+    trials: Vec<Trial>,
+    /// The best trial, or the untuned policy where no trial beat it.
+    chosen: Trial,
+    policy: PolicyFile,
+    held_out_runs: Vec<HeldOutRun>,
+    /// The chosen policy beat the untuned one on the held-out slice.
+    improved_on_held_out: bool,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    if args.list_params {
+        return list_params(&args);
+    }
+    let input = |e: String| Failure::Input(anyhow!(e));
+    if !(args.target_attainment > 0.0 && args.target_attainment <= 1.0) {
+        return Err(input(format!("--target-attainment must be in (0, 1], got {}", args.target_attainment)));
+    }
+    if !(args.train_share > 0.0 && args.train_share < 1.0) {
+        return Err(input(format!("--train-share must be in (0, 1), got {}", args.train_share)));
+    }
+    if args.trials == 0 {
+        return Err(input("--trials must be at least 1".into()));
+    }
+    let scenario = args.flags.scenario()?;
+    let settings = resolve(&scenario)?;
+    let [run] = settings.routers.as_slice() else {
+        return Err(input(format!(
+            "tune takes one router (--router NAME, or --policy FILE); got {}",
+            settings.routers.len()
+        )));
+    };
+    let ranges: BTreeMap<String, (f64, f64)> = args.ranges.iter().cloned().collect();
+    let space = SearchSpace::new(run, &args.params, &ranges).map_err(|e| input(e.to_string()))?;
+    let (train, held_out) = slices(&settings, args.train_share)?;
+    println!("{}", describe(&settings));
+    println!(
+        "tuning {} on requests {}..{} for {}; held out: {}..{}",
+        space.dims.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
+        train.skip_requests,
+        train.skip_requests + train.requests,
+        args.objective.label(args.target_attainment),
+        held_out.skip_requests,
+        held_out.skip_requests + held_out.requests,
+    );
+
+    let population = args.population.unwrap_or_else(|| default_population(space.dims.len()));
+    if population < 4 {
+        return Err(input(format!("--population must be at least 4, got {population}")));
+    }
+    let generations = args.trials.div_ceil(population);
+    let bar = ProgressBar::new((1 + generations * population) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} trials {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let judge = Judge {
+        scenario: &scenario,
+        objective: args.objective,
+        target: args.target_attainment,
+        quiet: MultiProgress::with_draw_target(ProgressDrawTarget::hidden()),
+    };
+
+    let untuned_values = space.values(&space.start());
+    let untuned_eval = judge.eval(&space.policy(&untuned_values), &train, None, 1)?;
+    bar.inc(1);
+    let untuned = trial(&space, 0, 0, &untuned_values, &untuned_eval);
+    // Each max-rate search starts where the untuned policy's ended: few doublings.
+    let start_scale = untuned_eval.value.filter(|v| *v > 0.0);
+
+    let trials = cma_search(&space, &judge, &train, start_scale, population, generations, settings.seed, &bar)?;
+    bar.finish_and_clear();
+
+    let best = trials.iter().filter(|t| t.value.is_some()).fold(None::<&Trial>, |best, t| match best {
+        Some(b) if !args.objective.better(t.value.unwrap_or_default(), b.value.unwrap_or_default()) => Some(b),
+        _ => Some(t),
+    });
+    let chosen = match (best, untuned.value) {
+        (Some(b), Some(u)) if !args.objective.better(b.value.unwrap_or_default(), u) => untuned.clone(),
+        (Some(b), _) => b.clone(),
+        (None, _) => untuned.clone(),
+    };
+    let policy = space.policy(&space.dims.iter().map(|d| chosen.params[&d.name]).collect::<Vec<_>>());
+
+    // The held-out slice: the chosen policy, the untuned one, every other router as it comes.
+    let untuned_policy = space.policy(&untuned_values);
+    let mut candidates =
+        vec![("tuned", policy.clone(), chosen.value), ("untuned", untuned_policy.clone(), untuned.value)];
+    for name in policies::RouterConfig::NAMES.iter().filter(|n| **n != untuned_policy.router) {
+        let anchor = PolicyFile { router: name.to_string(), router_params: BTreeMap::new(), ..untuned_policy.clone() };
+        candidates.push(("anchor", anchor, None));
+    }
+    eprintln!("judging {} policies on the held-out slice", candidates.len());
+    let width = batch_width(candidates.len());
+    let held_out_runs = candidates
+        .par_iter()
+        .map(|(role, p, train_value)| {
+            let e = judge.eval(p, &held_out, None, width)?;
+            let label = router_label(p);
+            Ok(HeldOutRun { policy: role.to_string(), label, train: *train_value, value: e.value, summary: e.summary })
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    let improved = match (held_out_runs[0].value, held_out_runs[1].value) {
+        (Some(t), Some(u)) => args.objective.better(t, u),
+        (Some(_), None) => true,
+        _ => false,
+    };
+
+    print!("{}", trials_table(&space, &untuned, &chosen, trials.len(), population));
+    print!("{}", held_out_table(&held_out_runs, args.objective));
+    if chosen.trial == 0 {
+        println!("no trial beat the untuned policy on the training slice: the untuned policy is kept");
+    } else if !improved {
+        println!(
+            "the tuned policy does not beat the untuned one on the held-out slice: it fits the training slice only \
+             (overfitting, or a difference within the search's precision); keep the untuned policy"
+        );
+    }
+    println!("\n# chosen policy\n{}", policy.to_toml());
+    if let Some(path) = &args.out {
+        let text = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::to_string_pretty(&policy).map_err(|e| Failure::Output(e.into()))? + "\n"
+        } else {
+            policy.to_toml()
+        };
+        std::fs::write(path, text)
+            .map_err(|e| Failure::Output(anyhow!("writing the policy to {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.plot {
+        let plot = SearchPlot {
+            title: format!("tune: {}", untuned_policy.router),
+            y_label: args.objective.label(args.target_attainment),
+            trials: trials.iter().filter_map(|t| Some((t.trial as f64, t.value?))).collect(),
+            untuned: untuned.value,
+            maximize: args.objective != Objective::Cost,
+        };
+        plot_search(path, &plot).map_err(|e| Failure::Output(e.into()))?;
+    }
+    if let Some(path) = &args.json {
+        let report = TuneReport {
+            objective: args.objective,
+            target_attainment: args.target_attainment,
+            seed: settings.seed,
+            train,
+            held_out,
+            space: space.dims.clone(),
+            untuned,
+            trials,
+            chosen,
+            policy,
+            held_out_runs,
+            improved_on_held_out: improved,
+        };
+        write_json(path, &report).map_err(|e| Failure::Output(e.into()))?;
+    }
+    Ok(())
+}
+
+fn resolve(scenario: &Scenario) -> Result<Settings, Failure> {
+    scenario.clone().resolve().map_err(|e| Failure::Input(anyhow!("invalid settings: {e}")))
+}
+
+/// CMA-ES's default population, at least 8 so that a generation keeps several cores busy.
+fn default_population(dims: usize) -> usize {
+    (4 + (3.0 * (dims as f64).ln()).floor() as usize).max(8)
+}
+
+/// The training and held-out slices of the settings' requests.
+fn slices(settings: &Settings, share: f64) -> Result<(Slice, Slice), Failure> {
+    let mut w = settings.open_workload(1.0).map_err(|e| Failure::Input(e.into()))?;
+    let mut n = 0u64;
+    while w.next_arrival(Vec::new()).map_err(|e| Failure::Input(e.into()))?.is_some() {
+        n += 1;
+    }
+    let train = (n as f64 * share).floor() as u64;
+    if train == 0 || train == n {
+        return Err(Failure::Input(anyhow!(
+            "the workload has {n} requests: too few to split at --train-share {share} (each slice needs one)"
+        )));
+    }
+    let skip = settings.skip_requests.unwrap_or(0);
+    Ok((Slice { skip_requests: skip, requests: train }, Slice { skip_requests: skip + train, requests: n - train }))
+}
+
+/// Evaluates policies on slices of the scenario's workload.
+struct Judge<'a> {
+    scenario: &'a Scenario,
+    objective: Objective,
+    target: f64,
+    /// Runs inside a search show no spinners: the trials' bar says how far it is.
+    quiet: MultiProgress,
+}
+
+impl Judge<'_> {
+    /// `policy` on `slice`; a max-rate search starts at `start_scale` (or the scenario's),
+    /// `width` runs at once.
+    fn eval(
+        &self,
+        policy: &PolicyFile,
+        slice: &Slice,
+        start_scale: Option<f64>,
+        width: usize,
+    ) -> Result<Eval, Failure> {
+        let scenario = policy.overlay(self.scenario.clone()).map_err(|e| Failure::Input(e.into()))?;
+        let mut settings = resolve(&scenario)?;
+        settings.skip_requests = Some(slice.skip_requests);
+        settings.max_requests = Some(slice.requests);
+        if let Some(s) = start_scale {
+            settings.rate_scale = s;
+        }
+        let run = &settings.routers[0];
+        match self.objective {
+            Objective::MaxRate => {
+                // Zero: the target is out of reach at any rate (long prompts alone miss it).
+                let (scale, summary) = search(&settings, run, self.target, width, &self.quiet)?;
+                Ok(Eval { value: (scale > 0.0).then_some(scale), summary })
+            }
+            Objective::Goodput | Objective::Cost => {
+                let out = run_routers(&settings, std::slice::from_ref(run), settings.rate_scale, false, &self.quiet)?;
+                let summary =
+                    out.into_iter().next().map(|o| o.summary).ok_or_else(|| Failure::Run(anyhow!("no run")))?;
+                let value = match self.objective {
+                    Objective::Goodput => Some(summary.goodput_rps),
+                    _ => (summary.slo_attainment >= self.target).then_some(summary.cost_per_mtok),
+                };
+                Ok(Eval { value, summary })
+            }
+        }
+    }
+}
+
+fn trial(space: &SearchSpace, trial: usize, generation: usize, values: &[f64], e: &Eval) -> Trial {
+    let params = space.dims.iter().zip(values).map(|(d, v)| (d.name.clone(), *v)).collect();
+    Trial { trial, generation, params, value: e.value, slo_attainment: e.summary.slo_attainment }
+}
+
+/// What the optimizer sees for a trial: the loss, worse by the squared distance outside the
+/// cube; a trial that does not count scores worse than any that does.
+fn loss(objective: Objective, value: Option<f64>, outside: f64) -> f64 {
+    let base = value.map_or(1e12, |v| objective.loss(v));
+    base + (base.abs() + 1.0) * outside
+}
+
+/// Runs `generations` of CMA-ES from the space's start, `population` trials side by side.
+#[allow(clippy::too_many_arguments)]
+fn cma_search(
+    space: &SearchSpace,
+    judge: &Judge,
+    train: &Slice,
+    start_scale: Option<f64>,
+    population: usize,
+    generations: usize,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<Vec<Trial>, Failure> {
+    // Points the search returns to (clamped onto the cube, or integers rounded) are simulated
+    // once.
+    let seen: Mutex<HashMap<Vec<u64>, Eval>> = Mutex::new(HashMap::new());
+    let generation: Mutex<Vec<(Vec<f64>, Eval)>> = Mutex::new(Vec::new());
+    let failure: Mutex<Option<Failure>> = Mutex::new(None);
+    let width = batch_width(population);
+    let objective = |x: &DVector<f64>| -> f64 {
+        let values = space.values(x.as_slice());
+        let key: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
+        let outside: f64 = x.iter().map(|u| (u - u.clamp(0.0, 1.0)).powi(2)).sum();
+        let known = seen.lock().ok().and_then(|s| s.get(&key).cloned());
+        let eval = match known {
+            Some(e) => e,
+            None => match judge.eval(&space.policy(&values), train, start_scale, width) {
+                Ok(e) => {
+                    if let Ok(mut s) = seen.lock() {
+                        s.insert(key, e.clone());
+                    }
+                    e
+                }
+                Err(e) => {
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(e);
+                    }
+                    return f64::MAX;
+                }
+            },
+        };
+        bar.inc(1);
+        let l = loss(judge.objective, eval.value, outside);
+        if let Ok(mut g) = generation.lock() {
+            g.push((values, eval));
+        }
+        l
+    };
+    let mut cma = CMAESOptions::new(space.start(), 0.3)
+        .population_size(population)
+        .seed(seed)
+        .build(objective)
+        .map_err(|e| Failure::Input(anyhow!("the optimizer refused its options: {e:?}")))?;
+    let mut trials = Vec::new();
+    for g in 1..=generations {
+        let stop = cma.next_parallel();
+        if let Some(f) = failure.lock().ok().and_then(|mut f| f.take()) {
+            return Err(f);
+        }
+        // The generation's trials in the order of their points: the same on any number of
+        // threads.
+        let mut points = generation.lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
+        points.sort_by(|a, b| a.0.iter().map(|v| v.to_bits()).cmp(b.0.iter().map(|v| v.to_bits())));
+        for (values, eval) in points {
+            trials.push(trial(space, trials.len() + 1, g, &values, &eval));
+        }
+        if stop.is_some() {
+            // Converged (every point of a generation alike): more generations add nothing.
+            break;
+        }
+    }
+    Ok(trials)
+}
+
+/// The router with its parameters, as reports name it.
+fn router_label(p: &PolicyFile) -> String {
+    policies::RouterConfig::with_params(&p.router, &p.router_params)
+        .map(|r| r.label())
+        .unwrap_or_else(|_| p.router.clone())
+}
+
+fn fmt_value(v: Option<f64>) -> String {
+    v.map_or("missed".to_string(), |v| format!("{v:.3}"))
+}
+
+fn trials_table(space: &SearchSpace, untuned: &Trial, chosen: &Trial, trials: usize, population: usize) -> String {
+    let mut out = format!("\nsearch: {trials} trials, {population} per generation (training slice)\n");
+    out += &format!("{:<10}", "");
+    for d in &space.dims {
+        out += &format!("  {:>22}", d.name);
+    }
+    out += &format!("  {:>10}  {:>10}\n", "objective", "attained");
+    for (name, t) in [("range", None), ("untuned", Some(untuned)), ("chosen", Some(chosen))] {
+        out += &format!("{name:<10}");
+        for d in &space.dims {
+            let cell = match t {
+                None => format!("{}..{}", short(d.lo), short(d.hi)),
+                Some(t) => short(t.params[&d.name]),
+            };
+            out += &format!("  {cell:>22}");
+        }
+        match t {
+            None => out += "\n",
+            Some(t) => {
+                out += &format!("  {:>10}  {:>9.1}%", fmt_value(t.value), 100.0 * t.slo_attainment);
+                if name == "chosen" && t.trial > 0 {
+                    out += &format!("  (trial {})", t.trial);
+                }
+                out += "\n";
+            }
+        }
+    }
+    out
+}
+
+fn short(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn held_out_table(runs: &[HeldOutRun], objective: Objective) -> String {
+    let untuned = runs.get(1).and_then(|r| r.value);
+    let mut out = format!(
+        "\nheld-out slice\n{:<8}  {:<48}  {:>10}  {:>10}  {:>10}  {:>10}\n",
+        "policy", "router", "training", "held-out", "vs untuned", "attained"
+    );
+    for r in runs {
+        let vs = match (r.value, untuned) {
+            (Some(v), Some(u)) if u != 0.0 => format!("{:+.1}%", 100.0 * (v / u - 1.0)),
+            _ => "-".to_string(),
+        };
+        out += &format!(
+            "{:<8}  {:<48}  {:>10}  {:>10}  {:>10}  {:>9.1}%\n",
+            r.policy,
+            r.label,
+            r.train.map_or("-".to_string(), |v| format!("{v:.3}")),
+            fmt_value(r.value),
+            vs,
+            100.0 * r.summary.slo_attainment
+        );
+    }
+    if objective == Objective::Cost {
+        out += "(cost: lower is better; `missed`: below the attainment target)\n";
+    }
+    out
+}
+
+/// `--list-params`: every policy's parameters, and the water marks.
+fn list_params(args: &Args) -> Result<(), Failure> {
+    let catalog = policies::params::catalog();
+    for p in &catalog {
+        print!("{p}");
+    }
+    println!("scheduling (KV high-water protection)");
+    for p in kv_params() {
+        println!("  {:<24} {:>10}  {:<28} {}", p.name, "off", p.range(), p.doc);
+    }
+    println!(
+        "\nWith tune --params: a router's parameters by name, fair prefill's as prefill.NAME, an autoscaler's as \
+         autoscaler.NAME, and kv_high_water, kv_low_water."
+    );
+    if let Some(path) = &args.json {
+        #[derive(Serialize)]
+        struct Listing<'a> {
+            policies: &'a [policies::PolicyParams],
+            scheduling: [policies::Param; 2],
+        }
+        write_json(path, &Listing { policies: &catalog, scheduling: kv_params() })
+            .map_err(|e| Failure::Output(e.into()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_name_equals_lo_colon_hi() {
+        assert_eq!(parse_range("copy_weight=1:8"), Ok(("copy_weight".into(), (1.0, 8.0))));
+        assert_eq!(parse_range("copy_weight=1"), Err("`copy_weight=1` is not NAME=LO:HI".into()));
+        assert_eq!(parse_range("x=a:2"), Err("`a` in `x=a:2` is not a number".into()));
+    }
+
+    #[test]
+    fn a_trial_that_misses_or_leaves_the_cube_scores_worse() {
+        let o = Objective::MaxRate;
+        assert!(loss(o, Some(2.0), 0.0) < loss(o, Some(1.0), 0.0));
+        assert!(loss(o, Some(2.0), 0.0) < loss(o, Some(2.0), 0.1));
+        assert!(loss(o, Some(0.0), 0.0) < loss(o, None, 0.0));
+        let c = Objective::Cost;
+        assert!(loss(c, Some(1.0), 0.0) < loss(c, Some(2.0), 0.0));
+        assert!(loss(c, Some(1e6), 0.0) < loss(c, None, 0.0));
+    }
+}
