@@ -27,6 +27,7 @@ pub use slo_load::SloLoadScaler;
 use crate::params::{ParamError, Params, PolicyParams};
 use crate::slo_load::Loads;
 use engine::{Dur, Time};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -207,6 +208,14 @@ impl AutoscalerConfig {
                 Err(ParamError::Unknown { policy: "none", param: name.to_string(), valid: "none".to_string() })
             }
             AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } => knobs.set(name, value),
+        }
+    }
+
+    /// The parameters with their values (`none` has none).
+    pub fn values(&self) -> BTreeMap<String, f64> {
+        match self {
+            AutoscalerConfig::None => BTreeMap::new(),
+            AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } => knobs.values(),
         }
     }
 
