@@ -487,6 +487,8 @@ fn an_operator_applies_a_tuned_policy_file() {
     b.click("#policy-form button[type=submit]");
     b.wait_text("#router_params-message", &["router_params.overlap_score_weight", "outside its range [0, 16]"]);
     assert_eq!(get(&format!("{}/api/policies", s.http), Some(ADMIN)).1["version"], 2);
+    b.goto(&format!("{}/console/#/fleet", s.http));
+    b.wait_text("#router-in-force", &["dynamo-kv(overlap_score_weight=1.5)"]);
     assert_eq!(b.script_errors(), Vec::<String>::new());
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -390,6 +390,8 @@ fn a_policys_parameters_run_in_the_controller_and_reach_the_engines() {
     assert_eq!(v["in_force"]["router"], "cache-aware");
     assert_eq!(v["in_force"]["router_label"], "cache-aware(copy_weight=2)", "{v}");
     assert_eq!(v["in_force"]["router_params"], json!({"copy_weight": 2.0}));
+    let (_, fleet) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+    assert_eq!(fleet["router_label"], "cache-aware(copy_weight=2)", "{fleet}");
     let chunk = |http: &str| schedulings(http)[0].1["prefill_params"]["chunk_tokens"].as_f64();
     eventually(10, "e0 schedules fairly with 4,096-token chunks", || chunk(&s.http) == Some(4096.0));
     let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "tuned", "max_tokens": 3}));

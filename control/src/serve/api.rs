@@ -74,6 +74,7 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
         "replica": app.replica,
         "leader": app.leader.load(Ordering::Relaxed),
         "router": hub.controller.router_name(),
+        "router_label": hub.config.router.label(),
         "instances": counts,
         "pending_database_writes": app.store.backlog(),
     }))
