@@ -30,15 +30,17 @@ export class ApiError extends Error {
 // send the operator back to the login page through this event.
 export const unauthorized = new EventTarget();
 
-async function request(path, { method = 'GET', body, as = 'json', bearer } = {}) {
+// `text`: a body sent as it is, of Content-Type `type` (a file's text), instead of `body` as JSON.
+async function request(path, { method = 'GET', body, text, type, as = 'json', bearer } = {}) {
   const headers = { Authorization: `Bearer ${bearer ?? token() ?? ''}` };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (text !== undefined) headers['Content-Type'] = type;
   let res;
   try {
     res = await fetch(`/api${path}`, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: text !== undefined ? text : body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (e) {
     throw new ApiError(0, null, `the control plane cannot be reached (${e.message})`);
@@ -62,6 +64,7 @@ export const get = (path, opts) => request(path, opts);
 export const getText = (path) => request(path, { as: 'text' });
 export const put = (path, body) => request(path, { method: 'PUT', body });
 export const post = (path, body) => request(path, { method: 'POST', body });
+export const postText = (path, text, type) => request(path, { method: 'POST', text, type });
 
 // Checks a token before keeping it: 401 means unknown, 403 a token that is not an admin's.
 export async function login(candidate) {

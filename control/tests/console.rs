@@ -409,6 +409,90 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     assert_eq!(b.script_errors(), Vec::<String>::new(), "the console's scripts failed");
 }
 
+/// A policy file as `fleetplane tune` writes it (`PolicyFile::to_toml`).
+const TUNED_POLICY: &str = r#"router = "cache-aware"
+prefill_scheduler = "fair"
+
+[router_params]
+copy_weight = 2.0
+
+[prefill_params]
+chunk_tokens = 4096.0
+"#;
+
+#[test]
+fn an_operator_applies_a_tuned_policy_file() {
+    let Some(b) = browser_or_skip("an_operator_applies_a_tuned_policy_file") else {
+        return;
+    };
+    let db = Db::fresh("console_tuned");
+    let s = serve(&db, &["--router", "round-robin"]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let dir = std::env::temp_dir().join(format!("fp-console-tuned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (tuned, bad) = (dir.join("tuned.toml"), dir.join("bad.toml"));
+    std::fs::write(&tuned, TUNED_POLICY).expect("write");
+    std::fs::write(&bad, TUNED_POLICY.replace("copy_weight = 2.0", "copy_weight = 99.0")).expect("write");
+
+    b.goto(&format!("{}/", s.http));
+    b.type_into("#token", ADMIN);
+    b.click("#login button[type=submit]");
+    b.wait_text("#serving-count", &["1"]);
+    b.goto(&format!("{}/console/#/policies", s.http));
+    b.wait_text("#policy-in-force", &["round-robin"]);
+    let loaded = |b: &Browser, part: &'static str| {
+        b.wait_for("the file's text is loaded", |b| {
+            Ok(b.script("return document.querySelector('#tuned-text').value", json!([]))?
+                .as_str()
+                .filter(|t| t.contains(part))
+                .map(str::to_string))
+        })
+    };
+
+    // A parameter out of its range: refused, naming it and its range; nothing changes.
+    b.choose_file("#tuned-file", &bad);
+    loaded(&b, "99.0");
+    b.click("#tuned-form button[type=submit]");
+    b.wait_text("#tuned-message", &["Not applied", "router_params.copy_weight", "outside its range [0, 64]"]);
+    assert_eq!(router_in_force(&s.http), "round-robin");
+
+    // The tuned file: the new version shows with its parameters, in force in the controller
+    // and on the engine.
+    b.choose_file("#tuned-file", &tuned);
+    loaded(&b, "copy_weight = 2.0");
+    b.click("#tuned-form button[type=submit]");
+    b.wait_text("#tuned-message", &["Applied as version 1", "cache-aware(copy_weight=2)", "chunk_tokens=4096"]);
+    b.wait_text("#policy-in-force", &["cache-aware(copy_weight=2)"]);
+    b.wait_text("#policy-params", &["router_params: copy_weight=2", "prefill_params: chunk_tokens=4096"]);
+    b.wait_text("#engines-in-force", &["e0: fair", "chunk_tokens=4096"]);
+    b.wait_text(
+        "#policy-history tbody tr:first-child",
+        &["1", "cache-aware(copy_weight=2)", "fair (chunk_tokens=4096)"],
+    );
+    let edited = b.script("return document.querySelector('#router-params').value", json!([])).expect("script");
+    assert_eq!(edited, "copy_weight=2", "the editor holds the version's parameters");
+    b.screenshot(&screenshots().join("policies-tuned.png"));
+
+    // Pasted JSON works too; and the editor's parameters are checked like the file's.
+    b.set_value("#tuned-text", r#"{"router": "dynamo-kv", "router_params": {"overlap_score_weight": 1.5}}"#);
+    b.click("#tuned-form button[type=submit]");
+    b.wait_text("#tuned-message", &["Applied as version 2", "dynamo-kv(overlap_score_weight=1.5)"]);
+    b.wait_text("#policy-in-force", &["dynamo-kv(overlap_score_weight=1.5)"]);
+    b.wait_for("the editor holds version 2", |b| {
+        let v = b.script("return document.querySelector('#router-params').value", json!([]))?;
+        Ok((v == "overlap_score_weight=1.5").then_some(()))
+    });
+    b.type_into("#router-params", "overlap_score_weight=99");
+    b.click("#policy-form button[type=submit]");
+    b.wait_text("#router_params-message", &["router_params.overlap_score_weight", "outside its range [0, 16]"]);
+    assert_eq!(get(&format!("{}/api/policies", s.http), Some(ADMIN)).1["version"], 2);
+    b.goto(&format!("{}/console/#/fleet", s.http));
+    b.wait_text("#router-in-force", &["dynamo-kv(overlap_score_weight=1.5)"]);
+    assert_eq!(b.script_errors(), Vec::<String>::new());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn an_operator_sees_the_pd_pools_loads_and_the_scaling_events_with_their_causes() {
     let Some(b) = browser_or_skip("an_operator_sees_the_pd_pools_loads_and_the_scaling_events_with_their_causes")

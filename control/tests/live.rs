@@ -257,6 +257,16 @@ fn schedulings(http: &str) -> Vec<(String, Value)> {
     all
 }
 
+/// PUTs each policy of `cases` to `url`, which must refuse it with a 400 naming the field and
+/// saying what the case says.
+fn refused_by_name(url: &str, cases: &[(Value, &str, &str)]) {
+    for (body, field, says) in cases {
+        let (status, v) = common::send(reqwest::Method::PUT, url, Some(ADMIN), body);
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(*field)), "{body}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(says)), "{body}: {v}");
+    }
+}
+
 #[test]
 fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set() {
     let db = Db::fresh("policyset");
@@ -264,7 +274,7 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let _e0 = engine(&s.grpc, "e0", &[]);
     wait_serving(&s.http, 1);
     let url = format!("{}/api/policies", s.http);
-    let fcfs = json!({"prefill_scheduler": "fcfs", "kv_high_water": null, "kv_low_water": null});
+    let fcfs = json!({"prefill_scheduler": "fcfs", "prefill_params": {}, "kv_high_water": null, "kv_low_water": null});
     eventually(10, "e0 reports its own scheduling", || schedulings(&s.http) == [("e0".to_string(), fcfs.clone())]);
 
     // Each bad field is refused with its name and the valid values; nothing is stored.
@@ -279,18 +289,15 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
         (json!({"router": "round-robin", "kv_low_water": 0.5}), "kv_low_water", "needs kv_high_water"),
         (json!({"router": "round-robin", "autoscaler": "slo-load"}), "autoscaler", "valid: none"),
     ];
-    for (body, field, says) in refused {
-        let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &body);
-        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(field)), "{body}: {v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(says)), "{body}: {v}");
-    }
+    refused_by_name(&url, &refused);
     let (_, v) = get(&format!("{url}/history"), Some(ADMIN));
     assert_eq!(v["versions"], json!([]), "refused versions are not stored");
 
     let fair = json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6});
     let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &fair);
     assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
-    let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6});
+    let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6,
+        "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
     eventually(10, "e0 schedules fairly", || schedulings(&s.http) == [("e0".to_string(), fair_in_force.clone())]);
     // An engine that joins later gets the policy in force.
     let _e1 = engine(&s.grpc, "e1", &[]);
@@ -317,11 +324,97 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     assert_eq!(v["in_force"]["router"], "round-robin");
     assert_eq!(
         v["policy"],
-        json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null})
+        json!({"router": "round-robin", "router_params": {}, "prefill_scheduler": "fair", "prefill_params": {},
+            "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null, "autoscaler_params": {}})
     );
     let (_, history) = get(&format!("{url}/history"), Some(ADMIN));
     let v2 = &history["versions"][1];
     assert_eq!(v2["policy"]["prefill_scheduler"], "fcfs", "history shows every field, defaults filled: {v2}");
+}
+
+/// Posts a policy file's text to `POST /api/policies/file`.
+fn apply_policy_file(http: &str, text: &str) -> (u16, Value) {
+    let r = common::client()
+        .post(format!("{http}/api/policies/file"))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/toml")
+        .body(text.to_string())
+        .send()
+        .expect("POST");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+#[test]
+fn a_policys_parameters_run_in_the_controller_and_reach_the_engines() {
+    let db = Db::fresh("policyparams");
+    let s = serve(&db, &["--router", "round-robin"]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let url = format!("{}/api/policies", s.http);
+
+    // A parameter out of its range, or one the router does not have, is refused by name.
+    let refused = [
+        (
+            json!({"router": "cache-aware", "router_params": {"copy_weight": 99}}),
+            "router_params.copy_weight",
+            "range [0, 64]",
+        ),
+        (
+            json!({"router": "round-robin", "router_params": {"copy_weight": 1}}),
+            "router_params.copy_weight",
+            "no parameter",
+        ),
+        (
+            json!({"router": "round-robin", "prefill_params": {"quota_growth": 0.5}}),
+            "prefill_params.quota_growth",
+            "[1, 16]",
+        ),
+        (
+            json!({"router": "round-robin", "autoscaler_params": {"up_load": 1}}),
+            "autoscaler_params.up_load",
+            "none has no",
+        ),
+    ];
+    refused_by_name(&url, &refused);
+
+    // Through the JSON API: the router with its parameters in the controller, fair prefill's
+    // on the engine, which reports them back.
+    let policy = json!({"router": "cache-aware", "router_params": {"copy_weight": 2}, "prefill_scheduler": "fair",
+        "prefill_params": {"chunk_tokens": 4096}});
+    let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &policy);
+    assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["policy"]["router_params"], json!({"copy_weight": 2.0}), "{v}");
+    assert_eq!(v["policy"]["prefill_params"], json!({"chunk_tokens": 4096.0}), "{v}");
+    assert_eq!(v["in_force"]["router"], "cache-aware");
+    assert_eq!(v["in_force"]["router_label"], "cache-aware(copy_weight=2)", "{v}");
+    assert_eq!(v["in_force"]["router_params"], json!({"copy_weight": 2.0}));
+    let (_, fleet) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+    assert_eq!(fleet["router_label"], "cache-aware(copy_weight=2)", "{fleet}");
+    let chunk = |http: &str| schedulings(http)[0].1["prefill_params"]["chunk_tokens"].as_f64();
+    eventually(10, "e0 schedules fairly with 4,096-token chunks", || chunk(&s.http) == Some(4096.0));
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "tuned", "max_tokens": 3}));
+    assert_eq!(status, 200, "{v}");
+
+    // A tuned policy file, TOML as `fleetplane tune` writes it: applied as the next version.
+    let tuned = "router = \"dynamo-kv\"\nkv_high_water = 0.9\n\n[router_params]\noverlap_score_weight = 1.5\n";
+    let (status, v) = apply_policy_file(&s.http, tuned);
+    assert_eq!((status, v["version"].as_i64()), (200, Some(2)), "{v}");
+    assert_eq!(v["policy"]["router_params"], json!({"overlap_score_weight": 1.5}), "{v}");
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["in_force"]["router_label"], "dynamo-kv(overlap_score_weight=1.5)", "{v}");
+    eventually(10, "e0 back to FCFS", || chunk(&s.http).is_none());
+    // Its errors name the key, a parameter with its range.
+    let (status, v) =
+        apply_policy_file(&s.http, "router = \"dynamo-kv\"\nrouter_params = { overlap_score_weight = 40 }\n");
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("router_params.overlap_score_weight")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("[0, 16]")), "{v}");
+    let (status, v) = apply_policy_file(&s.http, "router = \"dynamo-kv\"\nrouter_parameters = {}\n");
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("invalid_toml")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("router_parameters")), "{v}");
+    let (_, v) = get(&format!("{url}/history"), Some(ADMIN));
+    assert_eq!(v["versions"].as_array().map(Vec::len), Some(2), "refused files are not stored: {v}");
 }
 
 /// Two engines and a 600-token stream on one of them; after 50 tokens `fault` strikes the

@@ -104,11 +104,21 @@ fn prefill_and_decode_engines_hand_off_each_request_and_release_its_kv_on_both_s
     let (status, v) =
         send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "least-outstanding", "autoscaler": "magic"}));
     assert_eq!((status, v["error"]["param"].as_str()), (400, Some("autoscaler")), "{v}");
-    let policy = json!({"router": "least-outstanding", "autoscaler": "fixed-xpyd", "prefill_scheduler": "fair"});
+    let (status, v) = send(
+        reqwest::Method::PUT,
+        &url,
+        Some(ADMIN),
+        &json!({"router": "least-outstanding", "autoscaler_params": {"shrink_util": 0}}),
+    );
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("autoscaler_params.shrink_util")), "{v}");
+    let policy = json!({"router": "least-outstanding", "autoscaler": "fixed-xpyd", "prefill_scheduler": "fair",
+        "autoscaler_params": {"up_load": 0.85}});
     let (status, v) = send(reqwest::Method::PUT, &url, Some(ADMIN), &policy);
     assert_eq!(status, 200, "{v}");
     let (_, pools) = get(&format!("{}/api/pools", s.http), Some(ADMIN));
     assert_eq!(pools["pd"]["autoscaler"], "fixed-xpyd", "{pools}");
+    let (_, v) = get(&url, Some(ADMIN));
+    assert_eq!(v["in_force"]["autoscaler_params"]["up_load"], 0.85, "the parameter in the pools' autoscaler: {v}");
     eventually(10, "both pools' engines schedule fairly", || {
         instances(&s.http).iter().all(|i| i["scheduling"]["prefill_scheduler"] == "fair")
     });

@@ -14,18 +14,18 @@
 //! autoscaler_params = { up_load = 0.85 }
 //! ```
 //!
-//! Only `router` is required; a key left out keeps the scenario's setting. The keys the live
-//! policy API has (`PUT /api/policies`: router, scheduling, autoscaler) mean the same here, so
-//! a live policy's JSON is a policy file; the `*_params` keys are not in the live API yet.
+//! Only `router` is required; a key left out keeps the scenario's setting (on a live fleet:
+//! FCFS, no high-water mark, `serve --autoscaler`). The live policy API (`PUT /api/policies`)
+//! stores this type, so a live policy's JSON is a policy file and a policy file a live policy.
 //! Every value is checked where the scenario's own settings are
 //! ([`Scenario::resolve`]), by the policy types' one validator ([`policies::Params`]).
 
 use crate::scenario::{
-    autoscaler_with_params, router_with_params, PoolsSection, RouterEntry, RunSpec, Scenario, ScenarioError,
-    SchedulerSection,
+    autoscaler_with_params, router_with_params, set_autoscaler_params, PoolsSection, RouterEntry, RunSpec, Scenario,
+    ScenarioError, SchedulerSection,
 };
 use engine::{Dur, FairPrefill, PrefillPolicy};
-use policies::{Knobs, Params, RouterConfig};
+use policies::{AutoscalerConfig, Knobs, Params, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -120,7 +120,7 @@ impl PolicyFile {
     /// scheduling (as an engine takes it) and fair prefill's parameters, the autoscaler and its
     /// parameters.
     pub fn check(&self) -> Result<(), ScenarioError> {
-        router_with_params(&self.router, &self.router_params, "router_params")?;
+        self.router_config()?;
         self.scheduler()?.engine_scheduling()?;
         if let Some(name) = &self.autoscaler {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
@@ -128,8 +128,19 @@ impl PolicyFile {
         Ok(())
     }
 
+    /// The router with the policy's parameters.
+    pub fn router_config(&self) -> Result<RouterConfig, ScenarioError> {
+        router_with_params(&self.router, &self.router_params, "router_params")
+    }
+
+    /// `autoscaler` (a fleet's, as its own settings make it) with the policy's parameters over
+    /// it.
+    pub fn autoscaler_over(&self, autoscaler: AutoscalerConfig) -> Result<AutoscalerConfig, ScenarioError> {
+        set_autoscaler_params(autoscaler, &self.autoscaler_params, "autoscaler_params")
+    }
+
     /// The `[scheduler]` settings the policy gives (fair prefill's parameters checked).
-    fn scheduler(&self) -> Result<SchedulerSection, ScenarioError> {
+    pub fn scheduler(&self) -> Result<SchedulerSection, ScenarioError> {
         let mut fair = FairPrefill::default();
         for (name, v) in &self.prefill_params {
             fair.set(name, *v).map_err(|e| ScenarioError::Param { key: "prefill_params", source: e })?;

@@ -592,7 +592,16 @@ pub(crate) fn autoscaler_with_params<'a>(
     params: impl IntoIterator<Item = (&'a String, &'a f64)>,
     key: &'static str,
 ) -> Result<AutoscalerConfig, ScenarioError> {
-    let mut autoscaler = AutoscalerConfig::by_name(name, startup, xpyd)?;
+    set_autoscaler_params(AutoscalerConfig::by_name(name, startup, xpyd)?, params, key)
+}
+
+/// `autoscaler` with `params` (set under `key`) over its settings: a live fleet's autoscaler
+/// starts from `serve`'s flags, not the defaults.
+pub fn set_autoscaler_params<'a>(
+    mut autoscaler: AutoscalerConfig,
+    params: impl IntoIterator<Item = (&'a String, &'a f64)>,
+    key: &'static str,
+) -> Result<AutoscalerConfig, ScenarioError> {
     for (param, v) in params {
         autoscaler.set(param, *v).map_err(|e| param_error(key, e))?;
     }

@@ -69,7 +69,7 @@ export function mount(el) {
       const recent = history.latest()?.engines ?? {};
       const counts = f.instances || {};
       replace(summary,
-        h('div', { class: 'stat' }, h('span', {}, 'router'), h('strong', { id: 'router-in-force' }, f.router)),
+        h('div', { class: 'stat' }, h('span', {}, 'router'), h('strong', { id: 'router-in-force' }, f.router_label)),
         h('div', { class: 'stat' }, h('span', {}, 'serving'), h('strong', { id: 'serving-count' }, counts.serving || 0)),
         h('div', { class: 'stat' }, h('span', {}, 'draining'), h('strong', {}, counts.draining || 0)),
         h('div', { class: 'stat' }, h('span', {}, 'down'), h('strong', {}, counts.down || 0)),

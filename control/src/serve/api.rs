@@ -33,8 +33,13 @@ fn db_error(e: anyhow::Error) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", format!("database: {e:#}"))
 }
 
+/// A body as axum read it, its rejection (too large, cut off) in the API's error shape.
+fn raw_body(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    bytes.map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))
+}
+
 fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::new(e.status(), "invalid_body", e.body_text()))?;
+    let bytes = raw_body(bytes)?;
     serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
         .map_err(|e| ApiError::invalid_json("the body is not valid", e))
 }
@@ -69,6 +74,7 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
         "replica": app.replica,
         "leader": app.leader.load(Ordering::Relaxed),
         "router": hub.controller.router_name(),
+        "router_label": hub.config.router.label(),
         "instances": counts,
         "pending_database_writes": app.store.backlog(),
     }))
@@ -233,8 +239,8 @@ pub async fn pools(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
     Ok(Json(json!({"pools": pools, "pd": pd})).into_response())
 }
 
-/// What is in force now: the controller's router and autoscaler, and each engine's
-/// scheduling as its last load report gave it.
+/// What is in force now: the controller's router and autoscaler with their parameters, and
+/// each engine's scheduling as its last load report gave it.
 fn in_force(app: &App) -> Value {
     let hub = app.lock_hub();
     let engines: Vec<Value> = hub
@@ -245,14 +251,23 @@ fn in_force(app: &App) -> Value {
         .collect();
     json!({
         "router": hub.controller.router_name(),
+        // The router as reports name it: its parameters that differ from the defaults.
+        "router_label": hub.config.router.label(),
+        "router_params": hub.config.router.changed(),
         "autoscaler": hub.pools.map(|p| p.autoscaler.name()),
+        "autoscaler_params": hub.pools.map(|p| p.autoscaler.values()),
         "engines": engines,
     })
 }
 
 /// An engine's reported scheduling in the policy's field names.
 fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
-    json!({"prefill_scheduler": s.prefill, "kv_high_water": s.kv_high_water, "kv_low_water": s.kv_low_water})
+    json!({
+        "prefill_scheduler": s.prefill,
+        "prefill_params": crate::scheduling::prefill_params(s),
+        "kv_high_water": s.kv_high_water,
+        "kv_low_water": s.kv_low_water,
+    })
 }
 
 pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
@@ -266,7 +281,8 @@ pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiR
         }
         None => {
             let router = in_force["router"].as_str().unwrap_or_default();
-            json!({"version": 0, "policy": Policy::command_line(router), "author": "default"})
+            let policy = serde_json::to_value(Policy::command_line(router)).unwrap_or_default();
+            json!({"version": 0, "policy": Policy::normalized(policy), "author": "default"})
         }
     };
     v["in_force"] = in_force;
@@ -296,7 +312,26 @@ pub async fn put_policy(
     bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let who = admin(&app, &headers)?;
-    let policy: Policy = body(bytes)?;
+    store_policy(&app, who, body(bytes)?).await
+}
+
+/// Applies a policy file's text as `fleetplane tune` writes it (TOML, or JSON), as a new
+/// version: the same checks and answer as `PUT /api/policies`.
+pub async fn post_policy_file(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let who = admin(&app, &headers)?;
+    let bytes = raw_body(bytes)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("the policy file is not UTF-8: {e}"))
+    })?;
+    store_policy(&app, who, Policy::from_text(text)?).await
+}
+
+/// Checks, stores (audited) and applies a new policy version; answers it with every field.
+async fn store_policy(app: &App, who: Principal, policy: Policy) -> ApiResult {
     let set = policy.validate(app.pool_args.as_ref())?;
     let value = serde_json::to_value(&policy).map_err(|e| ApiError::invalid("policy", e.to_string()))?;
     let version = app.store.put_policy(&value, &who.name).await.map_err(db_error)?;
@@ -304,7 +339,7 @@ pub async fn put_policy(
     if let Ok(stored) = app.store.policy().await {
         lock(&app.known).learn_policy(stored);
     }
-    Ok(Json(json!({"version": version, "policy": value})).into_response())
+    Ok(Json(json!({"version": version, "policy": Policy::normalized(value)})).into_response())
 }
 
 /// The largest SLO target, in milliseconds (the OpenAPI document's `maximum`): an hour.

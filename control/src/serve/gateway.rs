@@ -54,20 +54,30 @@ impl ApiError {
         ApiError { status, kind, code, param: None, message: message.into() }
     }
 
-    pub fn invalid(param: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn invalid(param: impl Into<std::borrow::Cow<'static, str>>, message: impl Into<String>) -> ApiError {
         ApiError { param: Some(param.into()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
     }
 
     /// A body that is not JSON, or not of the request's shape: the field at fault named
     /// (its path, e.g. `messages[0].role`) where there is one.
     pub fn invalid_json<E: std::fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> ApiError {
+        ApiError::invalid_document("invalid_json", what, e)
+    }
+
+    /// A document (JSON, TOML) that does not parse or is not of the shape expected, `code`
+    /// saying which language: the field at fault named where there is one.
+    pub fn invalid_document<E: std::fmt::Display>(
+        code: &'static str,
+        what: &str,
+        e: serde_path_to_error::Error<E>,
+    ) -> ApiError {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
         let message = match &param {
             Some(p) => format!("{what}: `{p}`: {}", e.inner()),
             None => format!("{what}: {}", e.inner()),
         };
-        ApiError { param: param.map(Into::into), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message) }
+        ApiError { param: param.map(Into::into), ..ApiError::new(StatusCode::BAD_REQUEST, code, message) }
     }
 
     /// The field a 400 names, if any.

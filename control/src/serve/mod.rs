@@ -189,7 +189,7 @@ impl App {
             let config = ControllerConfig { router: set.router, ..hub.config.clone() };
             hub.set_policy(config, pools);
             let autoscaler = pools.map(|p| p.autoscaler.name());
-            tracing::info!(router = set.router.name(), ?autoscaler, version, "policy in force");
+            tracing::info!(router = set.router.label(), ?autoscaler, version, "policy in force");
         }
         if hub.fleet.scheduling() != Some(&set.scheduling) {
             tracing::info!(scheduling = ?set.scheduling, version, "engine scheduling in force");
@@ -372,6 +372,7 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/api/pools", get(api::pools))
         .route("/api/policies", get(api::get_policy).put(api::put_policy))
         .route("/api/policies/history", get(api::policy_history))
+        .route("/api/policies/file", post(api::post_policy_file))
         .route("/api/slo", get(api::get_slo).put(api::put_slo))
         .route("/api/simulations", get(api::simulations).post(api::submit_simulation))
         .route("/api/simulations/{id}", get(api::simulation))

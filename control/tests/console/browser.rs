@@ -159,6 +159,15 @@ impl Browser {
         })
     }
 
+    /// Chooses the file at `path` in a file input, as the operator's file dialog would.
+    pub fn choose_file(&self, css: &str, path: &Path) {
+        let path = path.to_str().expect("a UTF-8 path");
+        self.wait_for(&format!("choose a file in `{css}`"), |b| {
+            let id = b.find(css)?;
+            b.post(&format!("/element/{id}/value"), json!({"text": path})).map(|_| Some(()))
+        })
+    }
+
     /// Sets a form field's value as a paste would, with the `input` and `change` events the
     /// page listens to (typing a whole scenario key by key would take minutes).
     pub fn set_value(&self, css: &str, value: &str) {

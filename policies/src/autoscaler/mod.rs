@@ -27,6 +27,7 @@ pub use slo_load::SloLoadScaler;
 use crate::params::{ParamError, Params, PolicyParams};
 use crate::slo_load::Loads;
 use engine::{Dur, Time};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -216,6 +217,11 @@ impl AutoscalerConfig {
             }
             AutoscalerConfig::FixedXpyd { knobs, .. } | AutoscalerConfig::SloLoad { knobs } => knobs.set(name, value),
         }
+    }
+
+    /// The parameters with their values (`none` has none).
+    pub fn values(&self) -> BTreeMap<String, f64> {
+        self.knobs().map(Knobs::values).unwrap_or_default()
     }
 
     /// Every autoscaler's parameters with their defaults (for instances that start in 10 s).
