@@ -41,7 +41,7 @@ pub struct Args {
 /// Doublings or halvings tried before giving up on a bracket.
 const MAX_BRACKET_STEPS: u32 = 12;
 /// The bisection stops when high / low is below this.
-const PRECISION: f64 = 1.01;
+pub(crate) const PRECISION: f64 = 1.01;
 
 pub fn run(args: Args) -> Result<(), Failure> {
     if !(args.target_attainment > 0.0 && args.target_attainment <= 1.0) {

@@ -15,7 +15,7 @@
 //! not count).
 
 use crate::cli::{describe, SimFlags};
-use crate::max_rate::{batch_width, search};
+use crate::max_rate::{batch_width, search, PRECISION};
 use crate::simulate::run_routers;
 use crate::Failure;
 use anyhow::anyhow;
@@ -116,6 +116,15 @@ impl Objective {
         }
     }
 
+    /// `a` is better than `b` by more than the objective's precision: max-rate's search
+    /// stops within 1%, so a smaller gain may be the bisection's and not the policy's.
+    fn beats(self, a: f64, b: f64) -> bool {
+        match self {
+            Objective::MaxRate => a > b * PRECISION,
+            _ => self.better(a, b),
+        }
+    }
+
     /// What the optimizer minimizes for a value.
     fn loss(self, value: f64) -> f64 {
         match self {
@@ -181,7 +190,8 @@ struct TuneReport {
     chosen: Trial,
     policy: PolicyFile,
     held_out_runs: Vec<HeldOutRun>,
-    /// The chosen policy beat the untuned one on the held-out slice.
+    /// The chosen policy beat the untuned one on the held-out slice, by more than the
+    /// objective's precision.
     improved_on_held_out: bool,
 }
 
@@ -278,7 +288,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         })
         .collect::<Result<Vec<_>, Failure>>()?;
     let improved = match (held_out_runs[0].value, held_out_runs[1].value) {
-        (Some(t), Some(u)) => args.objective.better(t, u),
+        (Some(t), Some(u)) => args.objective.beats(t, u),
         (Some(_), None) => true,
         _ => false,
     };
@@ -289,8 +299,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
         println!("no trial beat the untuned policy on the training slice: the untuned policy is kept");
     } else if !improved {
         println!(
-            "the tuned policy does not beat the untuned one on the held-out slice: it fits the training slice only \
-             (overfitting, or a difference within the search's precision); keep the untuned policy"
+            "the tuned policy does not beat the untuned one on the held-out slice by more than the objective's \
+             precision: it fits the training slice only (overfitting), or the difference is noise; keep the untuned \
+             policy"
         );
     }
     println!("\n# chosen policy\n{}", policy.to_toml());
