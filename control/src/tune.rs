@@ -219,6 +219,16 @@ pub fn run(args: Args) -> Result<(), Failure> {
     };
     let ranges: BTreeMap<String, (f64, f64)> = args.ranges.iter().cloned().collect();
     let space = SearchSpace::new(run, &args.params, &ranges).map_err(|e| input(e.to_string()))?;
+    // A policy file holds a policy, not a fleet: a run whose variant changes the fleet
+    // (`NAME@l1`, `NAME@dspark`) would be tuned on one fleet and written for another.
+    let as_policy = resolve(&space.base.overlay(scenario.clone()).map_err(|e| Failure::Input(e.into()))?)?;
+    if as_policy.routers[0].tiers != run.tiers || as_policy.routers[0].drafter != run.drafter {
+        return Err(input(format!(
+            "tune runs a policy on the scenario's fleet, and `{}` changes the fleet (its KV tiers or drafter): set \
+             them in the scenario or with flags (--kv-tiers, --spec) instead",
+            run.label()
+        )));
+    }
     let (train, held_out) = slices(&settings, args.train_share)?;
     println!("{}", describe(&settings));
     println!(

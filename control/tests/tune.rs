@@ -132,6 +132,7 @@ fn tune_and_policy_files_name_what_is_wrong() {
     fails_with(&tune(&["--router", "round-robin"]), &["nothing to tune: round-robin has no parameters"]);
     fails_with(&tune(&["--router", "round-robin,dynamo-kv"]), &["tune takes one router", "got 2"]);
     fails_with(&tune(&["--router", "dynamo-kv", "--train-share", "1"]), &["--train-share must be in (0, 1)"]);
+    fails_with(&tune(&["--router", "dynamo-kv@l1+l2"]), &["`dynamo-kv@l1+l2` changes the fleet"]);
 
     let dir = tests::scratch_dir("policy-files");
     let bad = dir.join("bad.toml");
