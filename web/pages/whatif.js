@@ -96,9 +96,13 @@ export function mount(el) {
     const applyMsg = h('div', { id: 'apply-message', 'aria-live': 'polite' });
     const apply = h('button', { type: 'button', id: 'apply-edited', onclick: async () => {
       try {
-        // Only the router changes: the rest of the policy set in force stays.
+        // Only the router and scheduling change: the rest of the policy set in force stays.
+        // The router's parameters belong to the router in force: another starts from its
+        // defaults (cache-aware's weights would be refused by dynamo-kv).
         const { policy } = await get('/policies');
-        const res = await put('/policies', { ...policy, ...edit, router: edited.value.trim() });
+        const router = edited.value.trim();
+        const router_params = router === policy.router ? policy.router_params : {};
+        const res = await put('/policies', { ...policy, ...edit, router, router_params });
         replace(applyMsg, h('p', { class: 'ok' }, `Applied: ${res.policy.router} is in force (version ${res.version}).`));
         current.value = res.policy.router;
       } catch (e) {
