@@ -72,7 +72,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 /// One run at rate `scale`; the infinite-cache bound is measured only when `measure_bound`
 /// (it depends on the arrivals, not on their rate, so a search measures it once).
-fn run_at(
+pub(crate) fn run_at(
     settings: &Settings,
     run: &RunSpec,
     scale: f64,

@@ -15,8 +15,7 @@
 //! not count).
 
 use crate::cli::{describe, SimFlags};
-use crate::max_rate::{batch_width, search, PRECISION};
-use crate::simulate::run_routers;
+use crate::max_rate::{batch_width, run_at, search, PRECISION};
 use crate::Failure;
 use anyhow::anyhow;
 use clap::{Args as ClapArgs, ValueEnum};
@@ -259,28 +258,32 @@ pub fn run(args: Args) -> Result<(), Failure> {
     };
 
     let untuned_values = space.values(&space.start());
-    let untuned_eval = judge.eval(&space.policy(&untuned_values), &train, None, 1)?;
+    let untuned_policy = space.policy(&untuned_values);
+    let untuned_eval = judge.eval(&untuned_policy, &train, None, 1)?;
     bar.inc(1);
     let untuned = trial(&space, 0, 0, &untuned_values, &untuned_eval);
     // Each max-rate search starts where the untuned policy's ended: few doublings.
-    let start_scale = untuned_eval.value.filter(|v| *v > 0.0);
+    let start_scale = untuned_eval.value;
 
     let trials = cma_search(&space, &judge, &train, start_scale, population, generations, settings.seed, &bar)?;
     bar.finish_and_clear();
 
-    let best = trials.iter().filter(|t| t.value.is_some()).fold(None::<&Trial>, |best, t| match best {
-        Some(b) if !args.objective.better(t.value.unwrap_or_default(), b.value.unwrap_or_default()) => Some(b),
-        _ => Some(t),
-    });
-    let chosen = match (best, untuned.value) {
-        (Some(b), Some(u)) if !args.objective.better(b.value.unwrap_or_default(), u) => untuned.clone(),
-        (Some(b), _) => b.clone(),
-        (None, _) => untuned.clone(),
+    // The best trial that counted (the earliest of equals); it replaces the untuned policy
+    // only where it beats it.
+    let mut best: Option<(&Trial, f64)> = None;
+    for t in &trials {
+        let Some(v) = t.value else { continue };
+        if best.is_none_or(|(_, b)| args.objective.better(v, b)) {
+            best = Some((t, v));
+        }
+    }
+    let chosen = match best {
+        Some((t, v)) if untuned.value.is_none_or(|u| args.objective.better(v, u)) => t.clone(),
+        _ => untuned.clone(),
     };
     let policy = space.policy(&space.dims.iter().map(|d| chosen.params[&d.name]).collect::<Vec<_>>());
 
     // The held-out slice: the chosen policy, the untuned one, every other router as it comes.
-    let untuned_policy = space.policy(&untuned_values);
     let mut candidates =
         vec![("tuned", policy.clone(), chosen.value), ("untuned", untuned_policy.clone(), untuned.value)];
     for name in policies::RouterConfig::NAMES.iter().filter(|n| **n != untuned_policy.router) {
@@ -390,8 +393,8 @@ struct Judge<'a> {
 }
 
 impl Judge<'_> {
-    /// `policy` on `slice`; a max-rate search starts at `start_scale` (or the scenario's),
-    /// `width` runs at once.
+    /// `policy` on `slice`; a max-rate search starts at `start_scale` (or the scenario's
+    /// rate), `width` runs at once; the other objectives run at the scenario's rate.
     fn eval(
         &self,
         policy: &PolicyFile,
@@ -403,20 +406,19 @@ impl Judge<'_> {
         let mut settings = resolve(&scenario)?;
         settings.skip_requests = Some(slice.skip_requests);
         settings.max_requests = Some(slice.requests);
-        if let Some(s) = start_scale {
-            settings.rate_scale = s;
-        }
-        let run = &settings.routers[0];
         match self.objective {
             Objective::MaxRate => {
+                if let Some(s) = start_scale {
+                    settings.rate_scale = s;
+                }
+                let run = &settings.routers[0];
                 // Zero: the target is out of reach at any rate (long prompts alone miss it).
                 let (scale, summary) = search(&settings, run, self.target, width, &self.quiet)?;
                 Ok(Eval { value: (scale > 0.0).then_some(scale), summary })
             }
             Objective::Goodput | Objective::Cost => {
-                let out = run_routers(&settings, std::slice::from_ref(run), settings.rate_scale, false, &self.quiet)?;
-                let summary =
-                    out.into_iter().next().map(|o| o.summary).ok_or_else(|| Failure::Run(anyhow!("no run")))?;
+                let run = &settings.routers[0];
+                let summary = run_at(&settings, run, settings.rate_scale, false, &self.quiet)?;
                 let value = match self.objective {
                     Objective::Goodput => Some(summary.goodput_rps),
                     _ => (summary.slo_attainment >= self.target).then_some(summary.cost_per_mtok),

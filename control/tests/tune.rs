@@ -80,6 +80,39 @@ fn tune_searches_on_one_slice_judges_on_the_rest_and_writes_a_policy_that_simula
     assert_eq!(sim["runs"][0]["summary"]["goodput_rps"], r["held_out_runs"][0]["value"]);
 }
 
+/// Every trial of a goodput search runs at the scenario's rate, as the untuned policy did: a
+/// trial at the untuned policy's point scores what it scored (max-rate's searches start at
+/// the untuned policy's answer; no other objective moves the rate).
+#[test]
+fn a_goodput_trial_at_the_untuned_point_scores_as_the_untuned_policy() {
+    let dir = tests::scratch_dir("tune-goodput");
+    let report = dir.join("tune.json");
+    let o = fleetplane(
+        &[
+            &["tune", "--trace", &mooncake()][..],
+            &FLEET,
+            &["--router", "least-outstanding", "--params", "prefill.chunk_tokens"],
+            &["--range", "prefill.chunk_tokens=8192:8193", "--objective", "goodput"],
+            &["--trials", "8", "--population", "4", "--json", report.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = json(&report);
+    let untuned = &r["untuned"];
+    assert_eq!(untuned["params"]["prefill.chunk_tokens"], 8192.0);
+    let at_start: Vec<&serde_json::Value> = r["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .filter(|t| t["params"]["prefill.chunk_tokens"] == 8192.0)
+        .collect();
+    assert!(!at_start.is_empty(), "CMA-ES from the range's bottom clamps some points onto it: {}", r["trials"]);
+    for t in at_start {
+        assert_eq!(t["value"], untuned["value"], "{t}");
+    }
+}
+
 /// Trials run side by side; the search, its trials and its report are the same on one thread
 /// and on several.
 #[test]

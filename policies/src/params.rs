@@ -5,8 +5,8 @@
 //! ([`Params::PARAMS`]) and reads and writes each field by name, so a parameter is named in
 //! one place. Scenarios, policy files and the live policy API set parameters by name with
 //! [`Params::set`], which refuses an unknown name or a value outside the range with an error
-//! naming the parameter ([`ParamError::param`]); [`catalog`] lists them all (no command prints
-//! it yet).
+//! naming the parameter ([`ParamError::param`]); [`catalog`] lists them all (`fleetplane tune
+//! --list-params` prints it).
 //!
 //! Values travel as `f64`: integers must be whole, durations are seconds.
 
@@ -143,6 +143,12 @@ pub trait Params: Sized {
     fn values(&self) -> BTreeMap<String, f64> {
         Self::PARAMS.iter().filter_map(|p| Some((p.name.to_string(), self.get(p.name)?))).collect()
     }
+}
+
+/// The entries of `values` that differ from `defaults`: the parameters a file or a label
+/// needs to name.
+pub fn changed(values: BTreeMap<String, f64>, defaults: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    values.into_iter().filter(|(k, v)| defaults.get(k) != Some(v)).collect()
 }
 
 fn valid<P: Params>() -> String {

@@ -25,6 +25,7 @@ use crate::scenario::{
     ScenarioError, SchedulerSection,
 };
 use engine::{Dur, FairPrefill, PrefillPolicy};
+use policies::params::changed;
 use policies::{AutoscalerConfig, Knobs, Params, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -94,16 +95,13 @@ impl PolicyFile {
     /// prefill scheduler (fair prefill's changed parameters), its KV water marks, and a P/D
     /// fleet's autoscaler with the knobs that differ from those for its start-up time.
     pub fn of_run(run: &RunSpec) -> PolicyFile {
-        let changed = |values: BTreeMap<String, f64>, defaults: BTreeMap<String, f64>| {
-            values.into_iter().filter(|(k, v)| defaults.get(k) != Some(v)).collect::<BTreeMap<_, _>>()
-        };
         let (prefill_scheduler, prefill_params) = match &run.prefill {
             PrefillPolicy::Fcfs => (None, BTreeMap::new()),
-            PrefillPolicy::Fair(f) => (Some("fair".to_string()), changed(f.values(), FairPrefill::default().values())),
+            PrefillPolicy::Fair(f) => (Some("fair".to_string()), changed(f.values(), &FairPrefill::default().values())),
         };
         let pd = run.pools.as_ref().and_then(|p| p.pd.as_ref());
         let autoscaler_params = pd
-            .and_then(|pd| Some(changed(pd.autoscaler.knobs()?.values(), Knobs::for_startup(pd.startup).values())))
+            .and_then(|pd| Some(changed(pd.autoscaler.knobs()?.values(), &Knobs::for_startup(pd.startup).values())))
             .unwrap_or_default();
         PolicyFile {
             prefill_scheduler,

@@ -4,7 +4,7 @@
 //! ```toml
 //! seed = 42
 //! # Each run's router: a name, or an inline table of the name and router parameters
-//! # (each router's config type lists them with defaults and ranges; a run whose parameters differ
+//! # (`fleetplane tune --list-params` lists them with defaults and ranges; a run whose parameters differ
 //! # from the defaults is labelled with them, `dynamo-kv(overlap_score_weight=2)`).
 //! routers = ["round-robin", "least-outstanding", { name = "dynamo-kv", overlap_score_weight = 2.0 }]
 //!
@@ -155,7 +155,7 @@ impl From<String> for RouterEntry {
 /// prefill_instances = 2       # at the start [default: 1]
 /// decode_instances = 6        # [default: 1]
 /// autoscaler = "slo-load"     # none, fixed-xpyd, slo-load [default: none]
-/// autoscaler_params = { up_load = 0.85, down_hold = 30 }   # its knobs (policies' `Knobs`)
+/// autoscaler_params = { up_load = 0.85, down_hold = 30 }   # its knobs (`tune --list-params`)
 /// startup_s = 10              # from Start to serving [default: 10]
 /// gpu_budget = 16             # GPUs held at most [default: fleet.instances × GPUs per instance]
 /// xpyd = "1:3"                # fixed-xpyd's group [default: the starting pools' ratio]

@@ -238,10 +238,8 @@ impl RouterConfig {
 
     /// The parameters that differ from the router's defaults.
     pub fn changed(&self) -> BTreeMap<String, f64> {
-        let defaults = self.name().parse::<RouterConfig>().ok().map(|r| r.values());
-        let mut values = self.values();
-        values.retain(|k, v| defaults.as_ref().and_then(|d| d.get(k)) != Some(v));
-        values
+        let defaults = self.name().parse::<RouterConfig>().map(|r| r.values()).unwrap_or_default();
+        crate::params::changed(self.values(), &defaults)
     }
 
     /// The router's name in reports: its name, followed by the parameters that differ from
