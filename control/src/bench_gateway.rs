@@ -149,7 +149,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let mut stream = stream.into_inner();
             let mut done = false;
             while let Some(Ok(chunk)) = stream.next().await {
-                done |= !chunk.finish_reason.is_empty();
+                done |= chunk.finish_reason() != proto::FinishReason::Unspecified;
             }
             done
         }

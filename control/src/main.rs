@@ -44,6 +44,7 @@ mod replay;
 mod scheduling;
 mod serve;
 mod simulate;
+mod tokenizer;
 mod tune;
 
 use clap::{Parser, Subcommand};

@@ -12,6 +12,30 @@ use anyhow::{anyhow, Result};
 /// 3.2 1B, 128 KiB for an 8B), and gRPC frames a message in at most 4 GiB.
 pub const MAX_MESSAGE_BYTES: usize = (4 << 30) - 1;
 use engine::kv::{KvEvent as EngineKvEvent, Tier as EngineTier};
+
+/// OpenAI's `finish_reason`, both ways: the one place the gateway and the vLLM relay map it.
+impl FinishReason {
+    /// What an OpenAI client is told. A request the engine cut short reached a limit (its
+    /// KV protection's), which OpenAI's vocabulary calls "length"; EVICTED and PREFILLED end
+    /// a stream but never a request.
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::CutShort => "length",
+            FinishReason::Unspecified | FinishReason::Evicted | FinishReason::Prefilled => "length",
+        }
+    }
+
+    /// An OpenAI engine's (vLLM's) reason on the token-id completions the relay sends:
+    /// "stop" or "length" (anything else, such as vLLM's "abort", ended it short).
+    pub fn of_openai(reason: &str) -> FinishReason {
+        match reason {
+            "stop" => FinishReason::Stop,
+            "length" => FinishReason::Length,
+            _ => FinishReason::CutShort,
+        }
+    }
+}
 use engine::BlockHash;
 
 impl From<engine::Load> for Load {
@@ -116,5 +140,19 @@ mod tests {
         }
         let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1 })) };
         assert!(EngineKvEvent::try_from(&bad).is_err());
+    }
+
+    #[test]
+    fn finish_reasons_map_to_openais_and_back() {
+        assert_eq!(FinishReason::Length.openai(), "length");
+        assert_eq!(FinishReason::Stop.openai(), "stop");
+        assert_eq!(FinishReason::CutShort.openai(), "length");
+        for r in [FinishReason::Length, FinishReason::Stop] {
+            assert_eq!(FinishReason::of_openai(r.openai()), r);
+        }
+        assert_eq!(FinishReason::of_openai("abort"), FinishReason::CutShort);
+        // The wire carries the enum: a chunk's reason reads back as sent.
+        let chunk = GenerateChunk { finish_reason: FinishReason::CutShort.into(), ..Default::default() };
+        assert_eq!(chunk.finish_reason(), FinishReason::CutShort);
     }
 }

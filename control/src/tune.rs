@@ -592,7 +592,7 @@ fn held_out_table(runs: &[HeldOutRun], objective: Objective) -> String {
 
 /// `--list-params`: every policy's parameters, and the water marks.
 fn list_params(args: &Args) -> Result<(), Failure> {
-    let catalog = policies::params::catalog();
+    let catalog = policies::catalog();
     for p in &catalog {
         print!("{p}");
     }

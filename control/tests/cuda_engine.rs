@@ -37,7 +37,7 @@ async fn connect(addr: &str) -> Link {
         .expect("the engine accepts a connection");
     EngineClient::with_interceptor(channel, with_token as fn(_) -> _)
 }
-use proto::{GenerateChunk, GenerateRequest};
+use proto::{FinishReason, GenerateChunk, GenerateRequest};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -127,7 +127,7 @@ async fn generate(client: &mut Link, id: u64, prompt: &[u32]) -> (Vec<u32>, Gene
     loop {
         let chunk = stream.message().await.expect("the stream stays healthy").expect("a last chunk");
         tokens.extend_from_slice(&chunk.tokens);
-        if !chunk.finish_reason.is_empty() {
+        if chunk.finish_reason() != FinishReason::Unspecified {
             return (tokens, chunk);
         }
     }
@@ -157,8 +157,8 @@ async fn cuda_engine_streams_greedy_tokens_and_reuses_the_prefix_cache() {
     assert_eq!(t1.len(), 16, "first request: {t1:?}");
     assert_eq!(t2.len(), 16, "second request: {t2:?}");
     assert_eq!(t1, t2, "greedy decoding of the same prompt must repeat");
-    assert_eq!(last1.finish_reason, "length");
-    assert_eq!(last2.finish_reason, "length");
+    assert_eq!(last1.finish_reason(), FinishReason::Length);
+    assert_eq!(last2.finish_reason(), FinishReason::Length);
     let cached = last2.cached_tokens.first().copied().unwrap_or(0);
     assert!(cached > 0, "the second request found no prefix in the cache: {:?}", last2.cached_tokens);
     println!(
@@ -227,7 +227,7 @@ fn cuda_prefill_and_decode_engines_behind_the_gateway_generate_as_one_engine() {
             Ok(r) => r,
             Err(_) => panic!("the reference engine did not answer in 60 s; output:\n{}", engine.output()),
         };
-        assert_eq!((tokens.len(), last.finish_reason.as_str()), (16, "length"));
+        assert_eq!((tokens.len(), last.finish_reason()), (16, FinishReason::Length));
         tokens
     };
 

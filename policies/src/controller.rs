@@ -15,7 +15,8 @@
 //! The controller reads no clock, socket or thread-local random source; its routers draw from
 //! ChaCha generators seeded from the run's seed. The same inputs give the same decisions.
 
-use crate::fleet::{Command, Fleet, FleetEvent, Route, Unplaced};
+use crate::event::FleetEvent;
+use crate::fleet::{Command, Fleet, Reject, Route, Unplaced};
 use crate::pd::{Pd, PdConfig, PdStatus, ScalingEvent};
 use crate::router::{CostHints, Router, RouterConfig};
 use crate::view::{FleetView, InstanceState, Role};
@@ -27,15 +28,6 @@ pub struct ControllerConfig {
     /// The run's seed; every random choice derives from it.
     pub seed: u64,
     pub hints: CostHints,
-}
-
-/// Why a request could not be placed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Reject {
-    #[error("no instance is serving")]
-    NoInstance,
-    #[error("request needs {needed_tokens} tokens of KV, more than any serving instance holds ({largest_tokens})")]
-    TooLarge { needed_tokens: u64, largest_tokens: u64 },
 }
 
 pub struct Controller {

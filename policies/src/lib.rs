@@ -20,6 +20,7 @@
 
 pub mod autoscaler;
 pub mod controller;
+pub mod event;
 pub mod fleet;
 pub mod pairing;
 pub mod params;
@@ -30,8 +31,9 @@ pub mod slo_load;
 pub mod view;
 
 pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutoscaler};
-pub use controller::{Controller, ControllerConfig, Reject};
-pub use fleet::{Command, DispatchError, Fleet, FleetEvent, PlaceError, Route, Unplaced};
+pub use controller::{Controller, ControllerConfig};
+pub use event::FleetEvent;
+pub use fleet::{Command, DispatchError, Fleet, PlaceError, Reject, Route, Unplaced};
 pub use pairing::TransferHints;
 pub use params::{Param, ParamError, Params, PolicyParams};
 pub use pd::{PdConfig, PdStatus, ScalingEvent};
@@ -39,3 +41,11 @@ pub use prefix_index::{PrefixIndex, PrefixMatches, TierMatch};
 pub use router::{CostHints, Pick, Router, RouterConfig, RouterError, RouterFactory, UnknownRouter, Why};
 pub use slo_load::{DecodeModel, Loads, SloLoad, SloLoadConfig};
 pub use view::{CandidateRule, FleetView, InstanceState, InstanceView, Role};
+
+/// Every tunable parameter of every router, prefill scheduler and autoscaler, with defaults.
+pub fn catalog() -> Vec<PolicyParams> {
+    let mut out = router::RouterConfig::catalog();
+    out.push(PolicyParams::of("prefill-scheduler", "fair", &engine::FairPrefill::default()));
+    out.extend(autoscaler::AutoscalerConfig::catalog());
+    out
+}

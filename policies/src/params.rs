@@ -239,14 +239,6 @@ impl fmt::Display for PolicyParams {
     }
 }
 
-/// Every tunable parameter of every router, prefill scheduler and autoscaler, with defaults.
-pub fn catalog() -> Vec<PolicyParams> {
-    let mut out = crate::router::RouterConfig::catalog();
-    out.push(PolicyParams::of("prefill-scheduler", "fair", &engine::FairPrefill::default()));
-    out.extend(crate::autoscaler::AutoscalerConfig::catalog());
-    out
-}
-
 params!(engine::FairPrefill, "fair", {
     chunk_tokens: integer from 1 ..= 1_048_576, "prompts with at most this many tokens left to compute are short";
     quota_kv_share: float above 0.0 ..= 1.0, "a long prompt's first quota, as a share of the instance's KV tokens";

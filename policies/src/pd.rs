@@ -386,7 +386,7 @@ impl Pd {
 mod tests {
     use super::*;
     use crate::autoscaler::Knobs;
-    use crate::fleet::FleetEvent;
+    use crate::event::FleetEvent;
     use crate::slo_load::DecodeModel;
     use crate::{Controller, ControllerConfig, CostHints, RouterConfig};
     use engine::{Load, Request};

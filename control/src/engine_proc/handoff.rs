@@ -2,7 +2,7 @@
 //! ([`engine::Handoff`]) over gRPC.
 //!
 //! - A **prefill** engine queues requests with `enqueue_prefill_only`; once a request's first
-//!   token is streamed, its `Generate` stream ends with `finish_reason` "prefilled" and the
+//!   token is streamed, its `Generate` stream ends with `finish_reason` PREFILLED and the
 //!   request parks here with its KV ([`Runner::park_handoffs`]). `Export` reads its state,
 //!   `Release` frees its KV once a decode engine has it.
 //! - A **decode** engine's `Import` reserves the KV at once (all or nothing: a full engine
@@ -16,7 +16,7 @@
 //! none (`DrainReply::in_flight`).
 
 use super::runner::{Import, Imported, Runner, Stream};
-use crate::proto::{self, GenerateChunk};
+use crate::proto::{self, FinishReason, GenerateChunk};
 use engine::{Handoff, Rejected, RequestId, Time};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -50,7 +50,7 @@ impl Runner {
                 continue;
             };
             let chunk = GenerateChunk {
-                finish_reason: "prefilled".into(),
+                finish_reason: FinishReason::Prefilled.into(),
                 kv_tokens: u64::from(handoff.kv_tokens),
                 ..GenerateChunk::default()
             };

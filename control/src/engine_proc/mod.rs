@@ -219,10 +219,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
     };
     let tokenizer = match (&args.tokenizer, args.executor) {
         (Some(path), _) => Some(path.clone()),
-        (None, ExecutorKind::Cuda) => crate::serve::tokenizer::in_model_dir(std::path::Path::new(&args.model)),
+        (None, ExecutorKind::Cuda) => crate::tokenizer::in_model_dir(std::path::Path::new(&args.model)),
         (None, ExecutorKind::Sim) => None,
     };
-    let tokenizer = tokenizer.map(|p| crate::serve::tokenizer::load(&p)).transpose().map_err(Failure::Input)?;
+    let tokenizer = tokenizer.map(|p| crate::tokenizer::load(&p)).transpose().map_err(Failure::Input)?;
     let runtime = crate::runtime()?;
     runtime.block_on(serve(args, backend, config, tokenizer)).map_err(Failure::Run)
 }
@@ -349,7 +349,7 @@ async fn serve(
     args: Args,
     backend: Box<dyn Backend>,
     config: InstanceConfig,
-    tokenizer: Option<crate::serve::tokenizer::Loaded>,
+    tokenizer: Option<crate::tokenizer::Loaded>,
 ) -> anyhow::Result<()> {
     // The token it registers with and requires on every call to it.
     let token = std::env::var(engine_auth::ENV).ok().filter(|t| !t.is_empty()).ok_or_else(|| {

@@ -5,7 +5,7 @@
 //! fleet runs on one machine and behaves like GPUs would); a GPU executor takes the time it
 //! takes. Commands arrive on a channel; nothing else touches the [`Instance`].
 
-use crate::proto::{self, GenerateChunk};
+use crate::proto::{self, FinishReason, GenerateChunk};
 use engine::{BlockId, Evicted, Executor, Finished, Instance, Request, RequestId, Time};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -471,19 +471,19 @@ impl Runner {
 
     fn retire(&mut self, finished: &mut Vec<Finished>, evicted: &mut Vec<Evicted>) {
         for f in finished.drain(..) {
-            let reason = if f.ended.is_some() { "ended" } else { "length" };
+            let reason = if f.ended.is_some() { FinishReason::CutShort } else { FinishReason::Length };
             self.close(f.request.id, reason, f.cached_tokens.to_vec());
         }
         for e in evicted.drain(..) {
-            self.close(e.request.id, "evicted", Vec::new());
+            self.close(e.request.id, FinishReason::Evicted, Vec::new());
         }
     }
 
-    pub(super) fn close(&mut self, id: RequestId, reason: &str, cached_tokens: Vec<u32>) {
+    pub(super) fn close(&mut self, id: RequestId, reason: FinishReason, cached_tokens: Vec<u32>) {
         self.backend.release(id);
         if let Some(s) = self.streams.remove(&id) {
             self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            let chunk = GenerateChunk { finish_reason: reason.to_string(), cached_tokens, ..GenerateChunk::default() };
+            let chunk = GenerateChunk { finish_reason: reason.into(), cached_tokens, ..GenerateChunk::default() };
             let _ = s.out.send(Ok(chunk));
         }
     }

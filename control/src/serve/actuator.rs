@@ -15,7 +15,7 @@
 //!
 //! Another backend (a Kubernetes deployment, a cloud API) implements the same three calls.
 
-use super::live_fleet::News;
+use super::news::News;
 use super::vllm::{self, EngineKind};
 use crate::engine_auth::EngineLink;
 use crate::proto;

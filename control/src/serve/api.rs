@@ -2,13 +2,13 @@
 //! targets, simulations, scaling events, tokens and the audit log. The OpenAPI document is at
 //! `/api/openapi.json`.
 
+use super::app::App;
 use super::auth::{self, Principal, Role};
-use super::gateway::ApiError;
+use super::errors::ApiError;
 use super::live_fleet::MemberState;
+use super::lock::lock;
 use super::policy::{Policy, PREFILL_SCHEDULERS};
-use super::store::Write;
-use super::App;
-use crate::serve::lock;
+use super::spool::Write;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, State};

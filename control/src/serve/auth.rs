@@ -3,7 +3,7 @@
 //! a separate engine token. Only SHA-256 hashes of tokens are kept, in memory and in the
 //! database.
 
-use super::gateway::ApiError;
+use super::errors::ApiError;
 use axum::http::{header, HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;

@@ -5,12 +5,12 @@
 //! One named on the command line, in the file or recovered from the database that does not
 //! answer yet is tried again every second (`GET /api/engines` says why it is not serving).
 
+use super::app::App;
 use super::live_fleet::MemberState;
-use super::store::Write;
-use super::tokenizer;
+use super::lock::lock;
+use super::spool::Write;
 use super::vllm::{self, subscriber, EngineSpec};
-use super::App;
-use crate::serve::lock;
+use crate::tokenizer;
 use axum::http::StatusCode;
 use engine::InstanceId;
 use serde::Deserialize;

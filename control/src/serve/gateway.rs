@@ -2,13 +2,14 @@
 //! over server-sent events or not) and `/v1/models`, with errors in OpenAI's format. Every
 //! request is routed by the controller like a simulated one.
 
+use super::app::App;
 use super::auth::Role;
+use super::errors::ApiError;
 use super::history::Finished;
-use super::live_fleet::{Delta, MemberState, Payload};
-use super::tokenizer::{TextDecoder, Tokenizer, Tokenizers};
-use super::vllm::relay::OpenAiCall;
-use super::App;
+use super::live_fleet::MemberState;
+use super::news::{Delta, OpenAiCall, Payload};
 use crate::engine_proc::Sampling;
+use crate::tokenizer::{TextDecoder, Tokenizer, Tokenizers};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -30,81 +31,6 @@ const MAX_TOKENS_LIMIT: u32 = 1 << 20;
 /// The largest integer every JSON client reads exactly (2^53 − 1): the bound of the integers
 /// the API takes that have no smaller one of their own (a seed, a time in milliseconds).
 pub const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
-
-/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    code: &'static str,
-    param: Option<std::borrow::Cow<'static, str>>,
-    message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        let kind = match status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            429 => "rate_limit_error",
-            400..=499 => "invalid_request_error",
-            _ => "server_error",
-        };
-        ApiError { status, kind, code, param: None, message: message.into() }
-    }
-
-    pub fn invalid(param: impl Into<std::borrow::Cow<'static, str>>, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.into()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message) }
-    }
-
-    /// A body that is not JSON, or not of the request's shape: the field at fault named
-    /// (its path, e.g. `messages[0].role`) where there is one.
-    pub fn invalid_json<E: std::fmt::Display>(what: &str, e: serde_path_to_error::Error<E>) -> ApiError {
-        ApiError::invalid_document("invalid_json", what, e)
-    }
-
-    /// A document (JSON, TOML) that does not parse or is not of the shape expected, `code`
-    /// saying which language: the field at fault named where there is one.
-    pub fn invalid_document<E: std::fmt::Display>(
-        code: &'static str,
-        what: &str,
-        e: serde_path_to_error::Error<E>,
-    ) -> ApiError {
-        let path = e.path().to_string();
-        let param = (path != ".").then_some(path);
-        let message = match &param {
-            Some(p) => format!("{what}: `{p}`: {}", e.inner()),
-            None => format!("{what}: {}", e.inner()),
-        };
-        ApiError { param: param.map(Into::into), ..ApiError::new(StatusCode::BAD_REQUEST, code, message) }
-    }
-
-    /// The field a 400 names, if any.
-    #[cfg(test)]
-    pub fn param(&self) -> Option<&str> {
-        self.param.as_deref()
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    #[cfg(test)]
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -237,10 +163,7 @@ impl Body {
         let mut roles = self.messages.iter().flatten().enumerate();
         if let Some((i, m)) = roles.find(|(_, m)| !CHAT_ROLES.contains(&m.role.as_str())) {
             let why = format!("role `{}` is not one of {}", m.role, CHAT_ROLES.join(", "));
-            return Some(ApiError {
-                param: Some(format!("messages[{i}].role").into()),
-                ..ApiError::invalid("messages", why)
-            });
+            return Some(ApiError::invalid(format!("messages[{i}].role"), why));
         }
         None
     }
@@ -463,14 +386,12 @@ async fn serve(
         if let Err((e, _)) = hub.place(request, payload) {
             app.metrics.request("rejected");
             return Err(match e {
-                PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError {
-                    param: Some("max_tokens".into()),
-                    ..ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "context_length_exceeded",
-                        format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine of `{}` holds {largest_tokens}", parsed.max_tokens, parsed.model),
-                    )
-                },
+                PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "context_length_exceeded",
+                    format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine of `{}` holds {largest_tokens}", parsed.max_tokens, parsed.model),
+                )
+                .with_param("max_tokens"),
                 PlaceError::Reject(Reject::NoInstance) => {
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving")
                 }
@@ -604,7 +525,7 @@ impl Run {
                 Delta::Done { finish_reason, cached_tokens, instance } => {
                     self.note_done(cached_tokens, instance);
                     let text = self.text.push(&tokens) + &self.text.finish();
-                    let choice = self.choice(&text, Some(finish_label(&finish_reason)), false);
+                    let choice = self.choice(&text, Some(finish_reason.openai()), false);
                     let mut body = self.envelope(vec![choice], false);
                     body["usage"] = self.usage(cached_tokens);
                     return Json(body).into_response();
@@ -648,7 +569,7 @@ impl Run {
                     let mut events = vec![];
                     // Text held back for a character the last tokens left incomplete.
                     let rest = run.text.finish();
-                    let last = run.envelope(vec![run.choice(&rest, Some(finish_label(&finish_reason)), true)], true);
+                    let last = run.envelope(vec![run.choice(&rest, Some(finish_reason.openai()), true)], true);
                     events.push(Event::default().data(last.to_string()));
                     if run.parsed.include_usage {
                         let mut usage = run.envelope(vec![], true);
@@ -693,12 +614,5 @@ impl Run {
 impl Drop for Run {
     fn drop(&mut self) {
         self.app.metrics.in_flight.dec();
-    }
-}
-
-fn finish_label(reason: &str) -> &'static str {
-    match reason {
-        "stop" => "stop",
-        _ => "length",
     }
 }

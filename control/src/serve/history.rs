@@ -1,4 +1,4 @@
-//! A short memory of the live fleet for the console: once a second [`sample`] reads the fleet
+//! A short memory of the live fleet for the console: once a second the sampler reads the fleet
 //! (engines by pool and state, KV use, the global prefix index) and what the gateway saw in
 //! the last [`WINDOW`] (request outcomes, TTFT and TPOT percentiles, SLO attainment, the
 //! share of prompt tokens each cache tier served), and keeps the last [`CAPACITY`] samples in
@@ -13,15 +13,12 @@
 //! disaggregated fleet (`serve --mode pd`); a colocated fleet's samples carry them as `null`,
 //! and the console says "not measured".
 
-use super::live_fleet::MemberState;
-use super::metrics::Outcome;
-use super::App;
-use crate::serve::lock;
+use super::lock::lock;
 use engine::InstanceId;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Samples kept: 15 minutes at one a second.
 pub const CAPACITY: usize = 900;
@@ -31,9 +28,6 @@ pub const WINDOW: Duration = Duration::from_secs(10);
 /// Most finished requests kept for the window; above this the oldest go first, so memory
 /// stays bounded at any request rate (the percentiles then cover the newest requests).
 const RECENT_LIMIT: usize = 50_000;
-const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-/// Gateway outcomes counted per second, as `metrics::Metrics::request` names them.
-const OUTCOMES: [&str; 4] = ["ok", "failed", "rejected", "unavailable"];
 
 /// What the gateway knows of one request once its last token is sent.
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +59,7 @@ impl Recorder {
 
     /// Forgets requests older than the window and summarises the rest, in all and per
     /// engine.
-    fn window(&self, now: Instant, slo: (f64, f64)) -> (WindowStats, BTreeMap<u32, EngineWindow>) {
+    pub(super) fn window(&self, now: Instant, slo: (f64, f64)) -> (WindowStats, BTreeMap<u32, EngineWindow>) {
         let mut recent = lock(&self.recent);
         while recent.front().is_some_and(|(at, _)| now.duration_since(*at) > WINDOW) {
             recent.pop_front();
@@ -199,7 +193,7 @@ pub struct History {
 }
 
 impl History {
-    fn push(&self, sample: Sample) {
+    pub(super) fn push(&self, sample: Sample) {
         let mut samples = lock(&self.samples);
         if samples.len() == CAPACITY {
             samples.pop_front();
@@ -211,76 +205,6 @@ impl History {
     pub fn since(&self, since_ms: u64) -> Vec<Sample> {
         let samples = lock(&self.samples);
         samples.iter().filter(|s| s.at_ms > since_ms).cloned().collect()
-    }
-}
-
-/// Samples the fleet once a second, for as long as the process runs.
-pub async fn run(app: Arc<App>) {
-    let mut ticker = tokio::time::interval(SAMPLE_EVERY);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_counts = [0u64; OUTCOMES.len()];
-    loop {
-        ticker.tick().await;
-        // From memory (targets set through another replica arrive within 2 s): a sample
-        // never waits on the database, so samples stay a second apart through an outage.
-        let slo = lock(&app.known).slo;
-        let counts = OUTCOMES.map(|o| app.metrics.requests.get_or_create(&Outcome { outcome: o.to_string() }).get());
-        let requests = OUTCOMES
-            .iter()
-            .zip(counts.iter().zip(last_counts))
-            .map(|(o, (n, last))| (*o, n.saturating_sub(last)))
-            .collect();
-        last_counts = counts;
-        let sample = sample(&app, slo, requests);
-        app.history.push(sample);
-    }
-}
-
-fn sample(app: &App, slo: (f64, f64), requests: BTreeMap<&'static str, u64>) -> Sample {
-    let (window, engines) = app.recorder.window(Instant::now(), slo);
-    let hub = app.lock_hub();
-    let mut pools = BTreeMap::<String, PoolSample>::new();
-    let mut kv_sums = BTreeMap::<&str, f64>::new();
-    for m in hub.fleet.members() {
-        let p = pools.entry(m.pool.clone()).or_default();
-        match m.state {
-            MemberState::Serving => {
-                p.serving += 1;
-                p.waiting += m.load.waiting;
-                p.running += m.load.running;
-                let use_share = f64::from(m.load.kv_used_blocks) / f64::from(m.load.kv_total_blocks.max(1));
-                *kv_sums.entry(m.pool.as_str()).or_default() += use_share;
-            }
-            MemberState::Draining => p.draining += 1,
-            MemberState::Down => p.down += 1,
-        }
-    }
-    for (pool, sum) in kv_sums {
-        if let Some(p) = pools.get_mut(pool) {
-            p.kv_use_mean = Some(sum / f64::from(p.serving.max(1)));
-        }
-    }
-    let controller = &hub.controller;
-    let status = controller.pools();
-    if let Some(st) = status {
-        for (name, size) in [("prefill", st.prefill), ("decode", st.decode)] {
-            if size.starting > 0 {
-                pools.entry(name.to_string()).or_default().starting = size.starting;
-            }
-        }
-    }
-    let finite = |x: f64| x.is_finite().then_some(x);
-    Sample {
-        at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        router: controller.router_name(),
-        pools,
-        requests,
-        in_flight: app.metrics.in_flight.get(),
-        window,
-        engines,
-        index_blocks: controller.wants_kv_events().then(|| controller.fleet().index().blocks()),
-        load_p: status.and_then(|s| finite(s.loads.load_p)),
-        load_d: status.and_then(|s| finite(s.loads.load_d)),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The control plane's one point of decision: the same [`Controller`] the simulator runs,
 //! fed by the live fleet, behind a mutex that is never held across an await.
 
-use super::live_fleet::{Delta, LiveFleet, News, Payload, MAX_ATTEMPTS};
+use super::live_fleet::{LiveFleet, MAX_ATTEMPTS};
 use super::metrics::Metrics;
+use super::news::{Delta, News, Payload};
 use engine::{Request, RequestId, Time};
 use policies::{
     Command, Controller, ControllerConfig, Fleet, FleetEvent, PdConfig, PlaceError, Route, ScalingEvent, Unplaced,

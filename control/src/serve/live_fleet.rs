@@ -3,129 +3,19 @@
 //! the engines' event streams learn comes back to the driver as [`News`].
 
 use super::actuator::Actuator;
+use super::news::{Delta, News, Parked, Payload};
 use super::stream::{stream_request, LostSignal, Reporter};
-use super::vllm::{self, relay::OpenAiCall, EngineKind};
+use super::vllm::{self, EngineKind};
 use crate::engine_auth::{EngineLink, Present};
-use crate::engine_proc::Sampling;
 use crate::proto;
-use engine::{Dur, InstanceId, ModelId, Request, RequestId, Time};
+use engine::{InstanceId, ModelId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, Role, Route, TransferHints};
 use std::collections::BTreeMap;
-use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-
-/// What a request's client receives.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Delta {
-    Tokens(Vec<u32>),
-    /// The last message: why it ended, and the prompt tokens the cache served by tier on
-    /// `instance`, the engine that finished it.
-    Done {
-        finish_reason: String,
-        cached_tokens: [u32; 3],
-        instance: InstanceId,
-    },
-    /// The request failed after it started; the message says why.
-    Failed(String),
-    /// A chunk of an engine's own OpenAI stream, for the client as it is (`tokens`: the
-    /// output tokens it carries).
-    Chunk {
-        body: serde_json::Value,
-        tokens: usize,
-    },
-    /// An engine's own stream ended, all its chunks passed on.
-    End {
-        cached_tokens: [u32; 3],
-        instance: InstanceId,
-    },
-    /// An engine's whole (not streamed) OpenAI response.
-    Whole {
-        body: serde_json::Value,
-        cached_tokens: [u32; 3],
-        instance: InstanceId,
-    },
-    /// The engine refused the request: its HTTP status and OpenAI error body.
-    Refused {
-        status: u16,
-        body: serde_json::Value,
-    },
-}
-
-/// A request's tokens and its client, kept by the fleet while the request runs.
-#[derive(Debug)]
-pub struct Payload {
-    pub prompt: Vec<u32>,
-    pub sampling: Sampling,
-    pub out: mpsc::UnboundedSender<Delta>,
-    /// Tokens streamed so far (a request placed again resumes after them).
-    pub generated: Vec<u32>,
-    /// Placements tried so far.
-    pub attempts: u32,
-    /// When its first token reached the control plane, in µs of the hub's clock (never 0:
-    /// the clock has run since the request arrived): its TTFT, and the start of its TPOT.
-    pub first_token_us: Option<NonZeroU64>,
-    /// The client's OpenAI request, for engines with their own API (vLLM, SGLang).
-    pub call: Option<Box<OpenAiCall>>,
-}
-
-impl Payload {
-    pub fn first_token_at(&self) -> Option<Time> {
-        self.first_token_us.map(|t| Time(t.get()))
-    }
-}
-
-/// A request whose prefill ended, its KV held by prefill engine `from` until the controller
-/// pairs it with a decode engine.
-#[derive(Debug)]
-pub struct Parked {
-    pub from: InstanceId,
-    pub request: Request,
-    pub payload: Payload,
-    pub kv_tokens: u64,
-    pub ttft: Dur,
-    /// What an engine with its own API returned for the decode engine to find the KV by
-    /// (vLLM's `kv_transfer_params`); ours export it over gRPC instead.
-    pub handoff: Option<serde_json::Value>,
-}
-
-/// What the fleet's tasks report to the driver.
-#[derive(Debug)]
-pub enum News {
-    Event(FleetEvent),
-    /// An engine registered by an operator answers again after failing its health check
-    /// (the driver revives it if it was taken out meanwhile).
-    EngineBack {
-        instance: InstanceId,
-    },
-    /// An engine's event stream ended: it is gone until it registers again.
-    EngineLost {
-        instance: InstanceId,
-        why: String,
-    },
-    /// A request's stream broke (its engine vanished) or the engine evicted it: the driver
-    /// places it again, resuming after the tokens it already streamed.
-    Replace {
-        from: InstanceId,
-        request: Request,
-        payload: Payload,
-        why: String,
-    },
-    /// A request's prefill ended (or its transfer was refused): it waits for a decode engine.
-    Parked(Parked),
-    /// A draining engine holds no request any more (or cannot be asked): its process may stop.
-    Drained {
-        instance: InstanceId,
-    },
-    /// An engine reported a scheduling other than its last report's.
-    Scheduling {
-        instance: InstanceId,
-        scheduling: proto::Scheduling,
-    },
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

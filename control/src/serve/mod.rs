@@ -6,43 +6,52 @@
 
 mod actuator;
 mod api;
+mod app;
 mod auth;
 mod console;
 mod engines;
+mod errors;
 mod gateway;
 mod history;
 mod hub;
 mod leader;
 mod listener;
 mod live_fleet;
+mod lock;
 mod metrics;
+mod news;
 mod policy;
 pub mod pools;
 mod prefixes;
 mod registry;
+mod sampler;
 mod simulations;
 mod spool;
 mod store;
 mod stream;
-pub mod tokenizer;
 mod transfer;
 pub mod vllm;
 
+use crate::tokenizer;
 use crate::Failure;
 use anyhow::Context;
+use app::{App, Known};
 use auth::Auth;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{get, post};
 use clap::Args as ClapArgs;
 use hub::Hub;
-use live_fleet::{LiveFleet, MemberState, News};
+use live_fleet::{LiveFleet, MemberState};
+use lock::lock;
 use metrics::{InstanceLabels, Metrics};
+use news::News;
 use policies::{ControllerConfig, RouterConfig};
+use spool::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use store::{Store, Write};
+use store::Store;
 use tokio::sync::{mpsc, Semaphore};
 
 /// SLO targets until an operator sets them: (TTFT ms, TPOT ms).
@@ -114,94 +123,6 @@ pub struct Args {
 
     #[command(flatten)]
     pub pools: pools::PoolArgs,
-}
-
-/// Everything the handlers share.
-pub struct App {
-    hub: Mutex<Hub>,
-    pub metrics: Arc<Metrics>,
-    pub auth: Auth,
-    pub store: Store,
-    pub replica: String,
-    pub leader: Arc<AtomicBool>,
-    simulations: Semaphore,
-    /// Policy version in force (0: the command line's).
-    policy_version: std::sync::atomic::AtomicI32,
-    /// The pool flags of a P/D fleet (`None`: colocated), which a policy's autoscaler takes
-    /// its hysteresis from.
-    pub pool_args: Option<pools::PoolArgs>,
-    /// Requests the gateway finished recently, for the history's windowed statistics.
-    pub recorder: history::Recorder,
-    /// The console's time series: one sample a second, the last fifteen minutes.
-    pub history: history::History,
-    /// Each model's tokenizer, where the fleet has one.
-    pub tokenizers: tokenizer::Tokenizers,
-    /// The HTTP client for engines with their own API.
-    /// Presents the engine token on calls to engines of ours.
-    pub engine_token: crate::engine_auth::Present,
-    pub http: reqwest::Client,
-    /// Engines named to this replica that do not serve yet, by URL: their spec and why.
-    pub pending_engines: Mutex<std::collections::BTreeMap<String, (vllm::EngineSpec, String)>>,
-    /// What the API and the history read from memory, so that they answer while PostgreSQL
-    /// does not.
-    pub known: Mutex<Known>,
-}
-
-/// The stored state this replica serves reads of from memory: read at start, after each
-/// write through this replica, and every 2 s from the database (what other replicas wrote).
-#[derive(Clone, Debug, Default)]
-pub struct Known {
-    /// SLO targets (TTFT ms, TPOT ms).
-    pub slo: (f64, f64),
-    /// The latest policy version: (version, policy, author, when).
-    pub policy: Option<(i32, serde_json::Value, String, String)>,
-    /// The pools' rows (name, role, bounds).
-    pub pools: Vec<serde_json::Value>,
-}
-
-impl Known {
-    /// Takes a policy version read from the database, unless a newer one is known.
-    pub fn learn_policy(&mut self, p: Option<(i32, serde_json::Value, String, String)>) {
-        if p.as_ref().map(|p| p.0) >= self.policy.as_ref().map(|k| k.0) {
-            self.policy = p;
-        }
-    }
-}
-
-impl App {
-    pub fn lock_hub(&self) -> MutexGuard<'_, Hub> {
-        // A panic while routing leaves the controller usable: its state changes are atomic.
-        lock(&self.hub)
-    }
-
-    /// Puts a stored policy version in force, unless a newer one already is: the router and
-    /// autoscaler in the controller, the scheduling on every engine (and each that joins).
-    pub fn apply_policy(&self, set: policy::PolicySet, version: i32) {
-        if self.policy_version.fetch_max(version, Ordering::SeqCst) > version {
-            return;
-        }
-        let mut hub = self.lock_hub();
-        let pools = match (hub.pools, set.autoscaler) {
-            (Some(p), Some(autoscaler)) => Some(policies::PdConfig { autoscaler, ..p }),
-            (pools, _) => pools,
-        };
-        if hub.config.router != set.router || hub.pools != pools {
-            let config = ControllerConfig { router: set.router, ..hub.config.clone() };
-            hub.set_policy(config, pools);
-            let autoscaler = pools.map(|p| p.autoscaler.name());
-            tracing::info!(router = set.router.label(), ?autoscaler, version, "policy in force");
-        }
-        if hub.fleet.scheduling() != Some(&set.scheduling) {
-            tracing::info!(scheduling = ?set.scheduling, version, "engine scheduling in force");
-            hub.fleet.set_scheduling(set.scheduling);
-        }
-    }
-}
-
-/// Locks `m`, also after a panic while it was held: every state change under the control
-/// plane's locks is complete before it is stored.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A new random token (for the demo's children).
@@ -334,7 +255,7 @@ async fn serve(
 
     tokio::spawn(drive(app.clone(), news_rx));
     tokio::spawn(sync_from_database(app.clone()));
-    tokio::spawn(history::run(app.clone()));
+    tokio::spawn(sampler::run(app.clone()));
     let leader_app = app.clone();
     tokio::spawn(leader::run(args.database_url.clone(), app.leader.clone(), move |leading| {
         leader_app.metrics.leader.set(i64::from(leading));
@@ -394,8 +315,8 @@ pub fn routes(app: Arc<App>) -> axum::Router {
 }
 
 /// A path nothing serves: the error in the gateway's and the API's shape, not an empty 404.
-async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> gateway::ApiError {
-    gateway::ApiError::new(
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> errors::ApiError {
+    errors::ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
         "not_found",
         format!("nothing is served at {method} {}", uri.path()),
@@ -403,9 +324,9 @@ async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> gateway::
 }
 
 /// A method a path does not take (405), in the same shape.
-async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> gateway::ApiError {
+async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> errors::ApiError {
     let why = format!("{} does not take {method}", uri.path());
-    gateway::ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", why)
+    errors::ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", why)
 }
 
 async fn render_metrics(State(app): State<Arc<App>>) -> String {

@@ -5,7 +5,7 @@
 //! stored before a field existed loads with that field's default, so old `{router}` versions
 //! still load and roll back.
 
-use super::gateway::ApiError;
+use super::errors::ApiError;
 use super::pools::PoolArgs;
 use crate::proto::Scheduling;
 use crate::scheduling::Invalid;

@@ -1,11 +1,11 @@
 //! The control plane's gRPC service: engines register here, and keep registering as their
 //! heartbeat.
 
+use super::app::App;
 use super::live_fleet::MemberState;
-use super::store::Write;
-use super::tokenizer::{self, Check};
-use super::App;
+use super::spool::Write;
 use crate::proto::{self, control_server::Control};
+use crate::tokenizer::{self, Check};
 use engine::InstanceId;
 use std::sync::Arc;
 use std::time::Duration;

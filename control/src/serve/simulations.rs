@@ -1,7 +1,7 @@
 //! Simulations submitted through the API: validated at once, run in the background on the
 //! simulator (one at a time, off the async threads), results and chart kept in the database.
 
-use super::App;
+use super::app::App;
 use serde_json::json;
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{Report, RunReport};

@@ -10,13 +10,34 @@
 //! (a hash of its host, port and name), OWNER the replica (its process id and nonce). The live replica that owns a file holds an exclusive
 //! `flock` on it, so a file whose lock can be taken belongs to a replica that is gone.
 
-use super::store::Write;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+
+/// A write the serving path queues (the store applies it; this file keeps it meanwhile).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum Write {
+    InstanceState {
+        id: i32,
+        state: String,
+    },
+    /// A pool's size changed, with why (the loads that caused it).
+    Scaling {
+        pool: String,
+        action: String,
+        reason: Value,
+        replica: String,
+    },
+    Audit {
+        actor: String,
+        action: String,
+        detail: Value,
+    },
+}
 
 /// A queued write as the spool holds it.
 #[derive(Clone, Debug, Serialize, Deserialize)]

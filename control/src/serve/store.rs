@@ -7,7 +7,7 @@
 //! spooled to disk first ([`super::spool`]), so that a replica dying meanwhile loses none.
 
 use super::auth::{Principal, Role, TokenHash};
-use super::spool::{Spool, Spooled};
+use super::spool::{Spool, Spooled, Write};
 use anyhow::{Context, Result};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -18,27 +18,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-
-/// A write the serving path queues.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub enum Write {
-    InstanceState {
-        id: i32,
-        state: String,
-    },
-    /// A pool's size changed, with why (the loads that caused it).
-    Scaling {
-        pool: String,
-        action: String,
-        reason: Value,
-        replica: String,
-    },
-    Audit {
-        actor: String,
-        action: String,
-        detail: Value,
-    },
-}
 
 #[derive(Clone)]
 pub struct Store {
@@ -138,7 +117,7 @@ impl Store {
         let q = &self.queue;
         let at_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         let w = Spooled { id: format!("{}-{}", q.owner, q.next.fetch_add(1, Ordering::Relaxed)), at_us, write };
-        let mut spool = crate::serve::lock(&q.spool);
+        let mut spool = super::lock::lock(&q.spool);
         if let Some(s) = spool.as_mut() {
             if let Err(e) = s.append(&w) {
                 tracing::warn!("write not spooled (lost if this replica dies before the database takes it): {e:#}");
@@ -157,7 +136,7 @@ impl Store {
 
     /// Removes the spool when nothing is queued (a clean shutdown).
     pub fn close(&self) {
-        let mut spool = crate::serve::lock(&self.queue.spool);
+        let mut spool = super::lock::lock(&self.queue.spool);
         if self.backlog() == 0 {
             if let Some(s) = spool.take() {
                 s.remove();
@@ -594,7 +573,7 @@ async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Spooled>, qu
         if warned {
             tracing::info!("database writes caught up");
         }
-        let mut spool = crate::serve::lock(&queue.spool);
+        let mut spool = super::lock::lock(&queue.spool);
         if queue.backlog.fetch_sub(1, Ordering::Relaxed) == 1 {
             if let Some(Err(e)) = spool.as_mut().map(Spool::clear) {
                 tracing::warn!("{e:#}");

@@ -2,9 +2,9 @@
 //! ended reported to the driver (finished, prefilled and parked for a hand-off, or broken and to
 //! be placed again), with the latencies the controller's SLO load hears.
 
-use super::live_fleet::{Delta, News, Parked, Payload};
+use super::news::{Delta, News, Parked, Payload};
 use crate::engine_auth::EngineLink;
-use crate::proto;
+use crate::proto::{self, FinishReason};
 use engine::{Dur, InstanceId, Request, Time};
 use policies::FleetEvent;
 use std::num::NonZeroU64;
@@ -75,7 +75,7 @@ pub(super) async fn relay(
             () = payload.out.closed() => return Ended::ClientGone,
             () = lost.taken_out() => return Ended::Broke(format!("{instance} was taken out mid-stream")),
         };
-        let chunk = match next {
+        let mut chunk = match next {
             Some(Ok(chunk)) => chunk,
             Some(Err(status)) => return Ended::Broke(format!("{instance} failed mid-stream: {}", status.message())),
             None => return Ended::Broke(format!("{instance} closed the stream before the request finished")),
@@ -85,18 +85,18 @@ pub(super) async fn relay(
                 payload.first_token_us = NonZeroU64::new(report.now().0.max(1));
             }
             payload.generated.extend_from_slice(&chunk.tokens);
-            let _ = payload.out.send(Delta::Tokens(chunk.tokens));
+            let _ = payload.out.send(Delta::Tokens(std::mem::take(&mut chunk.tokens)));
         }
-        match chunk.finish_reason.as_str() {
-            "" => {}
-            "evicted" => return Ended::Broke(format!("{instance} evicted it under KV pressure")),
-            "prefilled" => return Ended::Prefilled { kv_tokens: chunk.kv_tokens, handoff: None },
-            _ => {
+        match chunk.finish_reason() {
+            FinishReason::Unspecified => {}
+            FinishReason::Evicted => return Ended::Broke(format!("{instance} evicted it under KV pressure")),
+            FinishReason::Prefilled => return Ended::Prefilled { kv_tokens: chunk.kv_tokens, handoff: None },
+            finish_reason @ (FinishReason::Length | FinishReason::Stop | FinishReason::CutShort) => {
                 let mut cached_tokens = [0; 3];
                 for (c, v) in cached_tokens.iter_mut().zip(&chunk.cached_tokens) {
                     *c = *v;
                 }
-                let _ = payload.out.send(Delta::Done { finish_reason: chunk.finish_reason, cached_tokens, instance });
+                let _ = payload.out.send(Delta::Done { finish_reason, cached_tokens, instance });
                 read_to_end(stream).await;
                 return Ended::Finished;
             }

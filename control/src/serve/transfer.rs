@@ -12,7 +12,7 @@
 //! again), and the request's end from the decode engine. If the prefill engine lost the
 //! request, it is placed again like one whose engine vanished.
 
-use super::live_fleet::{Delta, News, Parked};
+use super::news::{Delta, News, Parked};
 use super::stream::{relay, Ended, Lost, Reporter};
 use crate::engine_auth::EngineLink;
 use crate::proto;

@@ -48,7 +48,7 @@
 //! docs/ROUTERS.md.
 
 use super::{CostHints, Pick, Router, RouterFactory, Why};
-use crate::fleet::FleetEvent;
+use crate::event::FleetEvent;
 use crate::prefix_index::{PrefixMatches, TierMatch};
 use crate::view::{FleetView, InstanceView};
 use engine::Request;

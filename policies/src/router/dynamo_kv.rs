@@ -53,7 +53,7 @@
 //! [`TierMatch::l1`](crate::TierMatch) count.
 
 use super::{CostHints, Pick, Router, RouterFactory, Why};
-use crate::fleet::FleetEvent;
+use crate::event::FleetEvent;
 use crate::prefix_index::PrefixMatches;
 use crate::view::FleetView;
 use engine::{InstanceId, Request};

@@ -8,7 +8,7 @@
 
 pub use sglang_cache_aware::SglangBranch;
 
-use crate::fleet::FleetEvent;
+use crate::event::FleetEvent;
 use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::slo_load::DecodeModel;
 use crate::view::FleetView;

@@ -73,7 +73,7 @@
 //! 64 instances).
 
 use super::{CostHints, Pick, Router, RouterFactory, Why};
-use crate::fleet::FleetEvent;
+use crate::event::FleetEvent;
 use crate::view::{FleetView, InstanceView};
 use engine::slots;
 use engine::{BlockHash, InstanceId, Request};

@@ -1,7 +1,8 @@
 //! One contract suite run over every router, then each router's own rule.
 
 use super::*;
-use crate::controller::{Controller, ControllerConfig, Reject};
+use crate::controller::{Controller, ControllerConfig};
+use crate::fleet::Reject;
 use crate::fleet::Route;
 use engine::kv::{KvEvent, Tier};
 use engine::{BlockHash, InstanceId, Load, RequestId, Time};
@@ -432,7 +433,7 @@ fn every_routers_parameters_read_back_as_set_at_both_ends_of_their_ranges() {
 
 #[test]
 fn the_catalog_lists_every_routers_parameters_with_defaults_and_ranges() {
-    let catalog = crate::params::catalog();
+    let catalog = crate::catalog();
     let routers: Vec<&str> = catalog.iter().filter(|p| p.role == "router").map(|p| p.policy).collect();
     assert_eq!(routers, RouterConfig::NAMES);
     for (router, entry) in RouterConfig::all().iter().zip(&catalog) {

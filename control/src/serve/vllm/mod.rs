@@ -10,9 +10,9 @@ pub mod metrics;
 pub mod relay;
 pub mod subscriber;
 
-use super::live_fleet::News;
+use super::news::News;
 use super::stream::{Lost, LostSignal};
-use crate::serve::lock;
+use crate::serve::lock::lock;
 use engine::InstanceId;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

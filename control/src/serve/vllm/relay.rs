@@ -11,7 +11,8 @@
 //! and its output comes back as ids for the gateway to format, like our engines' output.
 
 use super::{error_chain, Engine, Share};
-use crate::serve::live_fleet::{Delta, News, Parked, Payload};
+use crate::proto::FinishReason;
+use crate::serve::news::{Delta, News, Parked, Payload};
 use crate::serve::stream::{Ended, Lost, Reporter};
 use engine::{InstanceId, Request};
 use futures_util::StreamExt;
@@ -19,31 +20,6 @@ use policies::FleetEvent;
 use serde_json::{json, Map, Value};
 use std::num::NonZeroU64;
 use std::sync::Arc;
-
-/// The client's OpenAI request, as an engine with its own API takes it.
-#[derive(Debug, Clone)]
-pub struct OpenAiCall {
-    pub chat: bool,
-    /// The request's JSON object, with `model` and `max_tokens` as routed.
-    pub body: Map<String, Value>,
-    /// The prompt as the engine tokenized it (from its first chunk): what a resumed request
-    /// continues.
-    pub engine_prompt: Option<Vec<u32>>,
-}
-
-impl OpenAiCall {
-    fn streaming(&self) -> bool {
-        self.body.get("stream").and_then(Value::as_bool).unwrap_or(false)
-    }
-
-    fn asked(&self, key: &str) -> bool {
-        self.body.get(key).and_then(Value::as_bool).unwrap_or(false)
-    }
-
-    fn asked_usage(&self) -> bool {
-        self.body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false)
-    }
-}
 
 /// What a vLLM engine is asked to do with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,7 +251,7 @@ impl<'a> Leg<'a> {
                     let _ = match &client_shape {
                         Some(_) => payload.out.send(Delta::End { cached_tokens: cached, instance }),
                         None => payload.out.send(Delta::Done {
-                            finish_reason: finish_reason.take().unwrap_or_else(|| "length".to_string()),
+                            finish_reason: finish_reason.take().unwrap_or(FinishReason::Length),
                             cached_tokens: cached,
                             instance,
                         }),
@@ -299,7 +275,7 @@ impl<'a> Leg<'a> {
                 }
                 let new = choice["token_ids"].as_array().map(|a| ids(a)).unwrap_or_default();
                 if let Some(r) = choice["finish_reason"].as_str() {
-                    finish_reason = Some(r.to_string());
+                    finish_reason = Some(FinishReason::of_openai(r));
                 }
                 if !new.is_empty() {
                     note_first_token(payload, report);

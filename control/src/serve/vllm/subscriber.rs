@@ -7,8 +7,8 @@
 
 use super::hashes::BlockMap;
 use super::kv_events::{decode_message, decode_seq, Batch, END_OF_REPLAY};
-use crate::serve::live_fleet::News;
-use crate::serve::lock;
+use crate::serve::lock::lock;
+use crate::serve::news::News;
 use bytes::Bytes;
 use engine::kv::KvEvent;
 use engine::InstanceId;

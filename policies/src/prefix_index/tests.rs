@@ -1,0 +1,377 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+const A: InstanceId = InstanceId(0);
+const B: InstanceId = InstanceId(1);
+const C: InstanceId = InstanceId(2);
+
+/// A chain of `n` block hashes after `parent`.
+fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
+    let mut h = parent;
+    (0..n as u64)
+        .map(|k| {
+            h = h.chain(seed * 1000 + k);
+            h
+        })
+        .collect()
+}
+
+fn store(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, hashes: &[BlockHash]) {
+    for (k, &hash) in hashes.iter().enumerate() {
+        let parent = k.checked_sub(1).map(|k| hashes[k]);
+        index.apply(instance, &KvEvent::Stored { tier, hash, parent });
+        index.check_invariants();
+    }
+}
+
+fn remove(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, hashes: &[BlockHash]) {
+    for &hash in hashes {
+        index.apply(instance, &KvEvent::Removed { tier, hash });
+        index.check_invariants();
+    }
+}
+
+fn tm(l1: u32, l2: u32, l3: u32) -> TierMatch {
+    TierMatch { l1, l2, l3 }
+}
+
+/// Matches `hashes` and checks each listed instance's result.
+fn check(index: &PrefixIndex, hashes: &[BlockHash], expected: &[(InstanceId, TierMatch)]) {
+    let mut m = PrefixMatches::default();
+    index.match_prefix(hashes, &mut m);
+    for &(i, want) in expected {
+        assert_eq!(m.get(i), want, "{i}");
+    }
+}
+
+#[test]
+fn blocks_count_in_the_best_tier_the_instance_has_them_in() {
+    let h = chain(BlockHash::ROOT, 1, 6);
+    let mut index = PrefixIndex::new();
+    store(&mut index, A, Tier::L1, &h[..2]);
+    store(&mut index, A, Tier::L2, &h[2..4]);
+    store(&mut index, A, Tier::L3, &h[1..5]);
+    // Held by A in L1 and L2 at once (between two events of a move): L1 wins.
+    store(&mut index, A, Tier::L1, &h[3..4]);
+    check(&index, &h, &[(A, tm(3, 1, 1)), (B, tm(0, 0, 0))]);
+    assert_eq!(index.blocks(), 5);
+}
+
+#[test]
+fn the_shared_store_alone_gives_every_instance_a_prefix() {
+    let h = chain(BlockHash::ROOT, 2, 5);
+    let mut index = PrefixIndex::new();
+    store(&mut index, C, Tier::L3, &h[..3]);
+    store(&mut index, B, Tier::L1, &h[..4]);
+    let mut m = PrefixMatches::default();
+    index.match_prefix(&h, &mut m);
+    assert_eq!(m.get(A), tm(0, 0, 3), "an instance that never published anything");
+    assert_eq!(m.get(C), tm(0, 0, 3), "the publisher of the L3 events holds nothing itself");
+    assert_eq!(m.get(InstanceId(77)), tm(0, 0, 3), "an instance the index never heard of");
+    assert_eq!(m.get(B), tm(4, 0, 0));
+    assert_eq!(m.shared(), tm(0, 0, 3));
+    assert_eq!(m.iter().collect::<Vec<_>>(), vec![(B, tm(4, 0, 0))]);
+}
+
+#[test]
+fn a_prefix_continues_across_holes_filled_by_another_tier() {
+    let h = chain(BlockHash::ROOT, 3, 6);
+    let mut index = PrefixIndex::new();
+    store(&mut index, A, Tier::L1, &h[..2]);
+    store(&mut index, B, Tier::L3, &h[2..3]);
+    store(&mut index, A, Tier::L2, &h[3..4]);
+    store(&mut index, B, Tier::L3, &h[4..5]);
+    check(&index, &h, &[(A, tm(2, 1, 2)), (B, tm(0, 0, 0))]);
+    // A prompt that starts mid-chain, and one that is not a chain at all.
+    check(&index, &h[2..], &[(A, tm(0, 1, 2)), (B, tm(0, 0, 1))]);
+    check(&index, &[h[3], h[0], h[4], h[1]], &[(A, tm(2, 1, 1))]);
+}
+
+#[test]
+fn removing_a_block_ends_the_prefix_there() {
+    let h = chain(BlockHash::ROOT, 4, 6);
+    let mut index = PrefixIndex::new();
+    store(&mut index, A, Tier::L1, &h);
+    store(&mut index, B, Tier::L1, &h[..4]);
+    remove(&mut index, A, Tier::L1, &h[2..3]);
+    check(&index, &h, &[(A, tm(2, 0, 0)), (B, tm(4, 0, 0))]);
+    assert_eq!(index.blocks(), 6, "B still holds the removed block");
+    remove(&mut index, A, Tier::L1, &h[4..]);
+    assert_eq!(index.blocks(), 4);
+    // Removing what is not there changes nothing.
+    remove(&mut index, C, Tier::L2, &h);
+    remove(&mut index, A, Tier::L3, &h);
+    check(&index, &h, &[(A, tm(2, 0, 0)), (B, tm(4, 0, 0))]);
+}
+
+#[test]
+fn demotion_keeps_blocks_in_place() {
+    // What an engine publishes when L1 evicts a leaf: removed from L1, stored in L2.
+    let h = chain(BlockHash::ROOT, 5, 8);
+    let mut index = PrefixIndex::new();
+    store(&mut index, A, Tier::L1, &h);
+    for k in (4..8).rev() {
+        remove(&mut index, A, Tier::L1, &h[k..=k]);
+        index.apply(A, &KvEvent::Stored { tier: Tier::L2, hash: h[k], parent: Some(h[k - 1]) });
+        index.check_invariants();
+    }
+    // And when L2 evicts one: removed from L2, stored in L3 (without its parent).
+    remove(&mut index, A, Tier::L2, &h[7..]);
+    index.apply(A, &KvEvent::Stored { tier: Tier::L3, hash: h[7], parent: None });
+    index.check_invariants();
+    check(&index, &h, &[(A, tm(4, 3, 1)), (B, tm(0, 0, 0))]);
+    assert_eq!(index.segments.len() - index.free_segments.len(), 1, "still one run of positions");
+}
+
+#[test]
+fn remove_instance_and_cleared_forget_only_that_instances_tiers() {
+    let h = chain(BlockHash::ROOT, 6, 6);
+    let mut index = PrefixIndex::new();
+    store(&mut index, A, Tier::L1, &h[..4]);
+    store(&mut index, A, Tier::L2, &h[4..]);
+    store(&mut index, B, Tier::L1, &h[..2]);
+    store(&mut index, C, Tier::L2, &h[..3]);
+    store(&mut index, C, Tier::L3, &h[5..]);
+    index.remove_instance(A);
+    index.check_invariants();
+    check(&index, &h, &[(A, tm(0, 0, 0)), (B, tm(2, 0, 0)), (C, tm(0, 3, 0))]);
+    assert_eq!(index.blocks(), 4, "h[3] and h[4] were A's alone");
+    index.apply(C, &KvEvent::Cleared);
+    index.check_invariants();
+    check(&index, &h, &[(B, tm(2, 0, 0)), (C, tm(0, 0, 0))]);
+    assert_eq!(index.blocks(), 3, "h[2] goes with C, h[5] stays in L3");
+    // The instance comes back.
+    store(&mut index, A, Tier::L1, &h);
+    check(&index, &h, &[(A, tm(6, 0, 0)), (B, tm(2, 0, 0))]);
+}
+
+#[test]
+fn a_fleet_wide_prefix_is_matched_for_every_instance() {
+    let h = chain(BlockHash::ROOT, 7, 10);
+    let mut index = PrefixIndex::new();
+    for i in 0..300 {
+        store(&mut index, InstanceId(i), Tier::L1, &h[..4]);
+    }
+    store(&mut index, InstanceId(5), Tier::L1, &h[4..8]);
+    store(&mut index, InstanceId(299), Tier::L2, &h[4..6]);
+    let mut m = PrefixMatches::default();
+    index.match_prefix(&h, &mut m);
+    assert_eq!(m.get(InstanceId(5)), tm(8, 0, 0));
+    assert_eq!(m.get(InstanceId(299)), tm(4, 2, 0));
+    assert_eq!(m.get(InstanceId(17)), tm(4, 0, 0));
+    assert_eq!(m.get(InstanceId(300)), tm(0, 0, 0));
+    assert_eq!(m.iter().count(), 300);
+    assert_eq!(m.iter().filter(|(_, t)| t.total() > 4).count(), 2);
+}
+
+/// The index against the semantics written out: per (instance, tier) sets and a walk.
+#[derive(Default)]
+struct Model {
+    own: HashSet<(u32, Tier, BlockHash)>,
+    l3: HashSet<BlockHash>,
+}
+
+impl Model {
+    fn apply(&mut self, instance: InstanceId, event: &KvEvent) {
+        match *event {
+            KvEvent::Stored { tier: Tier::L3, hash, .. } => {
+                self.l3.insert(hash);
+            }
+            KvEvent::Removed { tier: Tier::L3, hash } => {
+                self.l3.remove(&hash);
+            }
+            KvEvent::Stored { tier, hash, .. } => {
+                self.own.insert((instance.0, tier, hash));
+            }
+            KvEvent::Removed { tier, hash } => {
+                self.own.remove(&(instance.0, tier, hash));
+            }
+            KvEvent::Cleared => self.own.retain(|&(i, _, _)| i != instance.0),
+        }
+    }
+
+    fn prefix(&self, instance: u32, hashes: &[BlockHash]) -> TierMatch {
+        let mut m = TierMatch::default();
+        for &h in hashes {
+            if self.own.contains(&(instance, Tier::L1, h)) {
+                m.l1 += 1;
+            } else if self.own.contains(&(instance, Tier::L2, h)) {
+                m.l2 += 1;
+            } else if self.l3.contains(&h) {
+                m.l3 += 1;
+            } else {
+                break;
+            }
+        }
+        m
+    }
+
+    fn blocks(&self) -> usize {
+        let mut all: HashSet<BlockHash> = self.l3.clone();
+        all.extend(self.own.iter().map(|&(_, _, h)| h));
+        all.len()
+    }
+}
+
+/// The block universe of the property test: a small tree of chained hashes, each with its
+/// parent, plus the hash 0 (which the map keeps aside).
+fn universe() -> Vec<(BlockHash, Option<BlockHash>)> {
+    let trunk = chain(BlockHash::ROOT, 10, 8);
+    let branch = chain(trunk[3], 11, 6);
+    let other = chain(BlockHash::ROOT, 12, 5);
+    let twig = chain(branch[1], 13, 3);
+    let mut u = Vec::new();
+    for c in [&trunk, &branch, &other, &twig] {
+        for (k, &h) in c.iter().enumerate() {
+            let parent = match k {
+                0 if c == &branch => Some(trunk[3]),
+                0 if c == &twig => Some(branch[1]),
+                0 => None,
+                _ => Some(c[k - 1]),
+            };
+            u.push((h, parent));
+        }
+    }
+    u.push((BlockHash(0), Some(other[4])));
+    u
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A whole run of the universe stored in chain order, as engines publish it.
+    StoreRun {
+        instance: u32,
+        tier: u8,
+        from: usize,
+        len: usize,
+        with_parent: bool,
+    },
+    Store {
+        instance: u32,
+        tier: u8,
+        block: usize,
+        with_parent: bool,
+    },
+    Remove {
+        instance: u32,
+        tier: u8,
+        block: usize,
+    },
+    /// Removed from one tier, stored in the next (a demotion).
+    Move {
+        instance: u32,
+        tier: u8,
+        block: usize,
+    },
+    Cleared {
+        instance: u32,
+    },
+    RemoveInstance {
+        instance: u32,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let n = universe().len();
+    prop_oneof![
+        4 => (0u32..4, 0u8..3, 0..n, 1usize..8, any::<bool>())
+            .prop_map(|(instance, tier, from, len, with_parent)| Op::StoreRun { instance, tier, from, len, with_parent }),
+        4 => (0u32..4, 0u8..3, 0..n, any::<bool>())
+            .prop_map(|(instance, tier, block, with_parent)| Op::Store { instance, tier, block, with_parent }),
+        4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Remove { instance, tier, block }),
+        2 => (0u32..4, 0u8..2, 0..n).prop_map(|(instance, tier, block)| Op::Move { instance, tier, block }),
+        1 => (0u32..4).prop_map(|instance| Op::Cleared { instance }),
+        1 => (0u32..4).prop_map(|instance| Op::RemoveInstance { instance }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Every instance's match, the shared match, the matched instances and the block
+    /// count equal the model's after every operation, for chain prompts and arbitrary ones.
+    #[test]
+    fn matches_equal_a_walk_over_per_tier_sets(
+        ops in proptest::collection::vec(op(), 1..60),
+        prompts in proptest::collection::vec(proptest::collection::vec(0usize..30, 0..12), 1..4),
+    ) {
+        let u = universe();
+        let mut index = PrefixIndex::new();
+        let mut model = Model::default();
+        let tiers = [Tier::L1, Tier::L2, Tier::L3];
+        let mut events = Vec::new();
+        let mut chains: Vec<Vec<BlockHash>> = Vec::new();
+        // Chain prompts: every root-to-block path of the universe.
+        for k in 0..u.len() {
+            let mut path = vec![u[k].0];
+            let mut p = u[k].1;
+            while let Some(h) = p {
+                path.push(h);
+                p = u.iter().find(|(x, _)| *x == h).and_then(|&(_, q)| q);
+            }
+            path.reverse();
+            chains.push(path);
+        }
+        chains.extend(prompts.iter().map(|p| p.iter().map(|&k| u[k % u.len()].0).collect()));
+        for op in ops {
+            events.clear();
+            match op {
+                Op::StoreRun { instance, tier, from, len, with_parent } => {
+                    for &(hash, parent) in &u[from..(from + len).min(u.len())] {
+                        let parent = if with_parent { parent } else { None };
+                        events.push((instance, KvEvent::Stored { tier: tiers[tier as usize], hash, parent }));
+                    }
+                }
+                Op::Store { instance, tier, block, with_parent } => {
+                    let (hash, parent) = u[block];
+                    let parent = if with_parent { parent } else { None };
+                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize], hash, parent }));
+                }
+                Op::Remove { instance, tier, block } => {
+                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: u[block].0 }));
+                }
+                Op::Move { instance, tier, block } => {
+                    let (hash, parent) = u[block];
+                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash }));
+                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, parent }));
+                }
+                Op::Cleared { instance } => events.push((instance, KvEvent::Cleared)),
+                Op::RemoveInstance { instance } => {
+                    index.remove_instance(InstanceId(instance));
+                    model.apply(InstanceId(instance), &KvEvent::Cleared);
+                }
+            }
+            for (instance, e) in &events {
+                index.apply(InstanceId(*instance), e);
+                model.apply(InstanceId(*instance), e);
+                index.check_invariants();
+            }
+            prop_assert_eq!(index.blocks(), model.blocks());
+            let mut m = PrefixMatches::default();
+            for prompt in &chains {
+                index.match_prefix(prompt, &mut m);
+                for i in 0..5 {
+                    prop_assert_eq!(m.get(InstanceId(i)), model.prefix(i, prompt), "instance {} prompt {:?}", i, prompt);
+                }
+                prop_assert_eq!(m.shared(), model.prefix(99, prompt));
+                let mut listed: Vec<u32> = m.iter().map(|(i, t)| {
+                    assert_eq!(t, m.get(i));
+                    i.0
+                }).collect();
+                listed.sort_unstable();
+                let want: Vec<u32> = (0..5).filter(|&i| {
+                    let t = model.prefix(i, prompt);
+                    t.l1 + t.l2 > 0
+                }).collect();
+                prop_assert_eq!(listed, want);
+                let longest = (0..5)
+                    .map(|i| (i, model.prefix(i, prompt)))
+                    .filter(|(_, t)| t.l1 + t.l2 > 0)
+                    .max_by_key(|&(i, t)| (t.total(), t.l1, t.l2, std::cmp::Reverse(i)))
+                    .map(|(i, t)| (InstanceId(i), t));
+                prop_assert_eq!(m.longest(), longest);
+            }
+        }
+    }
+}
