@@ -35,6 +35,7 @@ pub mod report;
 pub mod scenario;
 pub mod search_space;
 pub mod sim;
+pub mod slo;
 pub mod tiers;
 pub mod timeline;
 pub mod workload;

@@ -4,7 +4,7 @@
 
 use crate::cost::CostModel;
 use crate::fleet::PoolOptions;
-use crate::metrics::Slo;
+use crate::slo::Slo;
 use crate::timeline::TimelinePoint;
 use engine::{BatchEntry, BatchStats, Dur, RequestId};
 use policies::{AutoscalerConfig, DecodeModel, PdConfig, Role, ScalingEvent, SloLoadConfig, TransferHints};

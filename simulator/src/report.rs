@@ -287,7 +287,8 @@ fn render(header: Vec<String>, rows: Vec<Vec<String>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{FleetCost, Metrics, Slo};
+    use crate::metrics::{FleetCost, Metrics};
+    use crate::slo::Slo;
 
     fn summary() -> Summary {
         Metrics::new(Slo { ttft_ms: 200.0, tpot_ms: 50.0 }).summary(&FleetCost { gpus: 8, price_per_gpu_hour: 2.0 })

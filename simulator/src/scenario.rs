@@ -47,9 +47,9 @@ use crate::cost::{
     CalibrationError, CostError, CostModel, CostParams, CpMode, Deployment, Drafter, GpuSpec, ModelSpec, UnknownName,
     NO_SPECULATION,
 };
-use crate::metrics::Slo;
 use crate::pools::PdRun;
 use crate::sim::SimConfig;
+use crate::slo::Slo;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
 use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction, StepProfile};

@@ -15,9 +15,10 @@
 use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
 use crate::infinite_cache::InfiniteCacheBound;
-use crate::metrics::{FleetCost, Metrics, Slo, SpeculationReport, Summary};
+use crate::metrics::{FleetCost, Metrics, SpeculationReport, Summary};
 use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
+use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Workload, WorkloadError};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};

@@ -13,7 +13,7 @@
 //! run's length over the window (a few thousand points), never with its requests; so do the
 //! arrival seconds (8 bytes a second of the run).
 
-use crate::metrics::Slo;
+use crate::slo::Slo;
 use engine::{Dur, Finished, Time};
 use policies::{Controller, Role};
 use serde::{Deserialize, Serialize};

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub pool_instances: Family<PoolState, Gauge>,
     /// Engines by kind (fleetplane, vllm, sglang) and state.
     pub engines: Family<KindState, Gauge>,
+    /// The controller's `unmatched_ends`: 0 unless the fleet broke its contract.
+    pub unmatched_ends: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,9 +103,16 @@ impl Metrics {
         );
         let engines = Family::<KindState, Gauge>::default();
         registry.register("engines", "Engines by kind (fleetplane, vllm, sglang) and state", engines.clone());
+        let unmatched_ends = Gauge::default();
+        registry.register(
+            "controller_unmatched_ends",
+            "Request ends the controller had not counted in flight on that engine (0 unless the fleet broke its contract)",
+            unmatched_ends.clone(),
+        );
         Metrics {
             registry,
             engines,
+            unmatched_ends,
             requests,
             tokens_generated,
             prompt_tokens,

@@ -141,8 +141,8 @@ fn token_from_env(var: &str, what: &str) -> anyhow::Result<String> {
     }
 }
 
-fn default_slo() -> simulator::metrics::Slo {
-    simulator::metrics::Slo { ttft_ms: DEFAULT_SLO.0, tpot_ms: DEFAULT_SLO.1 }
+fn default_slo() -> simulator::slo::Slo {
+    simulator::slo::Slo { ttft_ms: DEFAULT_SLO.0, tpot_ms: DEFAULT_SLO.1 }
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -190,7 +190,7 @@ async fn serve(
     let (news_tx, news_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(Metrics::new());
     let known_slo = store.slo().await?.unwrap_or(DEFAULT_SLO);
-    let slo = simulator::metrics::Slo { ttft_ms: known_slo.0, tpot_ms: known_slo.1 };
+    let slo = simulator::slo::Slo { ttft_ms: known_slo.0, tpot_ms: known_slo.1 };
     let stored_policy = store.policy().await?;
     let known = Known { slo: known_slo, policy: stored_policy.clone(), pools: store.pools().await? };
     let pd = args.pools.pd_config(slo)?;
@@ -347,6 +347,7 @@ async fn render_metrics(State(app): State<Arc<App>>) -> String {
             serving += i64::from(m.state == MemberState::Serving);
         }
         app.metrics.instances_serving.set(serving);
+        app.metrics.unmatched_ends.set(hub.controller.unmatched_ends() as i64);
         for ((kind, state), n) in by_kind {
             app.metrics.engines.get_or_create(&metrics::KindState { kind: kind.into(), state: state.into() }).set(n);
         }

@@ -8,9 +8,9 @@ use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Dur, InstanceConfig};
 use policies::{AutoscalerConfig, CostHints, DecodeModel, Knobs, PdConfig};
 use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
-use simulator::metrics::Slo;
 use simulator::pools::PdRun;
 use simulator::scenario::calibrated_cost;
+use simulator::slo::Slo;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {

@@ -1,0 +1,26 @@
+//! The SLO: the latency targets a request must meet to count towards goodput.
+
+use engine::Finished;
+use serde::{Deserialize, Serialize};
+
+/// Latency targets a request must meet to count towards goodput.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    /// Time to first token, from arrival at the fleet.
+    pub ttft_ms: f64,
+    /// Mean time per output token after the first.
+    pub tpot_ms: f64,
+}
+
+impl Slo {
+    /// Whether a finished request met both targets (the rule of [`Metrics::record`]: the
+    /// TPOT target is compared without dividing, and one output token always meets it).
+    pub fn met_by(&self, f: &Finished) -> bool {
+        let ttft_met = f.first_token_at.since(f.request.arrival).0 as f64 <= self.ttft_ms * 1e3;
+        let tpot_met = f.output_tokens < 2 || {
+            let gaps = f64::from(f.output_tokens - 1);
+            f.finished_at.since(f.first_token_at).0 as f64 <= self.tpot_ms * 1e3 * gaps
+        };
+        f.ended.is_none() && ttft_met && tpot_met
+    }
+}
