@@ -20,7 +20,7 @@ use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
-use crate::workload::{Workload, WorkloadError};
+use crate::workload::{Arrival, Workload, WorkloadError};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig, Unplaced};
 use serde::{Deserialize, Serialize};
@@ -158,220 +158,287 @@ fn drive<S: Stopwatch>(
     progress: &mut dyn FnMut(Progress),
     watch: &mut S,
 ) -> Result<RunOutput, SimError> {
-    let hints = cost_hints(&config.cost, &config.instance);
-    let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
-    if let Some(pd) = &config.pd {
-        let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
-        controller = controller.with_pools(pools);
-    }
-    let mut executor = CostModelExecutor::new(config.cost.clone());
-    if let Some(d) = config.drafter {
-        executor = executor.with_drafter(d, config.seed);
-    }
-    let kv = KvOptions {
-        l3_blocks: config.l3_blocks,
-        publish_events: controller.wants_kv_events(),
-        event_delay: config.event_delay,
-    };
-    let mut fleet = match &config.pd {
-        None => SimFleet::new(config.instances, &config.instance, executor, kv),
-        Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
-    };
-    fleet.share_gpus(config.instances_per_gpu, config.gpu_share_efficiency);
-    if controller.wants_latencies() {
-        fleet.report_latencies();
-    }
-    let gpus_per_instance = config.cost.gpus();
-    let mut timeline = config.timeline.map(|w| Timeline::new(w, config.slo));
-    let mut transfers = 0u64;
-    let mut idle_ticks = 0u32;
-    let mut bound = config.infinite_cache_bound.then(InfiniteCacheBound::default);
-    let mut decisions = Vec::new();
-    let mut metrics = Metrics::new(config.slo);
-    let mut events: Vec<FleetEvent> = Vec::new();
-    let mut finished: Vec<Finished> = Vec::new();
-    let mut evicted: Vec<(InstanceId, Request)> = Vec::new();
-    let mut commands = Vec::new();
-    // Hash buffers of finished requests, handed back to the workload to fill.
-    let mut spare: Vec<Vec<BlockHash>> = Vec::new();
-    let mut first_rejection = None;
-    let mut arrivals = 0u64;
-    let mut now = Time::ZERO;
-
-    fleet.poll_events(&mut events);
-    for e in events.drain(..) {
-        controller.on_event(now, &e);
-    }
+    let mut run = Run::new(config);
     let mut next = workload.next_arrival(Vec::new())?;
     watch.lap(Phase::Workload);
     loop {
         // A request is routed `dispatch` after it arrives: a constant, so arrivals keep their order.
         let t_arrival = next.as_ref().map(|a| a.at + config.dispatch);
-        let t_fleet = fleet.next_time();
-        let t_tick = controller.next_deadline();
+        let t_fleet = run.fleet.next_time();
+        let t_tick = run.controller.next_deadline();
         let earliest = [t_arrival, t_fleet].into_iter().flatten().min();
         // With nothing else to come, ticks matter only while requests wait in the fleet for
         // the controller (handoffs waiting for a decode instance).
-        let tick_due = t_tick.filter(|&t| earliest.map_or(fleet.in_flight() > 0, |e| t <= e));
+        let tick_due = t_tick.filter(|&t| earliest.map_or(run.fleet.in_flight() > 0, |e| t <= e));
         if let Some(t) = tick_due {
-            idle_ticks = if earliest.is_none() { idle_ticks + 1 } else { 0 };
-            assert!(
-                idle_ticks < MAX_IDLE_TICKS,
-                "the controller cannot place the requests left in the fleet: {} in flight, pools {:?}, fleet {:?}",
-                fleet.in_flight(),
-                controller.pools(),
-                fleet.pool_counts()
-            );
-            now = now.max(t);
-            controller.tick(now, &mut commands);
-            for c in commands.drain(..) {
-                fleet.apply(now, &c);
-            }
+            run.tick(t, earliest.is_none());
             watch.lap(Phase::Controller);
         } else if t_arrival.is_some_and(|a| t_fleet.is_none_or(|f| a <= f)) {
             let a = next.take().expect("an arrival is due");
-            now = a.at + config.dispatch;
-            let request = Request {
-                id: RequestId(arrivals),
-                arrival: a.at,
-                prompt_tokens: a.prompt_tokens,
-                max_output_tokens: a.output_tokens,
-                block_hashes: a.block_hashes,
-                resume: None,
-                model: Default::default(),
-            };
-            arrivals += 1;
-            if let Some(b) = &mut bound {
-                b.observe(&request, config.instance.block_size);
+            run.arrive(a, watch);
+            if run.arrivals.is_multiple_of(PROGRESS_EVERY) {
+                progress(Progress { arrivals: run.arrivals, now: run.now });
             }
-            watch.lap(Phase::Metrics);
-            let (id, prompt_tokens) = (request.id, request.prompt_tokens);
-            match controller.place(&mut fleet, now, request, (), None) {
-                Ok(route) => {
-                    if id.0.is_multiple_of(DECISION_EVERY) && decisions.len() < DECISIONS_KEPT {
-                        decisions.push(Decision {
-                            request: id,
-                            at_s: now.as_secs_f64(),
-                            prompt_tokens,
-                            instance: route.prefill,
-                            why: serde_json::to_value(&route.why).unwrap_or_default(),
-                        });
-                    }
-                }
-                Err(Unplaced { error, request, .. }) => {
-                    metrics.record_rejected(&request);
-                    first_rejection.get_or_insert_with(|| format!("{}: {error}", request.id));
-                    spare.push(request.block_hashes);
-                }
-            }
-            watch.lap(Phase::Routing);
-            if arrivals.is_multiple_of(PROGRESS_EVERY) {
-                progress(Progress { arrivals, now });
-            }
-            let mut buf = spare.pop().unwrap_or_default();
+            let mut buf = run.spare.pop().unwrap_or_default();
             buf.clear();
             next = workload.next_arrival(buf)?;
             watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
-            now = fleet.step();
+            run.now = run.fleet.step();
             watch.lap(Phase::Engine);
         } else {
             break;
         }
-        fleet.poll_events(&mut events);
-        for e in events.drain(..) {
-            transfers += u64::from(matches!(e, FleetEvent::TransferDone { .. }));
-            controller.on_event(now, &e);
-            watch.lap(if matches!(e, FleetEvent::Kv { .. }) { Phase::Index } else { Phase::Controller });
+        run.settle(watch);
+    }
+    progress(Progress { arrivals: run.arrivals, now: run.now });
+    Ok(run.finish())
+}
+
+/// One run's state between the loop's steps: the controller, the fleet and what is measured.
+struct Run<'c> {
+    config: &'c SimConfig,
+    controller: Controller,
+    fleet: SimFleet,
+    metrics: Metrics,
+    timeline: Option<Timeline>,
+    bound: Option<InfiniteCacheBound>,
+    decisions: Vec<Decision>,
+    first_rejection: Option<String>,
+    transfers: u64,
+    idle_ticks: u32,
+    arrivals: u64,
+    now: Time,
+    gpus_per_instance: u32,
+    // Buffers reused across steps.
+    events: Vec<FleetEvent>,
+    finished: Vec<Finished>,
+    evicted: Vec<(InstanceId, Request)>,
+    commands: Vec<policies::Command>,
+    /// Hash buffers of finished requests, handed back to the workload to fill.
+    spare: Vec<Vec<BlockHash>>,
+}
+
+impl<'c> Run<'c> {
+    /// The controller (with pools for P/D), the fleet it routes to, and the fleet's first news.
+    fn new(config: &'c SimConfig) -> Run<'c> {
+        let hints = cost_hints(&config.cost, &config.instance);
+        let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
+        if let Some(pd) = &config.pd {
+            let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
+            controller = controller.with_pools(pools);
         }
-        if let Some(tl) = timeline.as_mut().filter(|tl| tl.due(now)) {
-            tl.sample(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller);
+        let mut executor = CostModelExecutor::new(config.cost.clone());
+        if let Some(d) = config.drafter {
+            executor = executor.with_drafter(d, config.seed);
         }
-        fleet.take_finished(&mut finished);
-        for f in finished.drain(..) {
-            if let Some(tl) = &mut timeline {
-                tl.record(&f);
-            }
-            metrics.record(&f);
-            spare.push(f.request.block_hashes);
+        let kv = KvOptions {
+            l3_blocks: config.l3_blocks,
+            publish_events: controller.wants_kv_events(),
+            event_delay: config.event_delay,
+        };
+        let mut fleet = match &config.pd {
+            None => SimFleet::new(config.instances, &config.instance, executor, kv),
+            Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
+        };
+        fleet.share_gpus(config.instances_per_gpu, config.gpu_share_efficiency);
+        if controller.wants_latencies() {
+            fleet.report_latencies();
+        }
+        let mut run = Run {
+            config,
+            controller,
+            fleet,
+            metrics: Metrics::new(config.slo),
+            timeline: config.timeline.map(|w| Timeline::new(w, config.slo)),
+            bound: config.infinite_cache_bound.then(InfiniteCacheBound::default),
+            decisions: Vec::new(),
+            first_rejection: None,
+            transfers: 0,
+            idle_ticks: 0,
+            arrivals: 0,
+            now: Time::ZERO,
+            gpus_per_instance: config.cost.gpus(),
+            events: Vec::new(),
+            finished: Vec::new(),
+            evicted: Vec::new(),
+            commands: Vec::new(),
+            spare: Vec::new(),
+        };
+        run.fleet.poll_events(&mut run.events);
+        for e in run.events.drain(..) {
+            run.controller.on_event(run.now, &e);
+        }
+        run
+    }
+
+    /// The controller's deadline at `t`; `idle`: nothing else is to come.
+    fn tick(&mut self, t: Time, idle: bool) {
+        self.idle_ticks = if idle { self.idle_ticks + 1 } else { 0 };
+        assert!(
+            self.idle_ticks < MAX_IDLE_TICKS,
+            "the controller cannot place the requests left in the fleet: {} in flight, pools {:?}, fleet {:?}",
+            self.fleet.in_flight(),
+            self.controller.pools(),
+            self.fleet.pool_counts()
+        );
+        self.now = self.now.max(t);
+        self.controller.tick(self.now, &mut self.commands);
+        for c in self.commands.drain(..) {
+            self.fleet.apply(self.now, &c);
+        }
+    }
+
+    /// An arrival, routed `dispatch` after it arrives.
+    fn arrive<S: Stopwatch>(&mut self, a: Arrival, watch: &mut S) {
+        self.now = a.at + self.config.dispatch;
+        let request = Request {
+            id: RequestId(self.arrivals),
+            arrival: a.at,
+            prompt_tokens: a.prompt_tokens,
+            max_output_tokens: a.output_tokens,
+            block_hashes: a.block_hashes,
+            resume: None,
+            model: Default::default(),
+        };
+        self.arrivals += 1;
+        if let Some(b) = &mut self.bound {
+            b.observe(&request, self.config.instance.block_size);
         }
         watch.lap(Phase::Metrics);
-        fleet.take_evicted(&mut evicted);
-        for (from, request) in evicted.drain(..) {
-            metrics.record_eviction();
-            match controller.place(&mut fleet, now, request, (), Some(from)) {
-                Ok(_) => metrics.record_reroute(),
-                Err(Unplaced { error, request, .. }) => {
-                    metrics.record_rejected(&request);
-                    first_rejection.get_or_insert_with(|| format!("{} (evicted from {from}): {error}", request.id));
-                    spare.push(request.block_hashes);
+        let (id, prompt_tokens) = (request.id, request.prompt_tokens);
+        match self.controller.place(&mut self.fleet, self.now, request, (), None) {
+            Ok(route) => {
+                if id.0.is_multiple_of(DECISION_EVERY) && self.decisions.len() < DECISIONS_KEPT {
+                    self.decisions.push(Decision {
+                        request: id,
+                        at_s: self.now.as_secs_f64(),
+                        prompt_tokens,
+                        instance: route.prefill,
+                        why: serde_json::to_value(&route.why).unwrap_or_default(),
+                    });
                 }
+            }
+            Err(Unplaced { error, request, .. }) => self.refused(request, error.to_string(), None),
+        }
+        watch.lap(Phase::Routing);
+    }
+
+    /// A request no instance takes: counted, and the first one's reason kept.
+    fn refused(&mut self, request: Request, error: String, evicted_from: Option<InstanceId>) {
+        self.metrics.record_rejected(&request);
+        self.first_rejection.get_or_insert_with(|| match evicted_from {
+            None => format!("{}: {error}", request.id),
+            Some(from) => format!("{} (evicted from {from}): {error}", request.id),
+        });
+        self.spare.push(request.block_hashes);
+    }
+
+    /// After each step: the fleet's news to the controller, its finished requests to the
+    /// metrics, the requests it evicted placed again.
+    fn settle<S: Stopwatch>(&mut self, watch: &mut S) {
+        let now = self.now;
+        self.fleet.poll_events(&mut self.events);
+        for e in self.events.drain(..) {
+            self.transfers += u64::from(matches!(e, FleetEvent::TransferDone { .. }));
+            self.controller.on_event(now, &e);
+            watch.lap(if matches!(e, FleetEvent::Kv { .. }) { Phase::Index } else { Phase::Controller });
+        }
+        if let Some(tl) = self.timeline.as_mut().filter(|tl| tl.due(now)) {
+            let sizes = Sizes::from_counts(&self.fleet.pool_counts(), self.fleet.holding(), self.gpus_per_instance);
+            tl.sample(now, sizes, &self.controller);
+        }
+        self.fleet.take_finished(&mut self.finished);
+        for f in self.finished.drain(..) {
+            if let Some(tl) = &mut self.timeline {
+                tl.record(&f);
+            }
+            self.metrics.record(&f);
+            self.spare.push(f.request.block_hashes);
+        }
+        watch.lap(Phase::Metrics);
+        let mut evicted = std::mem::take(&mut self.evicted);
+        self.fleet.take_evicted(&mut evicted);
+        for (from, request) in evicted.drain(..) {
+            self.metrics.record_eviction();
+            match self.controller.place(&mut self.fleet, now, request, (), Some(from)) {
+                Ok(_) => self.metrics.record_reroute(),
+                Err(Unplaced { error, request, .. }) => self.refused(request, error.to_string(), Some(from)),
             }
             watch.lap(Phase::Routing);
         }
+        self.evicted = evicted;
         if cfg!(any(test, feature = "invariants")) {
-            fleet.check_view(controller.fleet());
-            assert_eq!(controller.unmatched_ends(), 0, "the fleet ended requests the controller never placed there");
+            self.fleet.check_view(self.controller.fleet());
+            assert_eq!(
+                self.controller.unmatched_ends(),
+                0,
+                "the fleet ended requests the controller never placed there"
+            );
         }
     }
-    assert_eq!(fleet.in_flight(), 0, "the fleet went idle with requests in flight");
-    metrics.record_admission_paused(fleet.admission_paused(now));
-    progress(Progress { arrivals, now });
-    let gpus = config.instances.div_ceil(config.instances_per_gpu.max(1)) * config.cost.gpus();
-    let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
-    let mut summary = metrics.summary(&cost);
-    summary.max_hit_rate = bound.map(|b| b.hit_rate());
-    let time = fleet.gpu_time();
-    summary.gpu_busy_s = time.busy_s;
-    summary.prefill_time_share = time.prefill_share();
-    if let (Some(d), Some(tally)) = (config.drafter, fleet.speculation()) {
-        summary.speculation = Some(SpeculationReport {
-            drafter: d.name.to_string(),
-            verify_steps: tally.verifications,
-            accepted_per_step: tally.mean_accepted(),
-            expected_accepted: d.expected_accepted(),
-        });
+
+    /// The run's summary, CDFs and pools report, once every request has left the fleet.
+    fn finish(mut self) -> RunOutput {
+        let (config, now) = (self.config, self.now);
+        assert_eq!(self.fleet.in_flight(), 0, "the fleet went idle with requests in flight");
+        let mut metrics = self.metrics;
+        metrics.record_admission_paused(self.fleet.admission_paused(now));
+        let gpus = config.instances.div_ceil(config.instances_per_gpu.max(1)) * config.cost.gpus();
+        let cost = FleetCost { gpus, price_per_gpu_hour: config.cost.price_per_hour() / f64::from(config.cost.gpus()) };
+        let mut summary = metrics.summary(&cost);
+        summary.max_hit_rate = self.bound.map(|b| b.hit_rate());
+        let time = self.fleet.gpu_time();
+        summary.gpu_busy_s = time.busy_s;
+        summary.prefill_time_share = time.prefill_share();
+        if let (Some(d), Some(tally)) = (config.drafter, self.fleet.speculation()) {
+            summary.speculation = Some(SpeculationReport {
+                drafter: d.name.to_string(),
+                verify_steps: tally.verifications,
+                accepted_per_step: tally.mean_accepted(),
+                expected_accepted: d.expected_accepted(),
+            });
+        }
+        let sizes = Sizes::from_counts(&self.fleet.pool_counts(), self.fleet.holding(), self.gpus_per_instance);
+        let series = self.timeline.map(|tl| tl.finish(now, sizes, &self.controller));
+        if config.pd.is_some() || series.is_some() {
+            let (points, arrivals) = series.unwrap_or_default();
+            let (mode, autoscaler, startup_s, gpu_budget) = match &config.pd {
+                Some(pd) => {
+                    // The fleet's size changed over the run: GPU time is integrated, from time zero.
+                    summary.gpu_hours = self.fleet.instance_hours(now) * f64::from(self.gpus_per_instance);
+                    let mtok = (summary.input_tokens + summary.output_tokens) as f64 / 1e6;
+                    summary.cost_per_mtok =
+                        if mtok > 0.0 { summary.gpu_hours * cost.price_per_gpu_hour / mtok } else { 0.0 };
+                    ("pd", pd.autoscaler.name(), pd.startup.as_secs_f64(), pd.gpu_budget)
+                }
+                None => ("colocated", "none", 0.0, gpus),
+            };
+            let events = self.controller.scaling_events();
+            summary.pools = Some(PoolsReport {
+                mode: mode.to_string(),
+                autoscaler: autoscaler.to_string(),
+                startup_s,
+                gpu_budget,
+                scaling_events: events.len() as u64,
+                scaling: events.to_vec(),
+                transfers: self.transfers,
+                shifts_s: config.shifts_s.clone(),
+                restore_s: restore_times_s(&arrivals, &config.shifts_s, RESTORE_ATTAINMENT),
+                restore_by_finish_s: restore_times_by_finish_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
+                direction_changes: direction_changes(events, &config.shifts_s),
+                timeline: points,
+            });
+        }
+        RunOutput {
+            router: config.label.clone(),
+            summary,
+            ttft_cdf: metrics.ttft_cdf(),
+            tpot_cdf: metrics.tpot_cdf(),
+            first_rejection: self.first_rejection,
+            decisions: self.decisions,
+        }
     }
-    let series = timeline.map(|tl| {
-        tl.finish(now, Sizes::from_counts(&fleet.pool_counts(), fleet.holding(), gpus_per_instance), &controller)
-    });
-    if config.pd.is_some() || series.is_some() {
-        let (points, arrivals) = series.unwrap_or_default();
-        let (mode, autoscaler, startup_s, gpu_budget) = match &config.pd {
-            Some(pd) => {
-                // The fleet's size changed over the run: GPU time is integrated, from time zero.
-                summary.gpu_hours = fleet.instance_hours(now) * f64::from(gpus_per_instance);
-                let mtok = (summary.input_tokens + summary.output_tokens) as f64 / 1e6;
-                summary.cost_per_mtok =
-                    if mtok > 0.0 { summary.gpu_hours * cost.price_per_gpu_hour / mtok } else { 0.0 };
-                ("pd", pd.autoscaler.name(), pd.startup.as_secs_f64(), pd.gpu_budget)
-            }
-            None => ("colocated", "none", 0.0, gpus),
-        };
-        let events = controller.scaling_events();
-        summary.pools = Some(PoolsReport {
-            mode: mode.to_string(),
-            autoscaler: autoscaler.to_string(),
-            startup_s,
-            gpu_budget,
-            scaling_events: events.len() as u64,
-            scaling: events.to_vec(),
-            transfers,
-            shifts_s: config.shifts_s.clone(),
-            restore_s: restore_times_s(&arrivals, &config.shifts_s, RESTORE_ATTAINMENT),
-            restore_by_finish_s: restore_times_by_finish_s(&points, &config.shifts_s, RESTORE_ATTAINMENT),
-            direction_changes: direction_changes(events, &config.shifts_s),
-            timeline: points,
-        });
-    }
-    Ok(RunOutput {
-        router: config.label.clone(),
-        summary,
-        ttft_cdf: metrics.ttft_cdf(),
-        tpot_cdf: metrics.tpot_cdf(),
-        first_rejection,
-        decisions,
-    })
 }
 
 #[cfg(test)]
