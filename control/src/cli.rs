@@ -6,10 +6,10 @@ use anyhow::Context;
 use clap::Args;
 use simulator::cost::{CpMode, UnknownName};
 use simulator::policy_file::PolicyFile;
+use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{
     FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection,
 };
-use simulator::tiers::KvSection;
 use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]

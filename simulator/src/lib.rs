@@ -36,6 +36,5 @@ pub mod scenario;
 pub mod search_space;
 pub mod sim;
 pub mod slo;
-pub mod tiers;
 pub mod timeline;
 pub mod workload;

@@ -3,9 +3,9 @@
 
 use policies::RouterConfig;
 use simulator::report::{Report, RunReport};
+use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, WorkloadSection};
 use simulator::sim;
-use simulator::tiers::KvSection;
 use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, SyntheticConfig};
 
 fn mooncake(instances: u32, max_requests: u64) -> Settings {

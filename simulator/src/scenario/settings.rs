@@ -1,0 +1,148 @@
+//! What a scenario resolves to: [`Settings`], with one [`RunSpec`] per compared run.
+
+use super::pools::PoolsRun;
+use super::tiers::KvTiers;
+use crate::cost::{Calibration, CostModel, Drafter};
+use crate::sim::SimConfig;
+use crate::slo::Slo;
+use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
+use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
+use policies::RouterConfig;
+use std::path::PathBuf;
+
+/// Where requests come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadSource {
+    Trace {
+        path: PathBuf,
+        format: TraceFormat,
+    },
+    /// Boxed: the description is large, and read once per run.
+    Synthetic(Box<SyntheticConfig>),
+    Phased(Box<PhasedConfig>),
+}
+
+/// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
+/// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`), the prefill scheduler
+/// (`fcfs`, `fair`), the KV high-water protection (`hw` on, `nohw` off) and speculative
+/// decoding (a drafter preset, `eagle3`, `dflash`, `dspark`, or `nospec`). So an L1-only
+/// baseline and a tiered fleet, FCFS and fair prefill, runs with and without protection, or
+/// each drafter against none, run on the same arrivals in one command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    pub router: RouterConfig,
+    /// What followed `@`, as written (`None`: the scenario's fleet as it is).
+    pub variant: Option<String>,
+    pub tiers: KvTiers,
+    pub prefill: PrefillPolicy,
+    pub kv_protection: Option<KvProtection>,
+    /// Disaggregated pools, autoscaling, time series (`None`: a fixed colocated fleet).
+    pub pools: Option<PoolsRun>,
+    /// Speculative decoding's drafter (`None`: none).
+    pub drafter: Option<&'static Drafter>,
+}
+
+impl RunSpec {
+    /// The run's name in tables and JSON.
+    pub fn label(&self) -> String {
+        let name = match &self.variant {
+            Some(t) => format!("{}@{t}", self.router.label()),
+            None => self.router.label(),
+        };
+        match self.pools.as_ref().and_then(|p| p.label.as_deref()) {
+            Some(l) => format!("{name}/{l}"),
+            None => name,
+        }
+    }
+}
+
+/// A resolved, validated scenario.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub seed: u64,
+    pub routers: Vec<RunSpec>,
+    pub instances: u32,
+    pub instance: InstanceConfig,
+    pub cost: CostModel,
+    pub workload: WorkloadSource,
+    pub rate_scale: f64,
+    pub skip_requests: Option<u64>,
+    pub max_requests: Option<u64>,
+    pub slo: Slo,
+    pub tiers: KvTiers,
+    /// The fit of the cost model to `fleet.profile`, when one was given.
+    pub calibration: Option<Calibration>,
+    /// The scenario's drafter (`[fleet] spec`); runs may override it (`name@dspark`).
+    pub drafter: Option<&'static Drafter>,
+    /// `[fleet] dispatch_ms` (see [`SimConfig::dispatch`]).
+    pub dispatch: Dur,
+    /// `[fleet] instances_per_gpu` (see [`SimConfig::instances_per_gpu`]).
+    pub instances_per_gpu: u32,
+    pub gpu_share_efficiency: f64,
+}
+
+/// The run variant without speculation (`name@nospec`, like `@nohw`).
+pub const NO_SPEC_VARIANT: &str = "nospec";
+
+impl Settings {
+    /// A run of `router` on the scenario's own tiers.
+    pub fn run_of(&self, router: RouterConfig) -> RunSpec {
+        RunSpec {
+            router,
+            variant: None,
+            tiers: self.tiers,
+            prefill: self.instance.prefill,
+            kv_protection: self.instance.kv_protection,
+            pools: None,
+            drafter: self.drafter,
+        }
+    }
+
+    pub fn sim_config(&self, run: &RunSpec) -> SimConfig {
+        SimConfig {
+            seed: self.seed,
+            label: run.label(),
+            router: run.router,
+            instances: self.instances,
+            instance: InstanceConfig {
+                l2_blocks: run.tiers.l2_blocks,
+                prefill: run.prefill,
+                kv_protection: run.kv_protection,
+                ..self.instance.clone()
+            },
+            cost: self.cost.clone(),
+            slo: self.slo,
+            l3_blocks: run.tiers.l3_blocks,
+            event_delay: run.tiers.event_delay,
+            infinite_cache_bound: true,
+            pd: run.pools.as_ref().and_then(|p| p.pd),
+            timeline: run.pools.as_ref().and_then(|p| p.timeline),
+            shifts_s: match &self.workload {
+                WorkloadSource::Phased(cfg) => cfg.shifts_s().iter().map(|s| s / self.rate_scale).collect(),
+                _ => Vec::new(),
+            },
+            drafter: run.drafter,
+            dispatch: self.dispatch,
+            instances_per_gpu: self.instances_per_gpu,
+            gpu_share_efficiency: self.gpu_share_efficiency,
+        }
+    }
+
+    /// Opens the workload afresh (each run reads the same arrivals), at `rate_scale`.
+    pub fn open_workload(&self, rate_scale: f64) -> Result<Box<dyn Workload>, WorkloadError> {
+        let opts = WorkloadOptions { block_size: self.instance.block_size, rate_scale, seed: self.seed };
+        let w = match &self.workload {
+            WorkloadSource::Trace { path, format } => workload::open_trace(path, *format, &opts)?,
+            WorkloadSource::Synthetic(cfg) => workload::synthetic(cfg, &opts)?,
+            WorkloadSource::Phased(cfg) => workload::phased(cfg, &opts)?,
+        };
+        let w = match self.skip_requests {
+            Some(n) => workload::skip(w, n),
+            None => w,
+        };
+        Ok(match self.max_requests {
+            Some(n) => workload::limit(w, n),
+            None => w,
+        })
+    }
+}
