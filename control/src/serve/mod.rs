@@ -3,6 +3,30 @@
 //! on a gRPC address. The same [`policies::Controller`] the simulator runs routes every request
 //! ([`hub`]); fleet state lives in PostgreSQL ([`store`]); replicas on one database elect a
 //! leader ([`leader`]).
+//!
+//! | file | what it is |
+//! | --- | --- |
+//! | **spine** | |
+//! | `app.rs` | [`App`](app::App): what every handler and task shares (hub, store, metrics, auth, known state) |
+//! | `errors.rs` | `ApiError`: OpenAI's error shape, for the gateway and the REST API |
+//! | `news.rs` | what tasks tell the driver (`News`) and clients receive (`Delta`); a request's `Payload` |
+//! | `lock.rs` | locking shared state, also after a panic |
+//! | **routing** | |
+//! | `hub.rs` | the `Controller` and the `LiveFleet` under one mutex: place, events, re-placement |
+//! | `live_fleet.rs` | `policies::Fleet` over our gRPC engines and vLLM's HTTP ones |
+//! | `stream.rs`, `transfer.rs` | a request's token stream to its client; a P/D hand-off |
+//! | `pools.rs`, `actuator.rs` | `--mode pd`'s pool settings; starting and stopping engines |
+//! | `registry.rs`, `engines.rs`, `vllm/` | engines registering (ours over gRPC; vLLM and SGLang by an operator) |
+//! | **HTTP** | |
+//! | `listener.rs` | the HTTP listener's limits (header and body deadlines, connection cap) |
+//! | `gateway.rs` | `/v1`: OpenAI-compatible completions and chat |
+//! | `api.rs`, `openapi.json`, `policy.rs`, `simulations.rs` | `/api`: REST, its document, the policy set, background simulations |
+//! | `auth.rs` | bearer tokens and roles |
+//! | `metrics.rs` | `/metrics` |
+//! | `console.rs`, `history.rs`, `sampler.rs`, `prefixes.rs` | `/console/` and the time series and shared prefixes it shows |
+//! | **state** | |
+//! | `store.rs`, `spool.rs` | PostgreSQL, the write-behind queue and its spool on disk |
+//! | `leader.rs` | leader election among replicas |
 
 mod actuator;
 mod api;
