@@ -7,7 +7,7 @@
 //! | file | what it is |
 //! | --- | --- |
 //! | **spine** | |
-//! | `app.rs` | [`App`](app::App): what every handler and task shares (hub, store, metrics, auth, known state) |
+//! | `app.rs` | `App`: what every handler and task shares (hub, store, metrics, auth, known state) |
 //! | `errors.rs` | `ApiError`: OpenAI's error shape, for the gateway and the REST API |
 //! | `news.rs` | what tasks tell the driver (`News`) and clients receive (`Delta`); a request's `Payload` |
 //! | `lock.rs` | locking shared state, also after a panic |

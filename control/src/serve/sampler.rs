@@ -1,4 +1,4 @@
-//! The task that samples the live fleet once a second into the console's [`History`].
+//! The task that samples the live fleet once a second into the console's history ([`super::history::History`]).
 
 use super::app::App;
 use super::history::{PoolSample, Sample};
