@@ -14,6 +14,47 @@ use serde::{Deserialize, Serialize};
 /// [`policies::SloLoadConfig::inflow_window`]).
 pub const INFLOW_WINDOW: Dur = Dur(5_000_000);
 
+/// The checks of a P/D run's settings, shared by scenarios (`[pools]`) and `serve`'s flags:
+/// each says what is wrong with a value, and the caller names the setting in its own words.
+pub mod check {
+    use engine::Dur;
+
+    /// A time of at least zero.
+    pub fn seconds(v: f64) -> Result<Dur, String> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(Dur::from_secs_f64(v))
+        } else {
+            Err(format!("{v} is not a number of seconds >= 0"))
+        }
+    }
+
+    /// A time above zero (at the simulator's 1 µs resolution).
+    pub fn positive_seconds(v: f64) -> Result<Dur, String> {
+        match seconds(v) {
+            Ok(d) if d > Dur::ZERO => Ok(d),
+            _ => Err(format!("{v} is not a positive number of seconds")),
+        }
+    }
+
+    /// A link's bandwidth in GB/s, as bytes per second.
+    pub fn bandwidth_gb_s(v: f64) -> Result<f64, String> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v * 1e9)
+        } else {
+            Err(format!("{v} is not a positive bandwidth"))
+        }
+    }
+
+    /// A GPU budget that holds `instances` instances of `gpus_per_instance` GPUs (`what` they are).
+    pub fn gpu_budget(budget: u32, instances: u32, gpus_per_instance: u32, what: &str) -> Result<(), String> {
+        if budget >= instances * gpus_per_instance {
+            Ok(())
+        } else {
+            Err(format!("{budget} GPUs cannot hold the {instances} {what} of {gpus_per_instance} GPUs"))
+        }
+    }
+}
+
 /// A disaggregated run's pools, as resolved from a scenario.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PdRun {

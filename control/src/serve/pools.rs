@@ -8,7 +8,7 @@ use clap::{Args as ClapArgs, ValueEnum};
 use engine::{Dur, InstanceConfig};
 use policies::{AutoscalerConfig, CostHints, DecodeModel, Knobs, PdConfig};
 use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
-use simulator::pools::PdRun;
+use simulator::pools::{check, PdRun};
 use simulator::scenario::calibrated_cost;
 use simulator::slo::Slo;
 
@@ -132,18 +132,12 @@ impl PoolArgs {
         if !(scale.is_finite() && scale > 0.0) {
             bail!("--engine-time-scale {scale} must be a positive number with --mode pd");
         }
-        if !(self.startup_s.is_finite() && self.startup_s >= 0.0) {
-            bail!("--startup-s {} is not a number of seconds", self.startup_s);
-        }
-        if !(self.slo_window_s.is_finite() && self.slo_window_s > 0.0) {
-            bail!("--slo-window-s {} must be positive", self.slo_window_s);
-        }
-        if !(self.transfer_gb_s.is_finite() && self.transfer_gb_s > 0.0) {
-            bail!("--transfer-gb-s {} is not a positive bandwidth", self.transfer_gb_s);
-        }
-        if self.scale_tick_ms == 0 {
-            bail!("--scale-tick-ms must be at least 1");
-        }
+        let startup = check::seconds(self.startup_s).map_err(|e| anyhow!("--startup-s: {e}"))?;
+        let slo_window = check::positive_seconds(self.slo_window_s).map_err(|e| anyhow!("--slo-window-s: {e}"))?;
+        let transfer_bytes_per_s =
+            check::bandwidth_gb_s(self.transfer_gb_s).map_err(|e| anyhow!("--transfer-gb-s: {e}"))?;
+        let tick = check::positive_seconds(self.scale_tick_ms as f64 / 1e3)
+            .map_err(|e| anyhow!("--scale-tick-ms: {} ms: {e}", self.scale_tick_ms))?;
         if let Some(template) = &self.engine_command {
             if self.actuator != ActuatorKind::Local {
                 bail!("--engine-command is what --actuator local starts: give --actuator local");
@@ -151,10 +145,8 @@ impl PoolArgs {
             super::actuator::EngineCommand::check(template).map_err(|e| anyhow!(e))?;
         }
         let min_per_pool = self.min_per_pool.max(1);
-        if self.gpu_budget < 2 * min_per_pool {
-            bail!("--gpu-budget {} cannot hold {min_per_pool} engine(s) per pool", self.gpu_budget);
-        }
-        let startup = Dur::from_secs_f64(self.startup_s);
+        check::gpu_budget(self.gpu_budget, 2 * min_per_pool, 1, "engines the pools' minimums need")
+            .map_err(|e| anyhow!("--gpu-budget: {e}"))?;
         let autoscaler = self.autoscaler(&self.autoscaler)?;
         let cost = self.cost_model()?;
         let instance = self.instance_config(&cost);
@@ -166,9 +158,9 @@ impl PoolArgs {
             startup,
             gpu_budget: self.gpu_budget,
             min_per_pool,
-            tick: millis(self.scale_tick_ms),
-            slo_window: Dur::from_secs_f64(self.slo_window_s),
-            transfer_bytes_per_s: self.transfer_gb_s * 1e9,
+            tick,
+            slo_window,
+            transfer_bytes_per_s,
             transfer_latency: Dur::from_millis(1),
         };
         let mut pd = run.pd_config(&cost, slo, instance.block_size, hints.prefill_tokens_per_s);

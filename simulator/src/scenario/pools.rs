@@ -1,7 +1,7 @@
 //! The `[pools]` section: colocated or prefill/decode pools, their autoscaler and its settings.
 
 use super::{autoscaler_with_params, invalid, ScenarioError};
-use crate::pools::PdRun;
+use crate::pools::{check, PdRun};
 use engine::Dur;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -99,19 +99,11 @@ impl PoolsSection {
     }
 
     fn resolve(&self, fleet_instances: u32, gpus_per_instance: u32) -> Result<Option<PoolsRun>, ScenarioError> {
-        let seconds = |key: &'static str, v: Option<f64>, default: f64| -> Result<Dur, ScenarioError> {
-            let v = v.unwrap_or(default);
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(invalid(key, format!("{v} is not a number of seconds >= 0")));
-            }
-            Ok(Dur::from_secs_f64(v))
+        let seconds = |key: &'static str, v: Option<f64>, default: f64| {
+            check::seconds(v.unwrap_or(default)).map_err(|reason| invalid(key, reason))
         };
-        let positive_s = |key: &'static str, v: Option<f64>, default: f64| -> Result<Dur, ScenarioError> {
-            let d = seconds(key, v, default)?;
-            if d == Dur::ZERO {
-                return Err(invalid(key, "must be positive"));
-            }
-            Ok(d)
+        let positive_s = |key: &'static str, v: Option<f64>, default: f64| {
+            check::positive_seconds(v.unwrap_or(default)).map_err(|reason| invalid(key, reason))
         };
         let autoscaler_name = self.autoscaler.as_deref().unwrap_or("none");
         let pd = match self.mode.as_deref().unwrap_or("colocated") {
@@ -140,17 +132,10 @@ impl PoolsSection {
                 let autoscaler =
                     autoscaler_with_params(autoscaler_name, startup, xpyd, params, "pools.autoscaler_params")?;
                 let gpu_budget = self.gpu_budget.unwrap_or(fleet_instances * gpus_per_instance);
-                if gpu_budget < (prefill + decode) * gpus_per_instance {
-                    let reason = format!(
-                        "{gpu_budget} GPUs cannot hold the {} starting instances of {gpus_per_instance} GPUs",
-                        prefill + decode
-                    );
-                    return Err(invalid("pools.gpu_budget", reason));
-                }
-                let gb_s = self.transfer_gb_s.unwrap_or(50.0);
-                if !(gb_s.is_finite() && gb_s > 0.0) {
-                    return Err(invalid("pools.transfer_gb_s", format!("{gb_s} is not a positive bandwidth")));
-                }
+                check::gpu_budget(gpu_budget, prefill + decode, gpus_per_instance, "starting instances")
+                    .map_err(|reason| invalid("pools.gpu_budget", reason))?;
+                let transfer_bytes_per_s = check::bandwidth_gb_s(self.transfer_gb_s.unwrap_or(50.0))
+                    .map_err(|reason| invalid("pools.transfer_gb_s", reason))?;
                 Some(PdRun {
                     prefill,
                     decode,
@@ -160,7 +145,7 @@ impl PoolsSection {
                     min_per_pool,
                     tick: positive_s("pools.tick_s", self.tick_s, 1.0)?,
                     slo_window: positive_s("pools.slo_window_s", self.slo_window_s, 20.0)?,
-                    transfer_bytes_per_s: gb_s * 1e9,
+                    transfer_bytes_per_s,
                     transfer_latency: seconds(
                         "pools.transfer_latency_ms",
                         self.transfer_latency_ms.map(|ms| ms / 1e3),
