@@ -42,17 +42,16 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::cost::{
-    calibrate, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, Calibration,
-    CalibrationError, CostError, CostModel, CostParams, CpMode, Deployment, Drafter, GpuSpec, ModelSpec, UnknownName,
-    NO_SPECULATION,
-};
 use crate::metrics::Slo;
 use crate::pools::PdRun;
 use crate::sim::SimConfig;
 use crate::tiers::{KvSection, KvTiers};
 use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction, StepProfile};
+use cost::{
+    calibrated_cost, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, Calibration,
+    CostError, CostModel, CostParams, CpMode, Deployment, Drafter, ProfileError, UnknownName, NO_SPECULATION,
+};
+use engine::{Dur, FairPrefill, InstanceConfig, KvProtection, PrefillPolicy, RunawayAction};
 use policies::{AutoscalerConfig, ParamError, Params, RouterConfig, RouterError, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -349,7 +348,7 @@ pub struct FleetSection {
     /// How context-parallel replicas exchange K/V: ring or all-gather.
     #[serde(default)]
     pub cp_mode: Option<CpMode>,
-    /// Speculative decoding's drafter preset, or `none` (see [`crate::cost::Drafter`]).
+    /// Speculative decoding's drafter preset, or `none` (see [`cost::Drafter`]).
     #[serde(default)]
     pub spec: Option<String>,
     pub block_size: Option<u32>,
@@ -360,7 +359,7 @@ pub struct FleetSection {
     #[serde(default)]
     pub kv_blocks: Option<u32>,
     /// A step profile measured on the engine (JSON, see [`engine::StepProfile`]): the cost
-    /// model's efficiencies and overhead are fitted to it ([`crate::cost::calibrate`]),
+    /// model's efficiencies and overhead are fitted to it ([`cost::calibrate`]),
     /// replacing those of `[cost]`. Relative to the scenario file.
     #[serde(default)]
     pub profile: Option<PathBuf>,
@@ -554,12 +553,8 @@ pub enum ScenarioError {
     Cost(#[from] CostError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
-    #[error("reading profile {path}: {source}")]
-    ReadProfile { path: PathBuf, source: std::io::Error },
-    #[error("parsing profile {path}: {source}")]
-    ParseProfile { path: PathBuf, source: serde_json::Error },
-    #[error("calibrating on profile {path}: {source}")]
-    Calibration { path: PathBuf, source: Box<CalibrationError> },
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     #[error("invalid setting `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
     /// A policy's parameter refused; `key` is where it was set (`routers`,
@@ -974,48 +969,6 @@ impl Scenario {
     }
 }
 
-/// The cost model of `model` on `gpu`, fitted to the step profile at `profile` when one is
-/// given (the fit beside it, to report): what the simulator, the engine process and the
-/// control plane's pools each price steps with.
-pub fn calibrated_cost(
-    model: &'static ModelSpec,
-    gpu: &'static GpuSpec,
-    deployment: Deployment,
-    params: CostParams,
-    profile: Option<&Path>,
-) -> Result<(CostModel, Option<Calibration>), ScenarioError> {
-    let calibration = match profile {
-        Some(path) => {
-            let measured = load_profile(path)?;
-            Some(
-                calibrate(model, gpu, deployment, &params, &measured)
-                    .map_err(|source| ScenarioError::Calibration { path: path.into(), source: Box::new(source) })?,
-            )
-        }
-        None => None,
-    };
-    let params = calibration.as_ref().map_or(params, |c| c.params.clone());
-    let cost = CostModel::new(model, gpu, deployment, params)?
-        .with_decode_table(calibration.as_ref().and_then(|c| c.decode_table.clone()));
-    Ok((cost, calibration))
-}
-
-/// Reads a step profile (JSON, or gzipped JSON when the name ends in `.gz`).
-pub fn load_profile(path: &Path) -> Result<StepProfile, ScenarioError> {
-    use std::io::Read;
-    let read = || -> std::io::Result<String> {
-        let file = std::fs::File::open(path)?;
-        let mut text = String::new();
-        if path.extension().is_some_and(|e| e == "gz") {
-            flate2::read::GzDecoder::new(file).read_to_string(&mut text)?;
-        } else {
-            std::io::BufReader::new(file).read_to_string(&mut text)?;
-        }
-        Ok(text)
-    };
-    let text = read().map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
-    serde_json::from_str(&text).map_err(|source| ScenarioError::ParseProfile { path: path.into(), source })
-}
 /// The run variant without speculation (`name@nospec`, like `@nohw`).
 pub const NO_SPEC_VARIANT: &str = "nospec";
 

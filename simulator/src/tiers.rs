@@ -12,8 +12,8 @@
 //! event_delay_ms = 5     # KV events reach the router this much later
 //! ```
 
-use crate::cost::{CostModel, TierLinks};
 use crate::scenario::ScenarioError;
+use cost::{CostModel, TierLinks};
 use engine::kv::Tier;
 use engine::Dur;
 use serde::{Deserialize, Serialize};
