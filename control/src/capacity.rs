@@ -1,7 +1,7 @@
 //! `fleetplane capacity`: what one node holds and how fast it steps, for a model on a GPU
 //! under a deployment layout, straight from the cost model (no trace, no simulation).
 //!
-//! KV capacity follows the layout (see `simulator::cost::Deployment`): under TP an MLA
+//! KV capacity follows the layout (see `cost::Deployment`): under TP an MLA
 //! model's latent is replicated on every rank, under attention DP each rank keeps only its
 //! own requests' KV, and GQA's KV heads split under TP. The largest batch at a context
 //! counts whole requests per DP rank (a request's KV never straddles ranks). Step times are
@@ -16,9 +16,9 @@ use crate::cli::{layout, parse_cp_mode};
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
+use cost::{drafter_by_name, gpu_by_name, model_by_name, CostModel, CostParams, CpMode, Deployment};
 use engine::{BatchEntry, BatchStats, RequestId};
 use serde::Serialize;
-use simulator::cost::{drafter_by_name, gpu_by_name, model_by_name, CostModel, CostParams, CpMode, Deployment};
 use simulator::report::write_json;
 use std::path::PathBuf;
 
@@ -67,7 +67,7 @@ pub struct Args {
     pub chunk: u32,
 
     /// Speculative decoding preset to price: eagle3, dflash or dspark (a calculation on the
-    /// decode steps above; see simulator::cost::Drafter for the assumptions).
+    /// decode steps above; see cost::Drafter for the assumptions).
     #[arg(long, value_name = "NAME")]
     pub spec: Option<String>,
 

@@ -4,7 +4,7 @@
 use crate::Failure;
 use anyhow::Context;
 use clap::Args;
-use simulator::cost::{CpMode, UnknownName};
+use cost::{CpMode, UnknownName};
 use simulator::policy_file::PolicyFile;
 use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{
@@ -388,7 +388,7 @@ pub fn describe(s: &Settings) -> String {
 
 /// `TP 8`, or `TP 1 x DP-attention 8, EP 8: 8 GPUs` for a layout with attention DP or EP,
 /// or `TP 2 x CP 4 (ring): 8 GPUs` under context parallelism.
-pub fn layout(d: simulator::cost::Deployment) -> String {
+pub fn layout(d: cost::Deployment) -> String {
     let cp = if d.cp > 1 { format!(" x CP {} ({})", d.cp, d.cp_mode.name()) } else { String::new() };
     if d.dp_attention == 1 && d.ep == 1 && d.cp == 1 {
         format!("TP {}", d.tp)

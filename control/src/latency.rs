@@ -63,7 +63,7 @@ struct Probe {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    let profile = simulator::scenario::load_profile(&args.profile).map_err(|e| Failure::Input(e.into()))?;
+    let profile = cost::load_profile(&args.profile).map_err(|e| Failure::Input(e.into()))?;
     let lengths = lone_prompts(&profile, args.max_prompt_tokens);
     if lengths.is_empty() {
         return Err(Failure::Input(anyhow!(

@@ -1,15 +1,15 @@
 //! `fleetplane profile`: the CUDA engine's step profile — measured iteration times over a
 //! grid of batch shapes — written as JSON for `fleetplane simulate --profile`, which fits
-//! the cost model's efficiencies to it (simulator/src/cost/calibrate.rs).
+//! the cost model's efficiencies to it (cost/src/calibrate.rs).
 
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
+use cost::{gpu_names, model_by_name, model_names, ModelSpec};
 use engine::cuda::{
     libraries_present, serving_shapes, sweep, CudaExecutor, CudaExecutorConfig, LlamaConfig, ModelSource,
 };
 use engine::{StepProfile, PROFILE_FORMAT};
-use simulator::cost::{gpu_names, model_by_name, model_names, ModelSpec};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -116,7 +116,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         Failure::Input(anyhow!("the model's shape is none of the cost model's ({})", model_names().join(", ")))
     })?;
     let gpu = match &args.gpu {
-        Some(g) => simulator::cost::gpu_by_name(g).map_err(|e| Failure::Input(e.into()))?.name,
+        Some(g) => cost::gpu_by_name(g).map_err(|e| Failure::Input(e.into()))?.name,
         None => catalog_gpu(&device).ok_or_else(|| {
             Failure::Input(anyhow!(
                 "cannot tell which GPU `{device}` is; name it with --gpu ({})",

@@ -20,11 +20,11 @@ use crate::serve::vllm::{self, metrics};
 use crate::Failure;
 use anyhow::{anyhow, bail, Context};
 use clap::Args as ClapArgs;
+use cost::{gpu_by_name, model_by_name};
 use engine::{StepProfile, StepSample, PROFILE_FORMAT};
 use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use simulator::cost::{gpu_by_name, model_by_name};
 use std::path::PathBuf;
 use std::time::Duration;
 

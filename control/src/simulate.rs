@@ -8,10 +8,10 @@ use clap::Args as ClapArgs;
 use indicatif::MultiProgress;
 use rayon::prelude::*;
 
-use simulator::cost::{check_steps, StepCheck};
+use cost::{check_steps, load_profile, StepCheck};
 use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
 use simulator::report::{comparison_table, pools_table, write_json, Report, RunReport};
-use simulator::scenario::{load_profile, RunSpec, Settings};
+use simulator::scenario::{RunSpec, Settings};
 use simulator::sim::{self, RunOutput, SimConfig};
 use std::path::PathBuf;
 

@@ -216,7 +216,7 @@ fn capacity_prints_kv_per_gpu_and_node_for_a_layout_and_writes_json() {
         assert!(out.contains("KV capacity per node, tokens") && out.contains("decode step, batch 1"), "{out}");
         serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
     };
-    // The numbers worked out by hand in simulator/src/cost/roofline.rs's tests.
+    // The numbers worked out by hand in cost/src/roofline.rs's tests.
     let tp8 = mla(&["--tp", "8"], &json);
     assert_eq!(tp8["kv_capacity_tokens_per_node"], 581_704);
     assert_eq!(tp8["kv_capacity_tokens_per_gpu"], 581_704 / 8);

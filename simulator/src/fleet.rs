@@ -15,8 +15,8 @@
 //! down once it holds no request, parked ones included. GPU time is integrated over every
 //! instance that holds its GPUs: starting, serving or draining.
 
-use crate::cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use crate::queue::EventQueue;
+use cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use engine::kv::{KvEvent, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, Role, Route, TransferHints};
@@ -625,7 +625,7 @@ impl Fleet for SimFleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
+    use cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
     use engine::{BlockHash, RequestId};
     use policies::Why;
 

@@ -2,7 +2,7 @@
 //!
 //! It drives the real [`engine::Instance`] (scheduler, KV cache) and the real
 //! [`policies::Controller`] in virtual time; only the executor (a roofline cost model) and the
-//! fleet backend are simulated.
+//! fleet backend are simulated. The cost model is the `cost` crate's.
 //!
 //! | module | purpose |
 //! | --- | --- |
@@ -10,7 +10,6 @@
 //! | `phases` | benchmarks only: the driver loop's wall-clock time by phase |
 //! | `fleet` | [`fleet::SimFleet`]: engine instances stepped in virtual time |
 //! | `queue` | the event queue |
-//! | `cost` | roofline cost model, model and GPU catalogs, the cost-model executor |
 //! | `workload` | Mooncake and Azure trace readers, synthetic generators (streamed) |
 //! | `metrics` | fixed-size histograms and the run summary |
 //! | `infinite_cache` | the hit-rate bound of an infinite shared cache, over a trie of the prompts seen |
@@ -22,7 +21,6 @@
 //! | `tiers` | the `[kv]` section: tiers on, their sizes and links, KV event delay |
 //! | `timeline` | per-window time series: pools, GPUs, SLO loads and attainment; restore times |
 
-pub mod cost;
 pub mod fleet;
 pub mod infinite_cache;
 pub mod metrics;

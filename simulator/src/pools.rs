@@ -2,12 +2,12 @@
 //! controller configuration they resolve to (with the cost model's decode and transfer
 //! rates), and what a run reports about its pools.
 
-use crate::cost::CostModel;
 use crate::fleet::PoolOptions;
 use crate::slo::Slo;
 use crate::timeline::TimelinePoint;
-use engine::{BatchEntry, BatchStats, Dur, RequestId};
-use policies::{AutoscalerConfig, DecodeModel, PdConfig, Role, ScalingEvent, SloLoadConfig, TransferHints};
+use cost::CostModel;
+use engine::Dur;
+use policies::{AutoscalerConfig, PdConfig, Role, ScalingEvent, SloLoadConfig, TransferHints};
 use serde::{Deserialize, Serialize};
 
 /// Window over which the controller measures the requests entering the fleet (see
@@ -96,7 +96,7 @@ impl PdRun {
                 tpot_target_ms: slo.tpot_ms,
                 window: self.slo_window,
                 quantile: 0.99,
-                decode: decode_model(cost),
+                decode: cost::decode_model(cost),
                 nominal_prefill_tokens_per_s: prefill_tokens_per_s,
                 inflow_window: INFLOW_WINDOW,
             },
@@ -108,24 +108,6 @@ impl PdRun {
             transfer: self.transfer(cost),
             block_size,
         }
-    }
-}
-
-/// The decode step's growth with batch size and KV, read off the cost model at three points
-/// (a lone short sequence, 64 short ones, one with 64K tokens of context).
-pub fn decode_model(cost: &CostModel) -> DecodeModel {
-    let step_us = |seqs: u32, context: u32| {
-        let mut stats = BatchStats::default();
-        for i in 0..seqs {
-            stats.add(&BatchEntry::new(RequestId(u64::from(i)), context, 1, false));
-        }
-        cost.step_time(&stats).0 as f64
-    };
-    let base = step_us(1, 1);
-    DecodeModel {
-        base_us: base,
-        per_seq_us: ((step_us(64, 1) - base) / 63.0).max(0.0),
-        per_kv_token_us: ((step_us(1, 65_536) - base) / 65_535.0).max(0.0),
     }
 }
 

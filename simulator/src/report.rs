@@ -26,10 +26,10 @@ pub struct Report {
     pub runs: Vec<RunReport>,
     /// The cost model's fit to the engine's measured profile (`--profile`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub calibration: Option<crate::cost::Calibration>,
+    pub calibration: Option<cost::Calibration>,
     /// The cost model against steps an engine served (`--check-steps`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step_check: Option<crate::cost::StepCheck>,
+    pub step_check: Option<cost::StepCheck>,
 }
 
 /// The highest load a router sustained within the SLO.

@@ -12,7 +12,6 @@
 //! instance recomputes its prompt and output so far and generates the rest, and it is
 //! recorded once, when it finishes (or counted as refused if no instance can take it).
 
-use crate::cost::{CostModel, CostModelExecutor, Drafter};
 use crate::fleet::{KvOptions, SimFleet};
 use crate::infinite_cache::InfiniteCacheBound;
 use crate::metrics::{FleetCost, Metrics, SpeculationReport, Summary};
@@ -21,8 +20,9 @@ use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Arrival, Workload, WorkloadError};
+use cost::{CostModel, CostModelExecutor, Drafter};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
-use policies::{Controller, ControllerConfig, CostHints, Fleet, FleetEvent, RouterConfig, Unplaced};
+use policies::{Controller, ControllerConfig, Fleet, FleetEvent, RouterConfig, Unplaced};
 use serde::{Deserialize, Serialize};
 
 /// Everything one run needs besides its workload.
@@ -84,23 +84,6 @@ pub struct Decision {
 /// Requests between two sampled decisions, and the most kept.
 const DECISION_EVERY: u64 = 500;
 const DECISIONS_KEPT: usize = 24;
-
-/// What routers may assume of an instance's speed, from the cost model: prefill throughput
-/// at a full token budget, and KV load rates from the lower tiers.
-pub fn cost_hints(cost: &CostModel, instance: &InstanceConfig) -> CostHints {
-    let mut chunk = engine::BatchStats::default();
-    chunk.add(&engine::BatchEntry::new(RequestId(0), 0, instance.max_batch_tokens, true));
-    let bytes = cost.kv_bytes_per_token_per_gpu() as f64;
-    let links = cost.links();
-    CostHints {
-        block_size: instance.block_size,
-        prefill_tokens_per_s: f64::from(instance.max_batch_tokens) / cost.step_time(&chunk).as_secs_f64(),
-        l2_tokens_per_s: links.l2_bytes_per_s / bytes,
-        l3_tokens_per_s: links.l3_bytes_per_s / bytes,
-        max_batch_tokens: instance.max_batch_tokens,
-        decode: crate::pools::decode_model(cost),
-    }
-}
 
 /// How far a run has come, for a progress display.
 #[derive(Clone, Copy, Debug)]
@@ -222,7 +205,7 @@ struct Run<'c> {
 impl<'c> Run<'c> {
     /// The controller (with pools for P/D), the fleet it routes to, and the fleet's first news.
     fn new(config: &'c SimConfig) -> Run<'c> {
-        let hints = cost_hints(&config.cost, &config.instance);
+        let hints = cost::cost_hints(&config.cost, &config.instance);
         let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
         if let Some(pd) = &config.pd {
             let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);

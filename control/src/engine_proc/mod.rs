@@ -15,12 +15,12 @@ use crate::proto;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::{Args as ClapArgs, ValueEnum};
+use cost::{
+    calibrated_cost, drafter_or_none, gpu_by_name, model_by_name, CostModelExecutor, CostParams, Deployment,
+    NO_SPECULATION,
+};
 use engine::{Executor, Instance, InstanceConfig};
 use runner::{Backend, Runner, Shared};
-use simulator::cost::{
-    drafter_or_none, gpu_by_name, model_by_name, CostModelExecutor, CostParams, Deployment, NO_SPECULATION,
-};
-use simulator::scenario::calibrated_cost;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;

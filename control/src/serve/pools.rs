@@ -5,11 +5,10 @@
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args as ClapArgs, ValueEnum};
+use cost::{calibrated_cost, gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
 use engine::{Dur, InstanceConfig};
 use policies::{AutoscalerConfig, CostHints, DecodeModel, Knobs, PdConfig};
-use simulator::cost::{gpu_by_name, model_by_name, CostModel, CostParams, Deployment};
 use simulator::pools::{check, PdRun};
-use simulator::scenario::calibrated_cost;
 use simulator::slo::Slo;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -223,7 +222,7 @@ impl PoolArgs {
 
     /// What the routers may assume of the engines' speed, in the engines' time.
     fn hints(&self, cost: &CostModel, instance: &InstanceConfig) -> CostHints {
-        let h = simulator::sim::cost_hints(cost, instance);
+        let h = cost::cost_hints(cost, instance);
         let s = self.engine_time_scale;
         CostHints {
             prefill_tokens_per_s: h.prefill_tokens_per_s / s,

@@ -42,8 +42,8 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::cost::{CalibrationError, CostError, CostParams, CpMode, UnknownName};
 use crate::workload::{PhasedConfig, SyntheticConfig, WorkloadError};
+use cost::{CostError, CostParams, CpMode, ProfileError, UnknownName};
 use engine::Dur;
 use policies::{AutoscalerConfig, ParamError, RouterConfig, RouterError, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,6 @@ pub(crate) mod tests;
 pub mod tiers;
 
 pub use pools::{PoolsRun, PoolsSection};
-pub use resolve::{calibrated_cost, load_profile};
 pub use scheduler::{SchedulerSection, DEFAULT_KV_HIGH_WATER, DEFAULT_KV_LOW_WATER_SHARE, DEFAULT_MAX_EVICTIONS};
 pub use settings::{RunSpec, Settings, WorkloadSource, NO_SPEC_VARIANT};
 
@@ -173,7 +172,7 @@ pub struct FleetSection {
     /// How context-parallel replicas exchange K/V: ring or all-gather.
     #[serde(default)]
     pub cp_mode: Option<CpMode>,
-    /// Speculative decoding's drafter preset, or `none` (see [`crate::cost::Drafter`]).
+    /// Speculative decoding's drafter preset, or `none` (see [`cost::Drafter`]).
     #[serde(default)]
     pub spec: Option<String>,
     pub block_size: Option<u32>,
@@ -184,7 +183,7 @@ pub struct FleetSection {
     #[serde(default)]
     pub kv_blocks: Option<u32>,
     /// A step profile measured on the engine (JSON, see [`engine::StepProfile`]): the cost
-    /// model's efficiencies and overhead are fitted to it ([`crate::cost::calibrate`]),
+    /// model's efficiencies and overhead are fitted to it ([`cost::calibrate`]),
     /// replacing those of `[cost]`. Relative to the scenario file.
     #[serde(default)]
     pub profile: Option<PathBuf>,
@@ -241,12 +240,8 @@ pub enum ScenarioError {
     Cost(#[from] CostError),
     #[error(transparent)]
     Workload(#[from] WorkloadError),
-    #[error("reading profile {path}: {source}")]
-    ReadProfile { path: PathBuf, source: std::io::Error },
-    #[error("parsing profile {path}: {source}")]
-    ParseProfile { path: PathBuf, source: serde_json::Error },
-    #[error("calibrating on profile {path}: {source}")]
-    Calibration { path: PathBuf, source: Box<CalibrationError> },
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     #[error("invalid setting `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
     /// A policy's parameter refused; `key` is where it was set (`routers`,

@@ -8,13 +8,13 @@ use super::{
     WorkloadSection, DEFAULT_GPU, DEFAULT_INSTANCES, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TPOT_SLO_MS,
     DEFAULT_TTFT_SLO_MS,
 };
-use crate::cost::{
-    calibrate, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, Calibration, CostModel,
-    CostParams, Deployment, Drafter, GpuSpec, ModelSpec, NO_SPECULATION,
-};
 use crate::slo::Slo;
 use crate::workload::TraceFormat;
-use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy, StepProfile};
+use cost::{
+    calibrated_cost, drafter_by_name, drafter_names, drafter_or_none, gpu_by_name, model_by_name, CostModel,
+    Deployment, Drafter, NO_SPECULATION,
+};
+use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
 use std::path::Path;
 
 impl Scenario {
@@ -276,49 +276,6 @@ impl Scenario {
         });
         Ok(specs.collect())
     }
-}
-
-/// The cost model of `model` on `gpu`, fitted to the step profile at `profile` when one is
-/// given (the fit beside it, to report): what the simulator, the engine process and the
-/// control plane's pools each price steps with.
-pub fn calibrated_cost(
-    model: &'static ModelSpec,
-    gpu: &'static GpuSpec,
-    deployment: Deployment,
-    params: CostParams,
-    profile: Option<&Path>,
-) -> Result<(CostModel, Option<Calibration>), ScenarioError> {
-    let calibration = match profile {
-        Some(path) => {
-            let measured = load_profile(path)?;
-            Some(
-                calibrate(model, gpu, deployment, &params, &measured)
-                    .map_err(|source| ScenarioError::Calibration { path: path.into(), source: Box::new(source) })?,
-            )
-        }
-        None => None,
-    };
-    let params = calibration.as_ref().map_or(params, |c| c.params.clone());
-    let cost = CostModel::new(model, gpu, deployment, params)?
-        .with_decode_table(calibration.as_ref().and_then(|c| c.decode_table.clone()));
-    Ok((cost, calibration))
-}
-
-/// Reads a step profile (JSON, or gzipped JSON when the name ends in `.gz`).
-pub fn load_profile(path: &Path) -> Result<StepProfile, ScenarioError> {
-    use std::io::Read;
-    let read = || -> std::io::Result<String> {
-        let file = std::fs::File::open(path)?;
-        let mut text = String::new();
-        if path.extension().is_some_and(|e| e == "gz") {
-            flate2::read::GzDecoder::new(file).read_to_string(&mut text)?;
-        } else {
-            std::io::BufReader::new(file).read_to_string(&mut text)?;
-        }
-        Ok(text)
-    };
-    let text = read().map_err(|source| ScenarioError::ReadProfile { path: path.into(), source })?;
-    serde_json::from_str(&text).map_err(|source| ScenarioError::ParseProfile { path: path.into(), source })
 }
 
 /// What a run inherits from the scenario, before its variant changes it.

@@ -2,10 +2,10 @@
 
 use super::pools::PoolsRun;
 use super::tiers::KvTiers;
-use crate::cost::{Calibration, CostModel, Drafter};
 use crate::sim::SimConfig;
 use crate::slo::Slo;
 use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
+use cost::{Calibration, CostModel, Drafter};
 use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
 use policies::RouterConfig;
 use std::path::PathBuf;

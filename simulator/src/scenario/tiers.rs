@@ -13,7 +13,7 @@
 //! ```
 
 use super::ScenarioError;
-use crate::cost::{CostModel, TierLinks};
+use cost::{CostModel, TierLinks};
 use engine::kv::Tier;
 use engine::Dur;
 use serde::{Deserialize, Serialize};

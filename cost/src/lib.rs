@@ -2,8 +2,9 @@
 //! and deployment layout (tensor parallelism, attention data parallelism, expert
 //! parallelism, context parallelism), and how many tokens of KV cache an instance holds.
 //!
-//! It replaces the GPU's forward pass in the simulator through [`CostModelExecutor`]; the
-//! scheduler, KV cache and policies above it are the real code.
+//! It replaces the GPU's forward pass in the simulator and in `fleetplane engine --executor
+//! sim` through [`CostModelExecutor`]; the scheduler, KV cache and policies above it are the
+//! real code. The live control plane prices its engines with it too ([`cost_hints`]).
 //!
 //! | file | purpose |
 //! | --- | --- |
@@ -11,9 +12,12 @@
 //! | `gpu.rs` | [`GpuSpec`]: memory, HBM and NVLink bandwidth, BF16 / FP8 peaks, assumed price; the GPU catalog |
 //! | `params.rs` | [`CostParams`] (efficiencies, overheads, latencies, DP imbalance, memory reserve) and [`Deployment`] (TP, attention DP, EP, CP and its [`CpMode`]), with validation |
 //! | `roofline.rs` | [`CostModel`]: step time and its [`StepBreakdown`], KV capacity, weights per GPU, GPUs and price per instance, a CP prefill layer's exchange ([`CpPrefillLayer`]) |
+//! | `coefficients.rs` | the batch-independent factors a [`CostModel`] folds its model, GPU and layout into when built; weights and KV bytes per GPU |
 //! | `speculative.rs` | [`Drafter`] presets (eagle3, dflash, dspark): one step's price ([`StepPrice`]) for both the engine and the TPOT calculation ([`SpeculativeStep`]), and acceptance sampling |
 //! | `decode_table.rs` | [`DecodeTable`]: decode-only steps priced from a profile's measured grid (batch buckets by context) instead of the roofline |
 //! | `calibrate.rs` | [`calibrate`]: the efficiencies and step overheads fitted to an engine's measured [`engine::StepProfile`] (`--profile`) |
+//! | `profile_file.rs` | [`load_profile`] (JSON or gzipped) and [`calibrated_cost`], the cost model fitted to a profile when one is given ([`ProfileError`]) |
+//! | `hints.rs` | [`cost_hints`]: the [`policies::CostHints`] routers get from a cost model, with its decode step ([`decode_model`]) |
 //! | `executor.rs` | [`CostModelExecutor`]: the cost model as an [`engine::Executor`], speculating with an optional [`Drafter`] ([`SpeculationTally`]); where the GPU time went ([`GpuTime`]) |
 //! | `error.rs` | [`UnknownName`] (bad catalog name, lists the valid ones) and [`CostError`] |
 //!
@@ -76,12 +80,15 @@
 //! runs once per simulated iteration.
 
 mod calibrate;
+mod coefficients;
 mod decode_table;
 mod error;
 mod executor;
 mod gpu;
+mod hints;
 mod model;
 mod params;
+mod profile_file;
 mod roofline;
 mod speculative;
 
@@ -90,8 +97,10 @@ pub use decode_table::DecodeTable;
 pub use error::{CostError, UnknownName};
 pub use executor::{CostModelExecutor, GpuTime, SpeculationTally};
 pub use gpu::{gpu_by_name, gpu_names, GpuSpec};
+pub use hints::{cost_hints, decode_model};
 pub use model::{model_by_name, model_names, Attention, ModelSpec, MoeSpec};
 pub use params::{CostParams, CpMode, Deployment};
+pub use profile_file::{calibrated_cost, load_profile, ProfileError};
 pub use roofline::{CostModel, CpPrefillLayer, StepBreakdown, TierLinks};
 pub use speculative::{
     drafter_by_name, drafter_names, drafter_or_none, Drafter, SpeculativeStep, StepPrice, NO_SPECULATION,

@@ -63,7 +63,7 @@ pub struct CostParams {
     pub alltoall_latency_us: f64,
     /// Load imbalance across attention-DP ranks: how much more attention work than the mean
     /// the busiest rank has when each rank runs one sequence. It shrinks as `1/√(sequences
-    /// per rank)` (see [`crate::cost::CostModel::dp_imbalance_factor`]); it is about the
+    /// per rank)` (see [`crate::CostModel::dp_imbalance_factor`]); it is about the
     /// coefficient of variation of one sequence's attention work times the expected maximum
     /// of `dp` standard normals (≈ 1.4 at 8 ranks) once the DP scheduler has balanced ranks
     /// by tokens. Unused when `dp_attention` = 1.
@@ -356,7 +356,7 @@ impl Deployment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::model::{model_by_name, Attention, MoeSpec};
+    use crate::model::{model_by_name, Attention, MoeSpec};
 
     #[test]
     fn empty_toml_gives_the_default_params() {

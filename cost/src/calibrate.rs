@@ -374,7 +374,7 @@ fn errors(predicted: &[f64], samples: &[(engine::BatchStats, f64)]) -> Vec<f64> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{gpu_by_name, model_by_name};
+    use crate::{gpu_by_name, model_by_name};
     use engine::{BatchEntry, BatchStats, RequestId, StepSample};
 
     fn shapes() -> Vec<BatchStats> {

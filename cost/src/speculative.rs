@@ -19,7 +19,7 @@
 //!
 //! [`Drafter::price`] is the one place a step is priced: `fleetplane capacity --spec`'s
 //! calculation ([`Drafter::step`], a uniform batch) and the engine's speculating steps
-//! ([`crate::cost::CostModelExecutor`], the batch as scheduled, prefill chunks included) both
+//! ([`crate::CostModelExecutor`], the batch as scheduled, prefill chunks included) both
 //! call it. [`Drafter::sample_accepted`] draws one sequence's accepted length in a step.
 //!
 //! The presets' numbers are assumptions, typical of published acceptance lengths, not
@@ -197,7 +197,7 @@ impl Drafter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{gpu_by_name, model_by_name, CostParams, Deployment};
+    use crate::{gpu_by_name, model_by_name, CostParams, Deployment};
 
     #[test]
     fn expected_acceptance_follows_the_profile() {

@@ -185,7 +185,7 @@ impl Executor for CostModelExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{drafter_by_name, gpu_by_name, model_by_name, CostParams, Deployment};
+    use crate::{drafter_by_name, gpu_by_name, model_by_name, CostParams, Deployment};
     use engine::{BatchEntry, RequestId};
 
     fn model() -> CostModel {

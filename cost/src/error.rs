@@ -33,7 +33,7 @@ impl UnknownName {
     }
 }
 
-/// Why a [`crate::cost::CostModel`] cannot be built.
+/// Why a [`crate::CostModel`] cannot be built.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CostError {
     #[error("tensor parallelism {tp} is not supported (valid: 1, 2, 4, 8)")]
