@@ -24,21 +24,10 @@
 //! own cache (`Instance::check_invariants` counts parked sequences), so no block leaks.
 
 use crate::instance::{Instance, Rejected};
-use crate::request::{Request, Resume};
+use crate::request::{Handoff, Request, Resume};
 use crate::sequence::{Parked, Seq};
 use crate::time::Time;
 use crate::{BlockId, RequestId};
-
-/// A request whose prefill ended on a prefill-only instance, waiting for its KV to be sent.
-#[derive(Clone, Debug)]
-pub struct Handoff {
-    /// The request as a decode instance takes it: `resume` carries the first token (and the
-    /// timeline: admission, first-token time, cache hits) so the finished record describes the
-    /// whole request.
-    pub request: Request,
-    /// Tokens of KV the transfer carries (the prompt's).
-    pub kv_tokens: u32,
-}
 
 impl Instance {
     /// Queues a request that this instance only prefills: once its first token is sampled it

@@ -199,7 +199,7 @@ pub struct Instance {
     /// disaggregation, see `crate::handoff`): in no queue, never scheduled.
     pub(crate) parked: Vec<u32>,
     /// Prefill-only requests whose prefill ended since the last `take_handoffs`.
-    pub(crate) handoffs: Vec<crate::handoff::Handoff>,
+    pub(crate) handoffs: Vec<crate::request::Handoff>,
     pub(crate) batch: Batch,
     /// Slot of each batch entry, in entry order.
     pub(crate) batch_slots: Vec<u32>,

@@ -23,11 +23,10 @@ pub mod time;
 
 pub use batch::{Batch, BatchEntry, BatchStats};
 pub use executor::{Executor, ExecutorError, StepOutput};
-pub use handoff::Handoff;
 pub use ids::{block_hashes, BlockHash, BlockId, InstanceId, ModelId, RequestId};
 pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
 pub use profile::{StepProfile, StepSample, PROFILE_FORMAT};
-pub use request::{CutShort, Evicted, Finished, Request, Resume};
+pub use request::{CutShort, Evicted, Finished, Handoff, Request, Resume};
 pub use time::{Dur, Time};
 
 #[cfg(test)]

@@ -123,3 +123,14 @@ pub struct Evicted {
     pub request: Request,
     pub reason: CutShort,
 }
+
+/// A request whose prefill ended on a prefill-only instance, waiting for its KV to be sent.
+#[derive(Clone, Debug)]
+pub struct Handoff {
+    /// The request as a decode instance takes it: `resume` carries the first token (and the
+    /// timeline: admission, first-token time, cache hits) so the finished record describes the
+    /// whole request.
+    pub request: Request,
+    /// Tokens of KV the transfer carries (the prompt's).
+    pub kv_tokens: u32,
+}
