@@ -375,6 +375,16 @@ async fn serve(
         kv_blocks: config.total_blocks,
         capacity_tokens: instance.capacity_tokens(),
         tokenizer_sha256: tokenizer.as_ref().map(|t| t.sha256.clone()).unwrap_or_default(),
+        cost: backend.shape().map(|(model, gpu)| proto::CostShape {
+            model: model.to_string(),
+            gpu: gpu.to_string(),
+            tp: args.tp,
+            max_batch_tokens: config.max_batch_tokens,
+            time_scale: match args.executor {
+                ExecutorKind::Sim => args.time_scale,
+                ExecutorKind::Cuda => 1.0,
+            },
+        }),
     };
     let shared = Shared::new();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -75,6 +75,7 @@ pub async fn fleet(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult
         "leader": app.leader.load(Ordering::Relaxed),
         "router": hub.controller.router_name(),
         "router_label": hub.config.router.label(),
+        "cost_hints": hub.config.hints,
         "instances": counts,
         "pending_database_writes": app.store.backlog(),
     }))
@@ -253,6 +254,7 @@ fn in_force(app: &App) -> Value {
         "router": hub.controller.router_name(),
         // The router as reports name it: its parameters that differ from the defaults.
         "router_label": hub.config.router.label(),
+        "cost_hints": hub.config.hints,
         "router_params": hub.config.router.changed(),
         "autoscaler": hub.pools.map(|p| p.autoscaler.name()),
         "autoscaler_params": hub.pools.map(|p| p.autoscaler.values()),

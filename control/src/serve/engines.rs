@@ -97,6 +97,7 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
         kv_blocks: u32::try_from(probed.gpu_blocks).unwrap_or(u32::MAX),
         capacity_tokens: probed.capacity_tokens(),
         tokenizer_sha256,
+        cost: None,
     };
     let engine = vllm::Engine::new(spec, probed, app.http.clone());
     let id = app.store.register_external(&engine.spec, &info).await.map_err(|e| RegisterError {

@@ -558,7 +558,10 @@ async fn recover_instances(app: &Arc<App>) {
                     continue;
                 }
                 let mut hub = app.lock_hub();
-                hub.fleet.join(engine::InstanceId(row.id as u32), row.address.clone(), row.pool.clone(), info);
+                let id = engine::InstanceId(row.id as u32);
+                if hub.fleet.join(id, row.address.clone(), row.pool.clone(), info.clone()) {
+                    registry::price_as(&mut hub, &info);
+                }
                 hub.pump();
                 tracing::info!(instance = row.id, address = %row.address, "engine recovered from the database");
             }

@@ -222,28 +222,47 @@ impl PoolArgs {
 
     /// What the routers may assume of the engines' speed, in the engines' time.
     fn hints(&self, cost: &CostModel, instance: &InstanceConfig) -> CostHints {
-        let h = cost::cost_hints(cost, instance);
-        let s = self.engine_time_scale;
-        CostHints {
-            prefill_tokens_per_s: h.prefill_tokens_per_s / s,
-            l2_tokens_per_s: h.l2_tokens_per_s / s,
-            l3_tokens_per_s: h.l3_tokens_per_s / s,
-            decode: DecodeModel {
-                base_us: h.decode.base_us * s,
-                per_seq_us: h.decode.per_seq_us * s,
-                per_kv_token_us: h.decode.per_kv_token_us * s,
-            },
-            ..h
-        }
+        in_engine_time(cost::cost_hints(cost, instance), self.engine_time_scale)
     }
 
-    /// The routers' cost hints: the engines' for a P/D fleet, the defaults otherwise.
+    /// The routers' cost hints: the engines' for a P/D fleet; for a colocated one the defaults,
+    /// until engines register with their own (`registry::price_as`).
     pub fn cost_hints(&self) -> anyhow::Result<CostHints> {
         if self.mode == Mode::Colocated {
             return Ok(CostHints::default());
         }
         let cost = self.cost_model()?;
         Ok(self.hints(&cost, &self.instance_config(&cost)))
+    }
+}
+
+/// What the routers may assume of the speed of an engine of `shape` with blocks of
+/// `block_size` tokens, in its own time (an engine without one, `--time-scale 0`, is priced
+/// as its GPU).
+pub fn engine_hints(shape: &crate::proto::CostShape, block_size: u32) -> anyhow::Result<CostHints> {
+    let model = model_by_name(&shape.model)?;
+    let gpu = gpu_by_name(&shape.gpu)?;
+    if shape.max_batch_tokens == 0 {
+        bail!("a token budget of 0 per step");
+    }
+    let cost = CostModel::new(model, gpu, Deployment::tensor_parallel(shape.tp), CostParams::default())?;
+    let instance = InstanceConfig { block_size, max_batch_tokens: shape.max_batch_tokens, ..InstanceConfig::default() };
+    let scale = if shape.time_scale.is_finite() && shape.time_scale > 0.0 { shape.time_scale } else { 1.0 };
+    Ok(in_engine_time(cost::cost_hints(&cost, &instance), scale))
+}
+
+/// A GPU's rates `h` in the time of engines whose steps last `scale` times as long.
+fn in_engine_time(h: CostHints, scale: f64) -> CostHints {
+    CostHints {
+        prefill_tokens_per_s: h.prefill_tokens_per_s / scale,
+        l2_tokens_per_s: h.l2_tokens_per_s / scale,
+        l3_tokens_per_s: h.l3_tokens_per_s / scale,
+        decode: DecodeModel {
+            base_us: h.decode.base_us * scale,
+            per_seq_us: h.decode.per_seq_us * scale,
+            per_kv_token_us: h.decode.per_kv_token_us * scale,
+        },
+        ..h
     }
 }
 

@@ -2,6 +2,7 @@
 //! heartbeat.
 
 use super::app::App;
+use super::hub::Hub;
 use super::live_fleet::MemberState;
 use super::spool::Write;
 use crate::proto::{self, control_server::Control};
@@ -71,6 +72,7 @@ impl Control for Registry {
         let mut hub = self.app.lock_hub();
         if hub.fleet.join(id, r.address.clone(), r.pool.clone(), info.clone()) {
             tracing::info!(instance = %id, address = %r.address, name = %info.name, "engine joined");
+            price_as(&mut hub, &info);
             self.app.store.write(Write::InstanceState { id: id.0 as i32, state: "serving".into() });
         }
         if r.draining && hub.fleet.mark_draining(id) {
@@ -81,6 +83,23 @@ impl Control for Registry {
         }
         hub.pump();
         Ok(Response::new(proto::RegisterReply { instance_id: id.0, heartbeat_ms: HEARTBEAT_MS }))
+    }
+}
+
+/// A colocated fleet's routers price steps as the engine that joined last does: when its
+/// model, GPU or layout gives other cost hints than those in force, the router is rebuilt
+/// with them (what the controller knows of the fleet stays). A P/D fleet's hints are its
+/// flags' (`--engine-model`, `--engine-gpu`, `--engine-profile`).
+pub(super) fn price_as(hub: &mut Hub, info: &proto::EngineInfo) {
+    let Some(shape) = info.cost.as_ref().filter(|_| hub.pools.is_none()) else { return };
+    match super::pools::engine_hints(shape, info.block_size) {
+        Ok(hints) if hints != hub.config.hints => {
+            hub.config.hints = hints;
+            hub.controller.set_router(&hub.config);
+            tracing::info!(model = %shape.model, gpu = %shape.gpu, tp = shape.tp, "routers price steps as engine {}'s", info.name);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("engine {}'s steps cannot be priced, the routers' cost hints stay: {e:#}", info.name),
     }
 }
 

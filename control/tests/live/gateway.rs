@@ -378,3 +378,20 @@ fn requests_go_only_to_engines_of_their_model() {
     let (status, v) = completion(&s.http, ADMIN, json!({"model": "gpt-9", "prompt": "hi", "max_tokens": 2}));
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
 }
+
+#[test]
+fn the_routers_price_steps_by_the_model_and_gpu_the_engines_registered_with() {
+    let db = Db::fresh("hints");
+    let s = serve(&db, &[]);
+    let _e = engine(&s.grpc, "a100", &["--gpu", "a100"]);
+    wait_serving(&s.http, 1);
+    let (model, gpu) = (cost::model_by_name(MODEL).expect("model"), cost::gpu_by_name("a100").expect("gpu"));
+    let a100 = cost::CostModel::new(model, gpu, cost::Deployment::tensor_parallel(1), cost::CostParams::default())
+        .expect("cost model");
+    let instance = engine::InstanceConfig { block_size: 16, max_batch_tokens: 8192, ..Default::default() };
+    // Through text, as the response came: serde_json may parse a number's last digit off.
+    let text = serde_json::to_string(&cost::cost_hints(&a100, &instance)).expect("json");
+    let want: Value = serde_json::from_str(&text).expect("json");
+    let (_, v) = get(&format!("{}/api/fleet", s.http), Some(ADMIN));
+    assert_eq!(v["cost_hints"], want, "{v}");
+}

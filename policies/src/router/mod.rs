@@ -38,7 +38,7 @@ pub trait Router: Send {
 
 /// What routers may know of the fleet's hardware, from its cost model: enough to turn
 /// tokens into predicted seconds. All rates are per instance.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct CostHints {
     /// Tokens per KV block (the granularity of the prefix index).
     pub block_size: u32,
