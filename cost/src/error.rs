@@ -3,8 +3,6 @@
 //! These are operating errors (a user typed a name or a TP degree), so they are returned,
 //! never panicked on, and each message names what was wrong and what would have been valid.
 
-use super::params::Deployment;
-
 /// A catalog lookup (`model_by_name`, `gpu_by_name`) that found nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {kind} `{name}` (valid: {})", .valid.join(", "))]
@@ -56,7 +54,8 @@ pub enum CostError {
     WeightsDoNotFit {
         model: &'static str,
         gpu: &'static str,
-        deployment: Deployment,
+        /// The deployment as written (`Deployment`'s display).
+        deployment: String,
         /// Weight bytes on the most loaded GPU under the deployment.
         needed_bytes: u64,
         /// Memory per GPU the engine may use, less the activation reserve.

@@ -147,7 +147,7 @@ impl CostModel {
             return Err(CostError::WeightsDoNotFit {
                 model: model.name,
                 gpu: gpu.name,
-                deployment,
+                deployment: deployment.to_string(),
                 needed_bytes: weight_bytes_per_gpu,
                 available_bytes,
                 memory_bytes: gpu.memory_bytes,
