@@ -19,9 +19,9 @@ for l in sys.stdin:
             and (not name or m["target"]["name"] == name):
         print(m["executable"])' "$1" "${2:-}" | tail -1
 }
-tests=$(cargo test --release -p engine --features cuda --lib --no-run --message-format=json 2>/dev/null | test_exe lib)
+tests=$(cargo test --release -p engine-cuda --lib --no-run --message-format=json 2>/dev/null | test_exe lib)
 cp "$tests" "$GPU_OUT/engine-tests"
-cargo build --release -p engine --features cuda --example cuda-check
+cargo build --release -p engine-cuda --example cuda-check
 cp "$CARGO_TARGET_DIR/release/examples/cuda-check" "$GPU_OUT/"
 cargo build --release -p control --bin fleetplane
 cp "$CARGO_TARGET_DIR/release/fleetplane" "$GPU_OUT/"

@@ -3,8 +3,8 @@
 # 13 libraries and python3 with torch + transformers (the lent H200 has them all).
 #
 # Binaries are built elsewhere (no CUDA needed to build) and found in $BIN (default gpu-out/):
-#   engine-tests         the engine's lib test binary built with --features cuda
-#   cuda-check           engine/examples/cuda_check.rs
+#   engine-tests         the engine-cuda crate's lib test binary
+#   cuda-check           engine-cuda/examples/cuda_check.rs
 #   fleetplane           the control binary (make-model, engine)
 #   control-cuda-engine  control/tests/cuda_engine.rs (the engine process over gRPC)
 #   pg.tar.xz            optional, scripts/pg-bundle.sh: PostgreSQL for the P/D engine test

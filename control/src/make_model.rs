@@ -5,7 +5,7 @@
 use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
-use engine::cuda::{synth, LlamaConfig};
+use engine_cuda::{synth, LlamaConfig};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]

@@ -6,10 +6,10 @@ use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
 use cost::{gpu_names, model_by_name, model_names, ModelSpec};
-use engine::cuda::{
+use engine::{StepProfile, PROFILE_FORMAT};
+use engine_cuda::{
     libraries_present, serving_shapes, sweep, CudaExecutor, CudaExecutorConfig, LlamaConfig, ModelSource,
 };
-use engine::{StepProfile, PROFILE_FORMAT};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]

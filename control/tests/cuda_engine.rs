@@ -135,7 +135,7 @@ async fn generate(client: &mut Link, id: u64, prompt: &[u32]) -> (Vec<u32>, Gene
 
 #[tokio::test]
 async fn cuda_engine_streams_greedy_tokens_and_reuses_the_prefix_cache() {
-    if !engine::cuda::gpu_available() {
+    if !engine_cuda::gpu_available() {
         println!("skipped: no CUDA driver, libraries or GPU here");
         return;
     }
@@ -198,7 +198,7 @@ fn ids_of(text: &str) -> Vec<u32> {
 /// both engines hold no KV afterwards.
 #[test]
 fn cuda_prefill_and_decode_engines_behind_the_gateway_generate_as_one_engine() {
-    if !engine::cuda::gpu_available() {
+    if !engine_cuda::gpu_available() {
         println!("skipped: no CUDA driver, libraries or GPU here");
         return;
     }

@@ -7,8 +7,6 @@
 
 pub mod batch;
 pub mod block_map;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod executor;
 mod handoff;
 pub mod ids;

@@ -273,7 +273,7 @@ async fn parent_gone() {
     }
 }
 
-struct CudaBackend(engine::cuda::CudaExecutor, Option<(&'static str, &'static str)>);
+struct CudaBackend(engine_cuda::CudaExecutor, Option<(&'static str, &'static str)>);
 
 impl Backend for CudaBackend {
     fn shape(&self) -> Option<(&'static str, &'static str)> {
@@ -295,7 +295,7 @@ impl Backend for CudaBackend {
     }
 
     fn admit(&mut self, id: engine::RequestId, prompt: &[u32], s: runner::Sampling) {
-        let sampling = engine::cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+        let sampling = engine_cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
         self.0.set_request(id, prompt.to_vec(), sampling);
     }
 
@@ -319,13 +319,13 @@ impl Backend for CudaBackend {
             );
         }
         let s = r.sampling;
-        let sampling = engine::cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
+        let sampling = engine_cuda::Sampling { temperature: s.temperature, top_p: s.top_p, seed: s.seed };
         self.0.import_request(r.id, r.prompt.to_vec(), r.generated, sampling, blocks, r.kv).map_err(|e| e.to_string())
     }
 }
 
 fn cuda_backend(args: &Args) -> anyhow::Result<(Box<dyn Backend>, InstanceConfig)> {
-    use engine::cuda::CudaExecutor;
+    use engine_cuda::CudaExecutor;
     let config = crate::profile::executor_config(
         &args.model,
         args.device,

@@ -3,7 +3,7 @@
 //! the request's seed and draw number, so a request's output replays whatever batch it ran
 //! in. [`sample`] is the same rule on the host: the reference the kernel is tested against.
 
-use crate::ids::{derive_seed, mix64};
+use engine::ids::{derive_seed, mix64};
 
 /// How a request's tokens are drawn.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -11,9 +11,9 @@ use super::config::LlamaConfig;
 use super::context::Gpu;
 use super::error::CudaError;
 use super::kernels::Kernels;
-use crate::batch::Batch;
-use crate::ids::RequestId;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use engine::batch::Batch;
+use engine::ids::RequestId;
 
 /// The KV cache of every layer.
 pub struct KvPool {
@@ -276,8 +276,8 @@ impl StepLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::BatchEntry;
-    use crate::ids::BlockId;
+    use engine::batch::BatchEntry;
+    use engine::ids::BlockId;
 
     fn batch(entries: &[(u64, u32, u32, bool, &[u32])]) -> Batch {
         let mut b = Batch::default();

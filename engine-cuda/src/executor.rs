@@ -10,7 +10,7 @@
 //!    holds);
 //! 2. before enqueueing request `id` on the instance, call [`CudaExecutor::set_request`] with
 //!    its prompt ids and sampling parameters, and give the request the block hashes of those
-//!    ids ([`crate::block_hashes`]), so that prefix sharing matches real content;
+//!    ids ([`engine::block_hashes`]), so that prefix sharing matches real content;
 //! 3. each step's sampled tokens are in `StepOutput::tokens` (one per entry that completes its
 //!    prompt or decodes, in entry order) and are also appended to the request's sequence,
 //!    which is how the next decode step knows its input;
@@ -37,13 +37,13 @@ use super::sampling::Sampling;
 use super::timeline::LaunchTimes;
 use super::transfer::{chunks, row_offset, KvDtype, KvHeader, KvShape};
 use super::weights::{ModelFiles, Weights};
-use crate::batch::Batch;
-use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::ids::{BlockId, RequestId};
-use crate::instance::InstanceConfig;
-use crate::time::Dur;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaSlice;
+use engine::batch::Batch;
+use engine::executor::{Executor, ExecutorError, StepOutput};
+use engine::ids::{BlockId, RequestId};
+use engine::instance::InstanceConfig;
+use engine::time::Dur;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;

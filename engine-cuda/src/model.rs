@@ -576,7 +576,7 @@ pub fn random_weights(gpu: &Gpu, k: &Kernels, cfg: &LlamaConfig, seed: u64) -> R
     let mut fill = |n: usize, scale: f32, what: &str| -> Result<CudaSlice<u16>, CudaError> {
         let d = gpu.zeros::<u16>(n, what)?;
         counter += 1;
-        let tensor_seed = crate::ids::derive_seed(seed, "gpu-weights", counter);
+        let tensor_seed = engine::ids::derive_seed(seed, "gpu-weights", counter);
         let (ptr, len) = (gpu.ptr(&d, 0), n as i64);
         launch!(gpu, &k.fill_uniform, grid(n.div_ceil(256), 1, 256), "fill_uniform";
             &ptr, &len, &tensor_seed, &scale)?;

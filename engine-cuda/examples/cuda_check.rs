@@ -12,11 +12,11 @@
 //! cuda-check make-model CONFIG DIR                     # as `fleetplane make-model`
 //! ```
 
-use engine::cuda::{
+use engine::{Batch, BatchEntry, BlockId, Dur, Executor, Finished, Instance, Request, RequestId, StepOutput, Time};
+use engine_cuda::{
     block_hashes, Attention, CudaExecutor, CudaExecutorConfig, DecodeGraphs, LaunchTimes, LlamaConfig, ModelSource,
     Sampling, SMALL_STEP_ROWS,
 };
-use engine::{Batch, BatchEntry, BlockId, Dur, Executor, Finished, Instance, Request, RequestId, StepOutput, Time};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
 
 fn make_model(config: &str, dir: &str) -> Res {
     let cfg = LlamaConfig::preset(config).ok_or(format!("unknown config {config}"))?;
-    let w = engine::cuda::synth::write_random_model(std::path::Path::new(dir), &cfg, 0, 5 << 30)
+    let w = engine_cuda::synth::write_random_model(std::path::Path::new(dir), &cfg, 0, 5 << 30)
         .map_err(|e| e.to_string())?;
     println!("make-model: {config}: {} files, {} bytes in {dir}", w.files.len(), w.bytes);
     Ok(())

@@ -1,5 +1,5 @@
 //! The CUDA executor: a Llama-family decoder in bf16 on one GPU, behind the engine's
-//! [`Executor`](crate::Executor) trait, so the scheduler, paged KV and prefix cache are the
+//! [`Executor`](engine::Executor) trait, so the scheduler, paged KV and prefix cache are the
 //! same code as in the simulator.
 //!
 //! Built on cudarc with dynamic loading: this module compiles on machines without CUDA, and
@@ -43,9 +43,9 @@ mod timeline;
 pub mod transfer;
 mod weights;
 
-pub use crate::ids::block_hashes;
 pub use config::{Llama3RopeScaling, LlamaConfig};
 pub use context::{gpu_available, libraries_present, Gpu};
+pub use engine::ids::block_hashes;
 pub use error::CudaError;
 pub use executor::{CudaExecutor, CudaExecutorConfig, ModelSource};
 pub use graph::DecodeGraphs;

@@ -10,7 +10,7 @@
 use super::config::LlamaConfig;
 use super::error::CudaError;
 use super::weights::tensor_shapes;
-use crate::ids::{derive_seed, mix64};
+use engine::ids::{derive_seed, mix64};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -162,7 +162,7 @@ pub fn random_tensor(name: &str, n: usize, seed: u64) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::weights::ModelFiles;
+    use crate::weights::ModelFiles;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("fleetplane-synth-{name}-{}", std::process::id()));

@@ -3,8 +3,8 @@
 
 use super::kernels::{compile, KernelShape, SOURCES};
 use super::*;
-use crate::ids::RequestId;
-use crate::{Executor, Instance, Request, StepOutput, Time};
+use engine::ids::RequestId;
+use engine::{Executor, Instance, Request, StepOutput, Time};
 use std::path::PathBuf;
 
 fn skip(what: &str) -> bool {
@@ -53,7 +53,7 @@ fn every_kernel_compiles_with_nvrtc() {
 
 /// Runs `prompts` to completion on an instance over `exec`, returning each one's output.
 fn serve(exec: &mut CudaExecutor, prompts: &[Vec<u32>], output: u32, max_batch_tokens: u32) -> Vec<Vec<u32>> {
-    let mut inst = Instance::new(crate::InstanceConfig { max_batch_tokens, ..exec.instance_config() });
+    let mut inst = Instance::new(engine::InstanceConfig { max_batch_tokens, ..exec.instance_config() });
     for (i, p) in prompts.iter().enumerate() {
         let id = RequestId(i as u64);
         exec.set_request(id, p.clone(), Sampling::GREEDY);
@@ -72,7 +72,7 @@ fn serve(exec: &mut CudaExecutor, prompts: &[Vec<u32>], output: u32, max_batch_t
     let mut now = Time::ZERO;
     while inst.has_work() {
         let d = inst.begin_step(now, exec).unwrap().expect("work to do");
-        now += d + crate::Dur(1);
+        now += d + engine::Dur(1);
         inst.end_step(now, &mut fin, &mut ev);
     }
     (0..prompts.len()).map(|i| exec.tokens(RequestId(i as u64)).unwrap()[prompts[i].len()..].to_vec()).collect()
@@ -138,7 +138,7 @@ fn greedy_decode_matches_recomputing_the_whole_sequence() {
         exec.release(RequestId(0));
     }
     let mut o = StepOutput::default();
-    let err = exec.execute(&crate::Batch::default(), &mut o);
+    let err = exec.execute(&engine::Batch::default(), &mut o);
     assert!(err.is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -297,9 +297,9 @@ fn tiled_prefill_attention_matches_the_reference_kernel_in_mixed_steps() {
 #[test]
 #[allow(unsafe_code)] // Two kernel launches with buffers sized for their grids.
 fn the_tensor_core_prefill_kernel_matches_the_reference_kernel() {
-    use crate::batch::{Batch, BatchEntry};
-    use crate::ids::{mix64, BlockId};
     use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use engine::batch::{Batch, BatchEntry};
+    use engine::ids::{mix64, BlockId};
     if skip("the_tensor_core_prefill_kernel_matches_the_reference_kernel") {
         return;
     }
@@ -473,7 +473,7 @@ fn run_idle(inst: &mut Instance, exec: &mut CudaExecutor, mut now: Time) -> Time
     let (mut fin, mut ev) = (Vec::new(), Vec::new());
     while inst.has_work() {
         let d = inst.begin_step(now, exec).unwrap().expect("work to do");
-        now += d + crate::Dur(1);
+        now += d + engine::Dur(1);
         inst.end_step(now, &mut fin, &mut ev);
     }
     assert!(ev.is_empty(), "nothing is evicted");

@@ -12,10 +12,10 @@
 use super::error::CudaError;
 use super::executor::CudaExecutor;
 use super::sampling::Sampling;
-use crate::batch::{Batch, BatchEntry};
-use crate::executor::{Executor, StepOutput};
-use crate::ids::{BlockId, RequestId};
-use crate::profile::StepSample;
+use engine::batch::{Batch, BatchEntry};
+use engine::executor::{Executor, StepOutput};
+use engine::ids::{BlockId, RequestId};
+use engine::profile::StepSample;
 
 /// How the profile's requests sample: as an OpenAI client does by default.
 const SAMPLING: Sampling = Sampling { temperature: 1.0, top_p: 1.0, seed: 0 };
