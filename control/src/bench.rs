@@ -8,27 +8,16 @@
 use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
+use control::{peak_rss_kib, BenchSize};
 use simulator::scenario::{FleetSection, Scenario, WorkloadSection};
 use simulator::sim::{self, SimConfig};
 use simulator::workload::SyntheticConfig;
 use std::time::Instant;
 
-/// The size of a benchmark run (`bench`, and the cases of `bench-suite`).
-#[derive(ClapArgs, Debug)]
-pub struct Size {
-    /// Requests to simulate (per case).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub requests: u64,
-
-    /// Engine instances (of the tiered cases).
-    #[arg(long, default_value_t = 64)]
-    pub instances: u32,
-}
-
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub size: Size,
+    pub size: BenchSize,
 
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
@@ -78,11 +67,4 @@ pub fn run(args: Args) -> Result<(), Failure> {
         return Err(Failure::Output(anyhow!("simulated {simulated} requests of {}", args.size.requests)));
     }
     Ok(())
-}
-
-/// Peak resident set size of this process (Linux's VmHWM), in KiB.
-pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }

@@ -10,13 +10,12 @@ use crate::serve::DEFAULT_DATABASE_URL;
 use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
+use control::child::{serve_addresses, start};
 use simulator::scenario::Scenario;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// The workload the demo replays unless given a scenario: conversations sharing a few system
 /// prompts, at a rate a handful of simulated H100s serve comfortably.
@@ -125,40 +124,6 @@ fn signal_group(child: &Child, signal: libc::c_int) {
     unsafe { libc::kill(-group, signal) };
 }
 
-/// Starts a child `fleetplane` in a process group of its own and waits for the line (on its
-/// stdout) that says it is up; returns the child (killed when dropped) and that line.
-#[allow(unsafe_code)]
-pub async fn start(what: &str, args: &[String], envs: &[(&str, &str)], ready: &str) -> anyhow::Result<(Child, String)> {
-    let exe = std::env::current_exe().context("cannot find the fleetplane binary")?;
-    let mut command = Command::new(exe);
-    command.args(args).envs(envs.iter().copied()).stdout(Stdio::piped()).kill_on_drop(true).process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and makes one
-    // async-signal-safe call.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().with_context(|| format!("cannot start {what}"))?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("{what} has no stdout"))?;
-    let mut lines = BufReader::new(stdout).lines();
-    let wait = async {
-        while let Some(line) = lines.next_line().await? {
-            if line.contains(ready) {
-                return Ok::<_, anyhow::Error>(line);
-            }
-        }
-        Err(anyhow!("{what} exited before it was ready (its log is above)"))
-    };
-    let line = tokio::time::timeout(Duration::from_secs(60), wait)
-        .await
-        .map_err(|_| anyhow!("{what} not ready after 60 s"))??;
-    // Keep draining its stdout so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, line))
-}
-
 async fn demo(args: Args, settings: simulator::scenario::Settings) -> anyhow::Result<()> {
     let admin = std::env::var("FLEETPLANE_ADMIN_TOKEN")
         .ok()
@@ -200,7 +165,8 @@ async fn run_fleet(
     children: &mut Children,
 ) -> anyhow::Result<()> {
     let pd = args.mode == Mode::Pd;
-    let (serve, line) = start("fleetplane serve", serve_args, envs, "serving http://").await?;
+    let exe = std::env::current_exe().context("cannot find the fleetplane binary")?;
+    let (serve, line) = start(&exe, "fleetplane serve", serve_args, envs, "serving http://").await?;
     children.0.push(("fleetplane serve".into(), serve));
     // The addresses it bound (port 0 picks free ones).
     let (http, grpc) = serve_addresses(&line)?;
@@ -220,7 +186,7 @@ async fn run_fleet(
         .map(|s| s.to_string())
         .collect();
         let name = format!("engine demo-engine-{i}");
-        children.0.push((name.clone(), start(&name, &engine_args, envs, "listening on").await?.0));
+        children.0.push((name.clone(), start(&exe, &name, &engine_args, envs, "listening on").await?.0));
     }
     let gateway = http;
     wait_for_engines(&gateway, admin, if pd { 2 } else { args.engines }).await?;
@@ -259,14 +225,6 @@ async fn run_fleet(
         return Err(anyhow!("no request succeeded"));
     }
     Ok(())
-}
-
-/// The HTTP base URL and gRPC address in `fleetplane serve`'s ready line.
-pub fn serve_addresses(line: &str) -> anyhow::Result<(String, String)> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let http = words.iter().find(|w| w.starts_with("http://")).ok_or_else(|| anyhow!("no HTTP address in `{line}`"))?;
-    let grpc = words.last().filter(|w| !w.starts_with("http")).ok_or_else(|| anyhow!("no gRPC address in `{line}`"))?;
-    Ok((http.to_string(), grpc.to_string()))
 }
 
 async fn wait_for_engines(gateway: &str, token: &str, n: u32) -> anyhow::Result<()> {

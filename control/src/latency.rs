@@ -8,9 +8,10 @@
 //! a profiled shape; the difference is the path's latency. Several lengths show whether it
 //! is a constant (what the simulator models) or grows with the prompt.
 
-use crate::replay::{one, prompt_tokens, quantile, GatewayArgs};
+use crate::replay::{one, prompt_tokens, GatewayArgs};
 use crate::Failure;
 use anyhow::anyhow;
+use control::quantile;
 use engine::StepProfile;
 use serde_json::{json, Value};
 use simulator::report::write_json;

@@ -7,10 +7,6 @@
 //! | `max_rate` | `fleetplane max-rate`: the highest rate that meets the SLO, per router |
 //! | `tune` | `fleetplane tune`: a policy's parameters searched (CMA-ES) on one slice, judged on the rest |
 //! | `bench` | `fleetplane bench`: simulator speed and memory on a million requests |
-//! | `bench_suite` | `fleetplane bench-suite`: the simulator on tiered, cache-aware, P/D and 1,000-instance fleets |
-//! | `bench_matching` | `fleetplane bench-matching`: chunked prefill's prefix matching, cursor vs rescan |
-//! | `bench_gateway` | `fleetplane bench-gateway`: latency the gateway adds over calling an engine directly |
-//! | `bench_index` | `fleetplane bench-index`: the global prefix index's event rate, query latency and memory |
 //! | `capacity` | `fleetplane capacity`: KV capacity and step times of a model, GPU and layout, without a trace |
 //! | `make_model` | `fleetplane make-model`: a random-weight Llama model in the Hugging Face layout |
 //! | `profile` | `fleetplane profile`: the CUDA engine's step times over batch shapes, for `simulate --profile` |
@@ -20,18 +16,16 @@
 //! | `engine_proc` | `fleetplane engine`: one engine instance as a gRPC process |
 //! | `demo` | `fleetplane demo`: serve, a few sim engines and a trace replayer, on this machine |
 //! | `replay` | `fleetplane replay`: sends a workload's requests through a gateway in real time |
-//! | `proto` | the engine/control-plane protocol (proto/fleetplane.proto) |
 //! | `scheduling` | an engine's prefill policy and KV water marks on the wire, checked |
+//!
+//! The library (`lib.rs`) holds what `fleetplane-bench` (`bench/`, the developer's benchmarks)
+//! shares with this binary: the protocol (`proto`, proto/fleetplane.proto), the engine token
+//! (`engine_auth`), child processes (`child`) and exit codes.
 
 mod bench;
-mod bench_gateway;
-mod bench_index;
-mod bench_matching;
-mod bench_suite;
 mod capacity;
 mod cli;
 mod demo;
-mod engine_auth;
 mod engine_proc;
 mod latency;
 mod make_model;
@@ -39,7 +33,6 @@ mod max_rate;
 mod profile;
 mod profile_vllm;
 mod progress;
-mod proto;
 mod replay;
 mod scheduling;
 mod serve;
@@ -48,6 +41,9 @@ mod tokenizer;
 mod tune;
 
 use clap::{Parser, Subcommand};
+// The protocol, the engine token and exit codes are the library's, shared with
+// `fleetplane-bench` (the developer's benchmarks, `bench/`).
+use control::{engine_auth, proto, Failure};
 use std::process::ExitCode;
 
 /// Control plane of an LLM inference fleet: cache-aware placement, long-request protection,
@@ -74,19 +70,6 @@ enum Command {
     /// Measure the simulator: a million synthetic requests on 64 instances; prints requests
     /// simulated per wall-clock second and peak memory.
     Bench(bench::Args),
-    /// Measure the simulator on the configurations people run: a trace tiled to a million
-    /// requests on 64 instances with L1+L2+L3 (cache-aware, dynamo-kv), P/D pools under
-    /// slo-load, 1,000 instances; prints simulated req/s, peak memory and time per phase.
-    BenchSuite(bench_suite::Args),
-    /// Measure the KV cache's per-sequence cursor: a 128K-token prompt prefilled in 8K chunks,
-    /// matching and insertion resumed from the cursor vs rescanned from the root at every chunk.
-    BenchMatching(bench_matching::Args),
-    /// Measure the global prefix index: 1,000 instances and 10M indexed blocks; prints KV
-    /// events applied per second, query latency percentiles and bytes per block.
-    BenchIndex(bench_index::Args),
-    /// Measure the gateway: the same load sent to an engine directly over gRPC and through
-    /// `fleetplane serve`'s OpenAI API; prints latency percentiles and the difference.
-    BenchGateway(bench_gateway::Args),
     /// Print KV capacity (tokens per GPU, per instance, per node), the largest batch at a
     /// context and prefill and decode step times for a model, GPU and deployment layout
     /// (--tp, --dp-attention, --ep), from the cost model alone.
@@ -113,26 +96,6 @@ enum Command {
     /// Measure what a live fleet's path adds to each request beyond its engines' steps
     /// (gateway, routing, gRPC, streaming): the simulator's --dispatch-ms.
     Latency(latency::Args),
-}
-
-/// Exit codes: 1 for a failure while running, 2 for bad input (flags, scenario, trace),
-/// 3 for an output that could not be written.
-pub enum Failure {
-    Input(anyhow::Error),
-    Run(anyhow::Error),
-    Output(anyhow::Error),
-}
-
-impl Failure {
-    fn report(self) -> ExitCode {
-        let (code, err) = match self {
-            Failure::Input(e) => (2, e),
-            Failure::Run(e) => (1, e),
-            Failure::Output(e) => (3, e),
-        };
-        eprintln!("error: {err:#}");
-        ExitCode::from(code)
-    }
 }
 
 /// The async runtime of the live commands (the simulator needs none), with logs on stderr
@@ -197,10 +160,8 @@ fn die_on_closed_stdout() {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let prints_and_exits = !matches!(
-        cli.command,
-        Command::Serve(_) | Command::Engine(_) | Command::Demo(_) | Command::Replay(_) | Command::BenchGateway(_)
-    );
+    let prints_and_exits =
+        !matches!(cli.command, Command::Serve(_) | Command::Engine(_) | Command::Demo(_) | Command::Replay(_));
     if prints_and_exits {
         die_on_closed_stdout();
     }
@@ -209,11 +170,7 @@ fn main() -> ExitCode {
         Command::MaxRate(args) => max_rate::run(args),
         Command::Tune(args) => tune::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::BenchSuite(args) => bench_suite::run(args),
-        Command::BenchMatching(args) => bench_matching::run(args),
-        Command::BenchIndex(args) => bench_index::run(args),
         Command::Capacity(args) => capacity::run(args),
-        Command::BenchGateway(args) => bench_gateway::run(args),
         Command::Latency(args) => latency::run(args),
         Command::MakeModel(args) => make_model::run(args),
         Command::Profile(args) => profile::run(args),

@@ -5,6 +5,7 @@
 //! its chained hash, so requests that share a prefix in the trace share the same token prefix
 //! on the wire, and the live fleet's prefix caches see the trace's reuse.
 
+use control::quantile;
 use engine::ids::mix64;
 use engine::BlockHash;
 use futures_util::StreamExt;
@@ -53,16 +54,6 @@ pub struct Summary {
     tpot_ms: Vec<f64>,
     prompt_tokens: u64,
     cached_tokens: u64,
-}
-
-/// The `q` quantile of `v` (sorted in place), the sample nearest to rank q × (n − 1); NaN for
-/// none.
-pub fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 impl Summary {

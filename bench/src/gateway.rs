@@ -1,19 +1,21 @@
-//! `fleetplane bench-gateway`: what the control plane adds to a request's latency. The same
+//! `fleetplane-bench gateway`: what the control plane adds to a request's latency. The same
 //! open-loop load (short prompts, one output token) goes to an engine process directly over
 //! gRPC, then through `fleetplane serve`'s OpenAI gateway (HTTP, auth, tokens, routing by the
 //! controller, the engine's stream relayed); the engine runs with `--time-scale 0`, so its steps
 //! take only their CPU time and the difference is the gateway's.
 
-use crate::demo::{serve_addresses, start};
-use crate::proto;
-use crate::serve::DEFAULT_DATABASE_URL;
-use crate::Failure;
 use anyhow::{anyhow, Context};
 use clap::Args as ClapArgs;
+use control::child::{serve_addresses, start};
+use control::{proto, Failure};
 use futures_util::StreamExt;
 use serde_json::json;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+
+/// `fleetplane serve`'s default database.
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/fleetplane";
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -32,13 +34,34 @@ pub struct Args {
     /// PostgreSQL database for the control plane (created if missing).
     #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
+
+    /// The `fleetplane` binary that runs serve and the engine [default: the one beside this
+    /// executable, as cargo builds both into target/release].
+    #[arg(long, value_name = "PATH")]
+    pub fleetplane: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
     if args.requests == 0 || !(args.rate.is_finite() && args.rate > 0.0) || args.prompt_tokens == 0 {
         return Err(Failure::Input(anyhow!("--requests, --rate and --prompt-tokens must be positive")));
     }
-    crate::runtime()?.block_on(bench(args)).map_err(Failure::Run)
+    let exe = match &args.fleetplane {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| Failure::Input(anyhow!("cannot find this executable to find fleetplane beside it: {e}")))?
+            .with_file_name("fleetplane"),
+    };
+    if !exe.is_file() {
+        return Err(Failure::Input(anyhow!(
+            "no fleetplane binary at {} (cargo build --release -p control, or --fleetplane PATH)",
+            exe.display()
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Run(anyhow!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(bench(&exe, args)).map_err(Failure::Run)
 }
 
 struct PathResult {
@@ -49,7 +72,7 @@ struct PathResult {
 
 impl PathResult {
     fn quantile(&mut self, q: f64) -> f64 {
-        crate::replay::quantile(&mut self.latencies_ms, q)
+        control::quantile(&mut self.latencies_ms, q)
     }
 }
 
@@ -84,9 +107,16 @@ where
     r
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
-    let admin = crate::serve::new_token()?;
-    let engine_token = crate::serve::new_token()?;
+/// A fresh secret for this run's control plane and engine.
+fn token(role: &str) -> anyhow::Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow!("no randomness for a token: {e}"))?;
+    Ok(format!("bench-{role}-{}", hex::encode(bytes)))
+}
+
+async fn bench(exe: &Path, args: Args) -> anyhow::Result<()> {
+    let admin = token("admin")?;
+    let engine_token = token("engine")?;
     let envs = [
         ("FLEETPLANE_ADMIN_TOKEN", admin.as_str()),
         ("FLEETPLANE_ENGINE_TOKEN", engine_token.as_str()),
@@ -106,14 +136,14 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (_serve, line) = start("fleetplane serve", &serve_args, &envs, "serving http://").await?;
+    let (_serve, line) = start(exe, "fleetplane serve", &serve_args, &envs, "serving http://").await?;
     let (http, grpc) = serve_addresses(&line)?;
     let engine_args: Vec<String> =
         ["engine", "--executor", "sim", "--time-scale", "0", "--control", &grpc, "--name", "bench"]
             .iter()
             .map(|s| s.to_string())
             .collect();
-    let (_engine, line) = start("an engine", &engine_args, &envs, "listening on").await?;
+    let (_engine, line) = start(exe, "an engine", &engine_args, &envs, "listening on").await?;
     let engine_addr =
         line.split_whitespace().last().ok_or_else(|| anyhow!("no engine address in `{line}`"))?.to_string();
     let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
@@ -129,7 +159,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         .connect()
         .await
         .context("cannot reach the engine")?;
-    let engine = crate::engine_auth::Present::new(&engine_token)?.link(channel);
+    let engine = control::engine_auth::Present::new(&engine_token)?.link(channel);
     let prompt =
         |k: u32| -> Vec<u32> { (0..args.prompt_tokens).map(|i| 1000 + (k * 7919 + i * 104_729) % 30_000).collect() };
 

@@ -1,4 +1,4 @@
-//! `fleetplane bench-suite`: how fast the simulator runs the configurations people run, on
+//! `fleetplane-bench suite`: how fast the simulator runs the configurations people run, on
 //! one core: tiered KV with routers reading the prefix index, P/D pools, a large fleet.
 //!
 //! | case | fleet | workload |
@@ -13,10 +13,9 @@
 //! per phase of the driver loop ([`simulator::phases`]). The infinite-cache bound is off: it
 //! would hold every distinct block of the tiled trace.
 
-use crate::bench::{peak_rss_kib, Size};
-use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
+use control::{peak_rss_kib, BenchSize, Failure};
 use simulator::phases::{Phase, PhaseTimes};
 use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{FleetSection, Scenario};
@@ -34,7 +33,7 @@ const INSTANCES_PER_COPY: u32 = 8;
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub size: Size,
+    pub size: BenchSize,
 
     /// Cases to run, comma-separated: tiered-cache-aware, tiered-dynamo-kv, pd-slo-load,
     /// instances-1000 [default: all].

@@ -1,4 +1,4 @@
-//! `fleetplane bench-matching`: what the per-sequence cursor (`engine::kv::SeqKv`) saves when
+//! `fleetplane-bench matching`: what the per-sequence cursor (`engine::kv::SeqKv`) saves when
 //! a long prompt is prefilled in chunks.
 //!
 //! One prompt (128K tokens by default) is prefilled in chunks (8K tokens), and each chunk's
@@ -40,9 +40,9 @@
 //! the same block table, the same cached and available counts, and the same blocks matched
 //! by a probe of every prompt in the cache.
 
-use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
+use control::Failure;
 use engine::ids::derive_seed;
 use engine::kv::{KvCache, SeqKv};
 use engine::{BlockHash, BlockId, Time};

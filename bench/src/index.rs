@@ -1,4 +1,4 @@
-//! `fleetplane bench-index`: how fast the global prefix index applies KV events and answers
+//! `fleetplane-bench index`: how fast the global prefix index applies KV events and answers
 //! routing queries, and how much memory it takes, on one core.
 //!
 //! The fleet is synthetic and seeded (ChaCha8), so a run replays from its flags:
@@ -28,9 +28,9 @@
 //! Memory: the index's heap estimate (`PrefixIndex::heap_bytes`) per block, and the
 //! process's peak RSS (which also holds the generator's model of the fleet).
 
-use crate::Failure;
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
+use control::{peak_rss_kib, Failure};
 use engine::kv::{KvEvent, Tier};
 use engine::{BlockHash, InstanceId};
 use policies::{PrefixIndex, PrefixMatches};
@@ -565,11 +565,4 @@ pub fn run(args: Args) -> Result<(), Failure> {
         );
     }
     Ok(())
-}
-
-/// Peak resident set size of this process (Linux's VmHWM), in KiB.
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
