@@ -45,7 +45,7 @@
 //! | `remove_instance`, `Cleared` | O(states × holders), plus one pass over the segments if blocks lost their last holder |
 //! | memory | the map: 16 bytes an entry at 40-81% load (20-40 bytes a block); segments: 12 bytes a block plus growth slack |
 //!
-//! Measured by `fleetplane bench-index` (docs/BENCHMARKS.md).
+//! Measured by `fleetplane-bench index` (docs/BENCHMARKS.md).
 //!
 //! # Exactness
 //!
