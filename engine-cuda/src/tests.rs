@@ -74,6 +74,8 @@ fn serve(exec: &mut CudaExecutor, prompts: &[Vec<u32>], output: u32, max_batch_t
         let d = inst.begin_step(now, exec).unwrap().expect("work to do");
         now += d + engine::Dur(1);
         inst.end_step(now, &mut fin, &mut ev);
+        // The engine checks itself only in its own tests (or with its `invariants` feature).
+        inst.check_invariants();
     }
     (0..prompts.len()).map(|i| exec.tokens(RequestId(i as u64)).unwrap()[prompts[i].len()..].to_vec()).collect()
 }
@@ -475,6 +477,8 @@ fn run_idle(inst: &mut Instance, exec: &mut CudaExecutor, mut now: Time) -> Time
         let d = inst.begin_step(now, exec).unwrap().expect("work to do");
         now += d + engine::Dur(1);
         inst.end_step(now, &mut fin, &mut ev);
+        // The engine checks itself only in its own tests (or with its `invariants` feature).
+        inst.check_invariants();
     }
     assert!(ev.is_empty(), "nothing is evicted");
     now
