@@ -123,7 +123,7 @@ pub struct Summary {
 /// What speculative decoding did in a run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpeculationReport {
-    /// The drafter preset (`simulator::cost::Drafter`).
+    /// The drafter preset (`cost::Drafter`).
     pub drafter: String,
     /// Decode steps of one sequence that verified drafts.
     pub verify_steps: u64,
