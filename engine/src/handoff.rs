@@ -35,8 +35,7 @@ impl Instance {
     /// most one token simply finishes here.
     pub fn enqueue_prefill_only(&mut self, now: Time, request: Request) -> Result<(), (Rejected, Request)> {
         let id = request.id;
-        self.enqueue(now, request)?;
-        let &s = self.waiting.back().expect("enqueue queued the request");
+        let s = self.enqueue_slot(now, request)?;
         let seq = self.seq_mut(s);
         debug_assert_eq!(seq.request.id, id);
         let before = seq.decode_left();

@@ -66,6 +66,10 @@ pub struct InstanceConfig {
     pub prefill: PrefillPolicy,
     /// KV high-water protection (see the module doc); `None`: off.
     pub kv_protection: Option<KvProtection>,
+    /// Admit and preempt by the requests' [`crate::Class`] (vLLM's `--scheduling-policy
+    /// priority`): a waiting request goes ahead of every waiting one of a lower class, and
+    /// preemption takes the lowest class first. Off: FCFS, classes ignored.
+    pub class_priority: bool,
 }
 
 /// Admission hysteresis on KV use, and what to do with runaway requests under pressure.
@@ -145,6 +149,7 @@ impl Default for InstanceConfig {
             l2_blocks: 0,
             prefill: PrefillPolicy::Fcfs,
             kv_protection: None,
+            class_priority: false,
         }
     }
 }
@@ -303,6 +308,11 @@ impl Instance {
     /// Queues a request that arrived at `now`. A request that can never fit is refused (with
     /// the request returned).
     pub fn enqueue(&mut self, now: Time, request: Request) -> Result<(), (Rejected, Request)> {
+        self.enqueue_slot(now, request).map(|_| ())
+    }
+
+    /// [`Instance::enqueue`], giving the request's slot.
+    pub(crate) fn enqueue_slot(&mut self, now: Time, request: Request) -> Result<u32, (Rejected, Request)> {
         if let Err(e) = self.admissible(&request) {
             return Err((e, request));
         }
@@ -311,8 +321,24 @@ impl Instance {
         self.prefill_tokens_left += u64::from(seq.prefill_left());
         self.decode_tokens_left += u64::from(seq.decode_left());
         let slot = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
-        self.waiting.push_back(slot);
-        Ok(())
+        let at = self.waiting_place(slot, false);
+        self.waiting.insert(at, slot);
+        Ok(slot)
+    }
+
+    /// Where waiting slot `s` goes in the waiting queue: at the back (or, `preempted`, the
+    /// front), within its class when classes have priority.
+    pub(crate) fn waiting_place(&self, s: u32, preempted: bool) -> usize {
+        if !self.config.class_priority {
+            return if preempted { 0 } else { self.waiting.len() };
+        }
+        let class = self.seq(s).request.service.class;
+        let class_of = |&w: &u32| self.seq(w).request.service.class;
+        if preempted {
+            self.waiting.iter().position(|w| class_of(w) >= class).unwrap_or(self.waiting.len())
+        } else {
+            self.waiting.iter().position(|w| class_of(w) > class).unwrap_or(self.waiting.len())
+        }
     }
 
     pub fn has_work(&self) -> bool {

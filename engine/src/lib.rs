@@ -16,6 +16,7 @@ pub mod profile;
 pub mod request;
 mod scheduler;
 mod sequence;
+pub mod service;
 pub mod slots;
 pub mod time;
 
@@ -25,6 +26,7 @@ pub use ids::{block_hashes, BlockHash, BlockId, InstanceId, ModelId, RequestId};
 pub use instance::{FairPrefill, Instance, InstanceConfig, KvProtection, Load, PrefillPolicy, Rejected, RunawayAction};
 pub use profile::{StepProfile, StepSample, PROFILE_FORMAT};
 pub use request::{CutShort, Evicted, Finished, Handoff, Request, Resume};
+pub use service::{Class, Service, SessionId, TenantId};
 pub use time::{Dur, Time};
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What an instance is asked to serve, and what it reports back when done.
 
 use crate::ids::{BlockHash, ModelId, RequestId};
+use crate::service::Service;
 use crate::time::{Dur, Time};
 use std::fmt;
 
@@ -25,6 +26,8 @@ pub struct Request {
     pub resume: Option<Box<Resume>>,
     /// The model it asks for (see [`ModelId`]).
     pub model: ModelId,
+    /// Its class, tenant, deadline and session (see [`crate::service`]).
+    pub service: Service,
 }
 
 /// The record of a request's earlier placements, carried by the request when it is placed

@@ -20,6 +20,11 @@
 //! stay in the prefix tree, so the recompute often hits them) and it goes back to the front
 //! of the waiting queue with everything it has seen (prompt and generated tokens) to prefill
 //! again. A victim already placed in this batch is taken out of it.
+//!
+//! With **class priority** (`InstanceConfig::class_priority`, as vLLM's priority policy) the
+//! waiting queue is kept in class order (FCFS within a class; a preempted request at the
+//! front of its class), so admission serves a higher class first, and the victim is the most
+//! recently admitted sequence of the lowest class running.
 
 use crate::batch::BatchEntry;
 use crate::instance::{FairPrefill, Instance, PrefillPolicy};
@@ -342,12 +347,24 @@ impl Instance {
             if self.kv.allocate(&mut seq.kv, need) {
                 return true;
             }
-            let victim = *self.running.last().expect("a running sequence needs blocks");
+            let victim = self.victim();
             self.preempt(now, victim, budget);
             if victim == s {
                 return false;
             }
         }
+    }
+
+    /// The running sequence preemption takes: the most recently admitted one, of the lowest
+    /// class when classes have priority.
+    fn victim(&self) -> u32 {
+        let last = *self.running.last().expect("a running sequence needs blocks");
+        if !self.config.class_priority {
+            return last;
+        }
+        let lowest = self.running.iter().map(|&r| self.seq(r).request.service.class).max();
+        let lowest = lowest.expect("a running sequence needs blocks");
+        *self.running.iter().rev().find(|&&r| self.seq(r).request.service.class == lowest).unwrap_or(&last)
     }
 
     fn preempt(&mut self, now: Time, s: u32, budget: &mut Budget) {
@@ -369,7 +386,8 @@ impl Instance {
         seq.in_batch = false;
         seq.preemptions += 1;
         self.prefill_tokens_left += u64::from(seq.prefill_left()) - u64::from(before);
-        self.waiting.push_front(s);
+        let at = self.waiting_place(s, true);
+        self.waiting.insert(at, s);
     }
 
     fn push_entry(&mut self, s: u32, new_tokens: u32, is_prefill: bool) {

@@ -52,6 +52,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         l2_blocks: 0,
         prefill: PrefillPolicy::Fcfs,
         kv_protection: None,
+        class_priority: false,
     }
 }
 
@@ -72,6 +73,7 @@ pub(crate) fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request 
         max_output_tokens: output,
         block_hashes,
         resume: None,
+        service: Default::default(),
         model: Default::default(),
     }
 }
@@ -152,6 +154,43 @@ fn running_out_of_kv_preempts_the_newest_request_which_then_recomputes() {
     let preempted = done.iter().find(|f| f.preemptions == 1).unwrap();
     assert_eq!(preempted.request.id, RequestId(2), "the newest is preempted");
     assert!(done.iter().all(|f| f.output_tokens == 17));
+}
+
+fn of_class(mut r: Request, class: Class) -> Request {
+    r.service.class = class;
+    r
+}
+
+/// With class priority an interactive request is admitted ahead of batch requests queued
+/// before it; without, FCFS.
+#[test]
+fn class_priority_admits_a_higher_class_first() {
+    for (priority, first) in [(true, 3), (false, 1)] {
+        // One 16-token prompt per step.
+        let mut inst = Instance::new(InstanceConfig { class_priority: priority, ..config(64, 16) });
+        inst.enqueue(Time::ZERO, of_class(req(1, 16, 2, &[]), Class::Batch)).unwrap();
+        inst.enqueue(Time::ZERO, of_class(req(2, 16, 2, &[]), Class::Standard)).unwrap();
+        inst.enqueue(Time::ZERO, of_class(req(3, 16, 2, &[]), Class::Interactive)).unwrap();
+        let (mut done, _, _) = run(&mut inst, Time::ZERO);
+        done.sort_by_key(|f| f.first_token_at);
+        let order: Vec<u64> = done.iter().map(|f| f.request.id.0).collect();
+        assert_eq!(order[0], first, "class priority {priority}: {order:?}");
+        if priority {
+            assert_eq!(order, [3, 2, 1]);
+        }
+    }
+}
+
+/// With class priority, running out of KV preempts the batch request although the
+/// interactive one was admitted after it.
+#[test]
+fn class_priority_preempts_the_lowest_class_first() {
+    let mut inst = Instance::new(InstanceConfig { class_priority: true, ..config(12, 64) });
+    inst.enqueue(Time::ZERO, of_class(req(1, 16, 17, &[]), Class::Batch)).unwrap();
+    inst.enqueue(Time::ZERO, of_class(req(2, 16, 17, &[]), Class::Interactive)).unwrap();
+    let (done, _, _) = run(&mut inst, Time::ZERO);
+    let preempted: Vec<u64> = done.iter().filter(|f| f.preemptions > 0).map(|f| f.request.id.0).collect();
+    assert_eq!(preempted, [1], "the batch request is preempted");
 }
 
 #[test]
@@ -431,7 +470,8 @@ proptest! {
     /// is leaked (invariants are checked after every step).
     #[test]
     fn every_request_finishes_and_no_block_leaks(
-        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3), 1..40),
+        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3, 0usize..3), 1..40),
+        class_priority in any::<bool>(),
         blocks in 40u32..80,
         budget in 4u32..64,
         l2_blocks in 0u32..20,
@@ -452,11 +492,12 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
-        let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g))| {
+        let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class))| {
             let shared = [g, g + 10, g + 20];
             let mut r = req(i as u64, p, o, &shared);
+            r.service.class = Class::ALL[class];
             r.arrival = Time(t);
             (Time(t), r)
         }).collect();

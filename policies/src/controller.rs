@@ -17,10 +17,23 @@
 
 use crate::event::FleetEvent;
 use crate::fleet::{Command, Fleet, Reject, Route, Unplaced};
+use crate::flow::{Flow, Offer, Shed};
 use crate::pd::{Pd, PdConfig, PdStatus, ScalingEvent};
 use crate::router::{CostHints, Router, RouterConfig};
 use crate::view::{FleetView, InstanceState, Role};
-use engine::{InstanceId, Request, Time};
+use engine::{InstanceId, Request, RequestId, Time};
+
+/// What became of a request offered to or released by flow control.
+#[derive(Debug)]
+pub enum Released<P> {
+    /// Placed on the fleet.
+    Placed(RequestId, Route),
+    /// Waiting for room.
+    Queued,
+    /// No instance takes it, or the fleet refused it.
+    Unplaced(Unplaced<P>),
+    Shed(Shed<P>),
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ControllerConfig {
@@ -128,6 +141,7 @@ impl Controller {
                 if let Some(v) = self.fleet.get_mut(instance) {
                     v.load = load;
                     v.routed_since_report = 0;
+                    v.prompt_since_report = 0;
                     let role = v.role;
                     if let Some(pd) = &mut self.pd {
                         pd.on_load(now, instance, role);
@@ -217,6 +231,7 @@ impl Controller {
             pd.on_routed(now, request.prompt_tokens);
         }
         v.routed_since_report += routed_tokens(request, v.role);
+        v.prompt_since_report += u64::from(request.prompt_tokens);
         v.in_flight += 1;
         Ok(Route { prefill: pick.instance, decode: pick.instance, why: pick.why })
     }
@@ -250,6 +265,55 @@ impl Controller {
         }
     }
 
+    /// Offers an arriving request to flow control ([`Flow`]): placed now (as
+    /// [`Controller::place`]) when it may go, else queued or shed.
+    pub fn offer<F: Fleet + ?Sized>(
+        &mut self,
+        flow: &mut Flow<F::Payload>,
+        fleet: &mut F,
+        now: Time,
+        request: Request,
+        payload: F::Payload,
+    ) -> Released<F::Payload> {
+        match flow.offer(now, request, payload, &self.fleet) {
+            Offer::Place(request, payload) => self.place_released(fleet, now, request, payload),
+            Offer::Queued => Released::Queued,
+            Offer::Shed(shed) => Released::Shed(shed),
+        }
+    }
+
+    /// Places queued requests while the fleet has room for them, and sheds those whose time
+    /// is up. A driver calls it after each step that may have made room (the fleet's news
+    /// fed) and at [`Flow::next_deadline`].
+    pub fn release<F: Fleet + ?Sized>(
+        &mut self,
+        flow: &mut Flow<F::Payload>,
+        fleet: &mut F,
+        now: Time,
+        out: &mut Vec<Released<F::Payload>>,
+    ) {
+        let mut shed = Vec::new();
+        flow.expire(now, &self.fleet, &mut shed);
+        out.extend(shed.into_iter().map(Released::Shed));
+        while let Some((request, payload)) = flow.next(now, &self.fleet) {
+            out.push(self.place_released(fleet, now, request, payload));
+        }
+    }
+
+    fn place_released<F: Fleet + ?Sized>(
+        &mut self,
+        fleet: &mut F,
+        now: Time,
+        request: Request,
+        payload: F::Payload,
+    ) -> Released<F::Payload> {
+        let id = request.id;
+        match self.place(fleet, now, request, payload, None) {
+            Ok(route) => Released::Placed(id, route),
+            Err(unplaced) => Released::Unplaced(unplaced),
+        }
+    }
+
     /// Takes back the accounting of the [`Controller::route`] just made for `request` (no
     /// other call in between): its instance's in-flight count and routed tokens, the prefill
     /// pool's inflow, and whatever the router remembered of the pick.
@@ -257,6 +321,7 @@ impl Controller {
         let v = self.fleet.get_mut(route.prefill).expect("unroute of a route to an unknown instance");
         let routed = routed_tokens(request, v.role);
         v.routed_since_report -= routed;
+        v.prompt_since_report -= u64::from(request.prompt_tokens);
         v.in_flight -= 1;
         if let (Role::Prefill, Some(pd)) = (v.role, &mut self.pd) {
             pd.on_unrouted(request.prompt_tokens);

@@ -16,12 +16,14 @@
 //! | `pairing` | choosing the decode instance of a request whose prefill ended |
 //! | `slo_load` | [`SloLoad`]: `Load_P` and `Load_D` from actual and predicted latency |
 //! | `autoscaler` | the [`Autoscaler`] trait, one file per scaling policy, and the registry |
+//! | `flow` | [`Flow`]: flow control ahead of routing (priority bands, tenants, shedding), one file per rule |
 //! | `params` | [`Params`]: each policy's tunable parameters, their ranges and the one check |
 
 pub mod autoscaler;
 pub mod controller;
 pub mod event;
 pub mod fleet;
+pub mod flow;
 pub mod pairing;
 pub mod params;
 pub mod pd;
@@ -31,9 +33,10 @@ pub mod slo_load;
 pub mod view;
 
 pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutoscaler};
-pub use controller::{Controller, ControllerConfig};
+pub use controller::{Controller, ControllerConfig, Released};
 pub use event::FleetEvent;
 pub use fleet::{Command, DispatchError, Fleet, PlaceError, Reject, Route, Unplaced};
+pub use flow::{Flow, FlowConfig, Shed, ShedReason, Targets};
 pub use pairing::TransferHints;
 pub use params::{Param, ParamError, Params, PolicyParams};
 pub use pd::{PdConfig, PdStatus, ScalingEvent};
@@ -47,5 +50,6 @@ pub fn catalog() -> Vec<PolicyParams> {
     let mut out = router::RouterConfig::catalog();
     out.push(PolicyParams::of("prefill-scheduler", "fair", &engine::FairPrefill::default()));
     out.extend(autoscaler::AutoscalerConfig::catalog());
+    out.extend(flow::FlowConfig::catalog());
     out
 }

@@ -433,6 +433,7 @@ mod tests {
             max_output_tokens: 10,
             block_hashes: Vec::new(),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         }
     }

@@ -51,6 +51,8 @@ pub struct InstanceView {
     /// Tokens (prompt plus output) of requests routed here since that report: the report
     /// cannot know them yet.
     pub routed_since_report: u64,
+    /// Prompt tokens of the requests routed here since that report.
+    pub prompt_since_report: u64,
     /// Requests routed here and not finished.
     pub in_flight: u32,
     /// Whether the instance has announced itself (a role or `up`); slots made for instances
@@ -218,6 +220,7 @@ impl FleetView {
                 capacity_tokens: 0,
                 load: Load::default(),
                 routed_since_report: 0,
+                prompt_since_report: 0,
                 in_flight: 0,
                 announced: false,
             }));

@@ -15,6 +15,7 @@ fn request(prompt: u32, output: u32) -> Request {
         max_output_tokens: output,
         block_hashes: Vec::new(),
         resume: None,
+        service: Default::default(),
         model: Default::default(),
     }
 }

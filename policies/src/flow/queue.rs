@@ -1,0 +1,282 @@
+//! [`Flow`]: where requests wait before routing, one band per class, one queue per tenant
+//! within a band. Generic over the driver's payload (the simulator's `()`, the live
+//! fleet's reply stream), which waits with its request.
+
+use super::{retry_after, Fairness, FlowConfig, FlowRule, Shed, ShedReason, Targets};
+use crate::router::CostHints;
+use crate::view::FleetView;
+use engine::{Request, TenantId, Time};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+/// What became of a request offered to flow control.
+#[derive(Debug)]
+pub enum Offer<P> {
+    /// Room now and nobody ahead: place it.
+    Place(Request, P),
+    /// It waits for room; [`Flow::next`] gives it back.
+    Queued,
+    Shed(Shed<P>),
+}
+
+/// Requests waiting for room, in bands of priority.
+#[derive(Debug)]
+pub struct Flow<P> {
+    rule: Option<Box<dyn FlowRule>>,
+    entries: Vec<Option<Entry<P>>>,
+    free: Vec<u32>,
+    next_seq: u64,
+    bands: [Band; 3],
+    /// When queued sheddable requests are shed (entries that left since are skipped).
+    shed_times: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    /// One instance's prefill rate, for retry-after.
+    prefill_tokens_per_s: f64,
+}
+
+#[derive(Debug)]
+struct Entry<P> {
+    seq: u64,
+    request: Request,
+    payload: P,
+}
+
+#[derive(Debug, Default)]
+struct Band {
+    /// Tenants with requests waiting (a tenant whose queue empties leaves).
+    tenants: BTreeMap<TenantId, TenantQueue>,
+    len: usize,
+    /// Prompt tokens waiting.
+    tokens: u64,
+    /// The tenant served last (round robin).
+    last: Option<TenantId>,
+}
+
+#[derive(Debug, Default)]
+struct TenantQueue {
+    /// Weighted tokens given to it (least attained service).
+    attained: f64,
+    /// (order, seq, slot) of its requests still on time.
+    on_time: BinaryHeap<Reverse<(i64, u64, u32)>>,
+    /// Those found late at the head, in the order found.
+    late: VecDeque<(u64, u32)>,
+    len: usize,
+}
+
+impl<P> Flow<P> {
+    pub fn new(config: &FlowConfig, hints: &CostHints, targets: [Targets; 3]) -> Flow<P> {
+        Flow {
+            rule: config.build(hints, targets),
+            entries: Vec::new(),
+            free: Vec::new(),
+            next_seq: 0,
+            bands: Default::default(),
+            shed_times: BinaryHeap::new(),
+            prefill_tokens_per_s: hints.prefill_tokens_per_s,
+        }
+    }
+
+    /// Whether any flow control is on (`none` places every request at once).
+    pub fn is_on(&self) -> bool {
+        self.rule.is_some()
+    }
+
+    pub fn rule_name(&self) -> &'static str {
+        self.rule.as_ref().map_or("none", |r| r.name())
+    }
+
+    /// Requests waiting, by [`Class::index`].
+    pub fn queued(&self) -> [usize; 3] {
+        [self.bands[0].len, self.bands[1].len, self.bands[2].len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.bands.iter().map(|b| b.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An arriving request: placed at once when its band and every higher one are empty and
+    /// the fleet has room; else queued, or shed.
+    pub fn offer(&mut self, now: Time, request: Request, payload: P, view: &FleetView) -> Offer<P> {
+        let Some(rule) = &self.rule else {
+            return Offer::Place(request, payload);
+        };
+        let class = request.service.class;
+        let b = class.index();
+        let ahead = self.bands[..=b].iter().any(|band| band.len > 0);
+        let room = !ahead && rule.has_room(view, &request);
+        if room {
+            return Offer::Place(request, payload);
+        }
+        let reason = if class.sheddable() && rule.shed_when_full() {
+            Some(ShedReason::Saturated { class })
+        } else if self.bands[b].len >= rule.queue_limit() {
+            Some(ShedReason::QueueFull { class, limit: rule.queue_limit() })
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            let retry_after = self.retry_after(b, view);
+            return Offer::Shed(Shed { request, payload, reason, retry_after });
+        }
+        let order = rule.order(&request);
+        let shed_at = rule.shed_at(&request);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let tenant = request.service.tenant;
+        let prompt = u64::from(request.prompt_tokens);
+        let slot = engine::slots::place(&mut self.entries, &mut self.free, Some(Entry { seq, request, payload }));
+        let band = &mut self.bands[b];
+        let floor = band.tenants.values().map(|t| t.attained).fold(f64::INFINITY, f64::min);
+        let queue = band.tenants.entry(tenant).or_insert_with(|| TenantQueue {
+            attained: if floor.is_finite() { floor } else { 0.0 },
+            ..TenantQueue::default()
+        });
+        queue.on_time.push(Reverse((order, seq, slot)));
+        queue.len += 1;
+        band.len += 1;
+        band.tokens += prompt;
+        if let Some(t) = shed_at {
+            self.shed_times.push(Reverse((t.max(now), seq, slot)));
+        }
+        Offer::Queued
+    }
+
+    /// The next request to place, if the fleet has room for it: the highest band with
+    /// requests waiting, its tenant by the rule's fairness, that tenant's first request.
+    pub fn next(&mut self, now: Time, view: &FleetView) -> Option<(Request, P)> {
+        let fairness = self.rule.as_ref()?.fairness();
+        let b = self.bands.iter().position(|band| band.len > 0)?;
+        let tenant = self.pick_tenant(b, fairness)?;
+        let slot = self.head(b, tenant, now)?;
+        let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
+        if !self.rule.as_ref()?.has_room(view, &entry.request) {
+            return None;
+        }
+        let entry = self.remove(slot);
+        let band = &mut self.bands[b];
+        band.last = Some(tenant);
+        if let (Fairness::LeastAttained { output_weight }, Some(q)) = (fairness, band.tenants.get_mut(&tenant)) {
+            let r = &entry.request;
+            q.attained += f64::from(r.prompt_tokens) + output_weight * f64::from(r.max_output_tokens);
+        }
+        Some((entry.request, entry.payload))
+    }
+
+    /// Sheds every queued request whose time to be shed has come.
+    pub fn expire(&mut self, now: Time, view: &FleetView, out: &mut Vec<Shed<P>>) {
+        while let Some(&Reverse((t, seq, slot))) = self.shed_times.peek() {
+            if t > now {
+                break;
+            }
+            self.shed_times.pop();
+            if !self.holds(seq, slot) {
+                continue;
+            }
+            let entry = self.remove(slot);
+            let class = entry.request.service.class;
+            let waited_ms = now.since(entry.request.arrival).0 / 1000;
+            let retry_after = self.retry_after(class.index(), view);
+            let reason = ShedReason::Waited { class, waited_ms };
+            out.push(Shed { request: entry.request, payload: entry.payload, reason, retry_after });
+        }
+    }
+
+    /// When [`Flow::expire`] has something to do next, if ever (possibly earlier: a request
+    /// that left may still be counted).
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.shed_times.peek().map(|Reverse((t, ..))| *t)
+    }
+
+    /// Takes out every queued request whose payload `gone` says is no longer wanted (its
+    /// client went away), in no particular order.
+    pub fn remove_where(&mut self, mut gone: impl FnMut(&P) -> bool) -> Vec<(Request, P)> {
+        let slots: Vec<u32> = (0..self.entries.len() as u32)
+            .filter(|&s| self.entries[s as usize].as_ref().is_some_and(|e| gone(&e.payload)))
+            .collect();
+        slots
+            .into_iter()
+            .map(|s| {
+                let e = self.remove(s);
+                (e.request, e.payload)
+            })
+            .collect()
+    }
+
+    fn holds(&self, seq: u64, slot: u32) -> bool {
+        self.entries.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| e.seq == seq)
+    }
+
+    fn pick_tenant(&self, b: usize, fairness: Fairness) -> Option<TenantId> {
+        let band = &self.bands[b];
+        match fairness {
+            Fairness::LeastAttained { .. } => {
+                let mut best: Option<(&TenantId, &TenantQueue)> = None;
+                for (id, q) in &band.tenants {
+                    if best.is_none_or(|(_, b)| q.attained < b.attained) {
+                        best = Some((id, q));
+                    }
+                }
+                best.map(|(id, _)| *id)
+            }
+            Fairness::RoundRobin => {
+                let after = band.last.and_then(|last| band.tenants.range(TenantId(last.0.saturating_add(1))..).next());
+                after.or_else(|| band.tenants.iter().next()).map(|(id, _)| *id)
+            }
+        }
+    }
+
+    /// The slot of `tenant`'s first request in band `b`: its first on-time one (moving those
+    /// found late behind), else its first late one.
+    fn head(&mut self, b: usize, tenant: TenantId, now: Time) -> Option<u32> {
+        let rule = self.rule.as_ref()?;
+        let queue = self.bands[b].tenants.get_mut(&tenant)?;
+        while let Some(&Reverse((_, seq, slot))) = queue.on_time.peek() {
+            let entry = match self.entries.get(slot as usize).and_then(Option::as_ref) {
+                Some(e) if e.seq == seq => e,
+                _ => {
+                    queue.on_time.pop();
+                    continue;
+                }
+            };
+            if rule.late_at(&entry.request).is_some_and(|t| t < now) {
+                queue.on_time.pop();
+                queue.late.push_back((seq, slot));
+                continue;
+            }
+            return Some(slot);
+        }
+        while let Some(&(seq, slot)) = queue.late.front() {
+            if self.entries.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| e.seq == seq) {
+                return Some(slot);
+            }
+            queue.late.pop_front();
+        }
+        None
+    }
+
+    /// Takes a queued request out of the queues' counts (its heap entries become stale).
+    fn remove(&mut self, slot: u32) -> Entry<P> {
+        let entry = self.entries[slot as usize].take().expect("a queued slot");
+        self.free.push(slot);
+        let band = &mut self.bands[entry.request.service.class.index()];
+        band.len -= 1;
+        band.tokens -= u64::from(entry.request.prompt_tokens);
+        let tenant = entry.request.service.tenant;
+        if let Some(q) = band.tenants.get_mut(&tenant) {
+            q.len -= 1;
+            if q.len == 0 {
+                band.tenants.remove(&tenant);
+            }
+        }
+        entry
+    }
+
+    fn retry_after(&self, b: usize, view: &FleetView) -> engine::Dur {
+        let ahead: u64 = self.bands[..=b].iter().map(|band| band.tokens).sum();
+        let rate = view.serving_count() as f64 * self.prefill_tokens_per_s;
+        retry_after(ahead, rate)
+    }
+}

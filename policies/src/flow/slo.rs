@@ -1,0 +1,187 @@
+//! `slo`: flow control sized by the SLO, in predicted seconds rather than request counts.
+//!
+//! **Room.** An instance has room for a request of class `c` when, with `h(c)` the class's
+//! headroom (1 for interactive, `standard_headroom`, `batch_headroom`) and the tightest
+//! targets among the classes:
+//!
+//! ```text
+//! queue_s  = (prefill tokens left in its last report + prompt tokens routed since) / R
+//!          ≤ h(c) × queue_share × TTFT target
+//! kv_share = (KV in use + tokens routed since) / KV capacity ≤ h(c) × kv_share
+//! step_s   = D(in flight + 1, KV tokens + prompt) ≤ h(c) × step_share × TPOT target
+//!            (colocated and decode instances; a prefill instance decodes nothing)
+//! ```
+//!
+//! and has not paused admission; an instance holding nothing of ours always has room (a
+//! stale report cannot hold the queue forever). The fleet has room when one candidate
+//! instance does. Lower headroom for lower classes keeps a margin free that only
+//! interactive work can take, so a burst of it finds short queues and free KV although
+//! batch work keeps the fleet busy. `R` and `D` are the cost model's (see
+//! [`CostHints`]); routed-since counts are the controller's own, so a burst released
+//! between two reports does not overrun the limits as a report-only rule would.
+//!
+//! **Order.** Least slack first: a request's latest start is its due time (its deadline,
+//! else arrival + its class's TTFT target) less its predicted prefill (`prompt / R`).
+//! Once that has passed it is late, and goes behind the band's requests that can still be
+//! served in time (serving the late ones first would make every request late under a
+//! sustained overload).
+//!
+//! **Fairness.** Least attained service over weighted tokens between the tenants of a band
+//! (see [`Fairness::LeastAttained`]).
+//!
+//! **Shedding.** Sheddable (batch) requests wait at most `batch_max_wait_s`, and not past
+//! their deadline's latest start; then they are shed with a retry-after.
+
+use super::{Fairness, FlowRule, Targets};
+use crate::router::CostHints;
+use crate::view::{FleetView, Role};
+use engine::{Class, Dur, Request, Time};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SloFlowConfig {
+    /// Share of the TTFT target an instance's predicted queue may reach.
+    pub queue_share: f64,
+    /// Share of the TPOT target its predicted decode step may reach.
+    pub step_share: f64,
+    /// Share of its KV that may be in use.
+    pub kv_share: f64,
+    /// The limits' share standard requests may fill.
+    pub standard_headroom: f64,
+    /// The limits' share batch requests may fill.
+    pub batch_headroom: f64,
+    /// Longest a batch request waits for room before it is shed.
+    pub batch_max_wait: Dur,
+    /// An output token's weight against a prompt token in a tenant's attained service.
+    pub output_weight: f64,
+    /// Requests one band's queue holds at most.
+    pub queue_limit: u32,
+}
+
+impl Default for SloFlowConfig {
+    fn default() -> Self {
+        SloFlowConfig {
+            queue_share: 0.25,
+            step_share: 0.8,
+            kv_share: 0.9,
+            standard_headroom: 0.9,
+            batch_headroom: 0.7,
+            batch_max_wait: Dur::from_secs_f64(60.0),
+            output_weight: 4.0,
+            queue_limit: 100_000,
+        }
+    }
+}
+
+crate::params!(SloFlowConfig, "slo", {
+    queue_share: float above 0.0 ..= 4.0, "share of the TTFT target an instance's predicted prefill queue may reach before it has no room";
+    step_share: float above 0.0 ..= 4.0, "share of the TPOT target its predicted decode step may reach";
+    kv_share: float above 0.0 ..= 1.0, "share of its KV that may be in use";
+    standard_headroom: float above 0.0 ..= 1.0, "share of those limits standard requests may fill (interactive: all)";
+    batch_headroom: float above 0.0 ..= 1.0, "share of those limits batch requests may fill";
+    batch_max_wait: seconds from 0.0 ..= 86400.0, "longest a batch request waits for room before it is shed";
+    output_weight: float from 0.0 ..= 64.0, "an output token's weight against a prompt token in a tenant's attained service";
+    queue_limit: integer from 1.0 ..= 10000000.0, "requests one band's queue holds at most";
+});
+
+#[derive(Debug)]
+pub struct SloFlow {
+    config: SloFlowConfig,
+    hints: CostHints,
+    targets: [Targets; 3],
+    /// The tightest targets among the classes, in seconds.
+    ttft_s: f64,
+    tpot_s: f64,
+}
+
+impl SloFlow {
+    pub fn new(config: SloFlowConfig, hints: CostHints, targets: [Targets; 3]) -> SloFlow {
+        let ttft_s = targets.iter().map(|t| t.ttft.as_secs_f64()).fold(f64::INFINITY, f64::min);
+        let tpot_s = targets.iter().map(|t| t.tpot.as_secs_f64()).fold(f64::INFINITY, f64::min);
+        SloFlow { config, hints, targets, ttft_s, tpot_s }
+    }
+
+    fn headroom(&self, class: Class) -> f64 {
+        match class {
+            Class::Interactive => 1.0,
+            Class::Standard => self.config.standard_headroom,
+            Class::Batch => self.config.batch_headroom,
+        }
+    }
+
+    fn prefill(&self, request: &Request) -> Dur {
+        Dur::from_secs_f64(f64::from(request.prompt_tokens) / self.hints.prefill_tokens_per_s)
+    }
+
+    /// The latest time its prefill may start and still meet its due time.
+    fn latest_start(&self, request: &Request) -> Time {
+        let due =
+            request.service.deadline(request.arrival).unwrap_or(request.arrival + self.targets[request.service.class.index()].ttft);
+        Time(due.0.saturating_sub(self.prefill(request).0))
+    }
+}
+
+impl FlowRule for SloFlow {
+    fn name(&self) -> &'static str {
+        "slo"
+    }
+
+    fn has_room(&self, view: &FleetView, request: &Request) -> bool {
+        let (c, h) = (&self.config, &self.hints);
+        let share = self.headroom(request.service.class);
+        let queue_limit_s = share * c.queue_share * self.ttft_s;
+        let step_limit_us = share * c.step_share * self.tpot_s * 1e6;
+        let kv_limit = share * c.kv_share;
+        let bs = u64::from(h.block_size);
+        view.candidates(request).any(|v| {
+            if v.in_flight == 0 {
+                return true;
+            }
+            if v.admission_paused() {
+                return false;
+            }
+            let queue_s = (v.load.prefill_tokens_left + v.prompt_since_report) as f64 / h.prefill_tokens_per_s;
+            let kv_tokens = u64::from(v.load.kv_used_blocks) * bs + v.routed_since_report;
+            let kv_capacity = match v.load.kv_total_blocks {
+                0 => v.capacity_tokens,
+                n => u64::from(n) * bs,
+            };
+            let kv_ok = kv_tokens as f64 <= kv_limit * kv_capacity as f64;
+            let step_ok = v.role == Role::Prefill
+                || h.decode
+                    .step_us(f64::from(v.in_flight) + 1.0, (kv_tokens + u64::from(request.prompt_tokens)) as f64)
+                    <= step_limit_us;
+            queue_s <= queue_limit_s && kv_ok && step_ok
+        })
+    }
+
+    fn order(&self, request: &Request) -> i64 {
+        self.latest_start(request).0 as i64
+    }
+
+    fn late_at(&self, request: &Request) -> Option<Time> {
+        Some(self.latest_start(request))
+    }
+
+    fn shed_at(&self, request: &Request) -> Option<Time> {
+        if !request.service.class.sheddable() {
+            return None;
+        }
+        let waited = request.arrival + self.config.batch_max_wait;
+        Some(match request.service.deadline_ms {
+            Some(_) => waited.min(self.latest_start(request)),
+            None => waited,
+        })
+    }
+
+    fn shed_when_full(&self) -> bool {
+        false
+    }
+
+    fn fairness(&self) -> Fairness {
+        Fairness::LeastAttained { output_weight: self.config.output_weight }
+    }
+
+    fn queue_limit(&self) -> usize {
+        self.config.queue_limit as usize
+    }
+}

@@ -1,0 +1,231 @@
+//! Flow control: priority, fairness, shedding, and every request ending exactly once.
+
+use super::*;
+use crate::controller::{Controller, ControllerConfig, Released};
+use crate::fleet::{DispatchError, Fleet, Route};
+use crate::{Command, FleetEvent};
+use engine::{InstanceId, Load, RequestId, Service, TenantId};
+use proptest::prelude::*;
+
+/// A fleet that takes every request and remembers the order.
+#[derive(Default)]
+struct Recording {
+    placed: Vec<u64>,
+}
+
+impl Fleet for Recording {
+    type Payload = ();
+
+    fn dispatch(&mut self, _: Time, r: Request, _: (), _: &Route) -> Result<(), (DispatchError, Request, ())> {
+        self.placed.push(r.id.0);
+        Ok(())
+    }
+
+    fn apply(&mut self, _: Time, _: &Command) {}
+
+    fn poll_events(&mut self, _: &mut Vec<FleetEvent>) {}
+}
+
+fn request(id: u64, at_ms: u64, class: Class, tenant: u32) -> Request {
+    Request {
+        id: RequestId(id),
+        arrival: Time::from_millis(at_ms),
+        prompt_tokens: 1_000,
+        max_output_tokens: 100,
+        block_hashes: Vec::new(),
+        resume: None,
+        model: Default::default(),
+        service: Service { class, tenant: TenantId(tenant), ..Service::default() },
+    }
+}
+
+const TARGETS: [Targets; 3] = [
+    Targets { ttft: Dur(1_000_000), tpot: Dur(100_000) },
+    Targets { ttft: Dur(2_000_000), tpot: Dur(100_000) },
+    Targets { ttft: Dur(30_000_000), tpot: Dur(200_000) },
+];
+
+fn setup(config: FlowConfig) -> (Controller, Flow<()>, Recording) {
+    let hints = CostHints::default();
+    let mut c =
+        Controller::new(&ControllerConfig { router: "least-outstanding".parse().expect("a router"), seed: 1, hints });
+    c.on_event(Time::ZERO, &FleetEvent::InstanceUp { instance: InstanceId(0), capacity_tokens: 1_000_000 });
+    (c, Flow::new(&config, &hints, TARGETS), Recording::default())
+}
+
+/// The one instance reports a long prefill queue (or none).
+fn report(c: &mut Controller, busy: bool) {
+    let load = Load {
+        prefill_tokens_left: if busy { 1_000_000 } else { 0 },
+        waiting: if busy { 50 } else { 0 },
+        kv_total_blocks: 10_000,
+        ..Load::default()
+    };
+    c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(0), load });
+}
+
+fn placed(out: &[Released<()>]) -> Vec<u64> {
+    out.iter().filter_map(|r| if let Released::Placed(id, _) = r { Some(id.0) } else { None }).collect()
+}
+
+#[test]
+fn no_flow_control_places_every_request_at_once() {
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::None);
+    report(&mut c, true);
+    for id in 0..5 {
+        let r = c.offer(&mut flow, &mut fleet, Time::ZERO, request(id, 0, Class::Batch, 0), ());
+        assert!(matches!(r, Released::Placed(..)), "{r:?}");
+    }
+    assert!(flow.is_empty());
+}
+
+/// Batch work queued first; an interactive request arriving later goes first once there
+/// is room; standard before batch.
+#[test]
+fn a_higher_class_overtakes_the_queued_lower_classes() {
+    for config in [FlowConfig::Slo(SloFlowConfig::default()), FlowConfig::LlmD(LlmDFlowConfig::default())] {
+        let (mut c, mut flow, mut fleet) = setup(config);
+        // One request in flight so that a report counts.
+        c.offer(&mut flow, &mut fleet, Time::ZERO, request(0, 0, Class::Interactive, 0), ());
+        report(&mut c, true);
+        let batch = if config.name() == "llm-d" { Class::Standard } else { Class::Batch };
+        for id in 1..4 {
+            let r = c.offer(&mut flow, &mut fleet, Time::from_millis(id), request(id, id, batch, 0), ());
+            assert!(matches!(r, Released::Queued), "{}: {r:?}", config.name());
+        }
+        c.offer(&mut flow, &mut fleet, Time::from_millis(5), request(4, 5, Class::Standard, 0), ());
+        c.offer(&mut flow, &mut fleet, Time::from_millis(6), request(5, 6, Class::Interactive, 0), ());
+        assert_eq!(flow.len(), 5);
+        report(&mut c, false);
+        let mut out = Vec::new();
+        c.release(&mut flow, &mut fleet, Time::from_millis(10), &mut out);
+        let order = placed(&out);
+        assert_eq!(order[0], 5, "{}: interactive first: {order:?}", config.name());
+        if batch == Class::Batch {
+            assert_eq!(order, [5, 4, 1, 2, 3], "{}: then standard, then batch", config.name());
+        }
+    }
+}
+
+/// llm-d refuses a sheddable request at once when saturated; ours queues it and sheds it
+/// after its longest wait, with a retry-after.
+#[test]
+fn sheddable_work_is_shed_when_the_fleet_is_saturated() {
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::LlmD(LlmDFlowConfig::default()));
+    c.offer(&mut flow, &mut fleet, Time::ZERO, request(0, 0, Class::Standard, 0), ());
+    report(&mut c, true);
+    let r = c.offer(&mut flow, &mut fleet, Time::ZERO, request(1, 0, Class::Batch, 0), ());
+    let Released::Shed(shed) = r else { panic!("{r:?}") };
+    assert_eq!(shed.reason, ShedReason::Saturated { class: Class::Batch });
+    assert!(shed.retry_after >= Dur::from_secs_f64(1.0));
+
+    let config = SloFlowConfig { batch_max_wait: Dur::from_secs_f64(5.0), ..SloFlowConfig::default() };
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+    c.offer(&mut flow, &mut fleet, Time::ZERO, request(0, 0, Class::Standard, 0), ());
+    report(&mut c, true);
+    let r = c.offer(&mut flow, &mut fleet, Time::ZERO, request(1, 0, Class::Batch, 0), ());
+    assert!(matches!(r, Released::Queued), "{r:?}");
+    assert_eq!(flow.next_deadline(), Some(Time::from_millis(5_000)));
+    let mut out = Vec::new();
+    c.release(&mut flow, &mut fleet, Time::from_millis(4_999), &mut out);
+    assert!(out.is_empty());
+    c.release(&mut flow, &mut fleet, Time::from_millis(5_000), &mut out);
+    let [Released::Shed(shed)] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(shed.reason, ShedReason::Waited { class: Class::Batch, waited_ms: 5_000 });
+    assert!(flow.is_empty());
+}
+
+#[test]
+fn a_full_band_refuses_with_its_limit() {
+    let config = SloFlowConfig { queue_limit: 2, ..SloFlowConfig::default() };
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+    c.offer(&mut flow, &mut fleet, Time::ZERO, request(0, 0, Class::Standard, 0), ());
+    report(&mut c, true);
+    for id in 1..3 {
+        assert!(matches!(
+            c.offer(&mut flow, &mut fleet, Time::ZERO, request(id, 0, Class::Standard, 0), ()),
+            Released::Queued
+        ));
+    }
+    let r = c.offer(&mut flow, &mut fleet, Time::ZERO, request(3, 0, Class::Standard, 0), ());
+    let Released::Shed(shed) = r else { panic!("{r:?}") };
+    assert_eq!(shed.reason, ShedReason::QueueFull { class: Class::Standard, limit: 2 });
+    assert_eq!(shed.reason.code(), "queue_full");
+}
+
+/// A heavy tenant queues ten requests, then a light one queues one: least attained service
+/// serves the light one second, not eleventh.
+#[test]
+fn a_light_tenant_is_not_stuck_behind_a_heavy_one() {
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(SloFlowConfig::default()));
+    c.offer(&mut flow, &mut fleet, Time::ZERO, request(0, 0, Class::Standard, 1), ());
+    report(&mut c, true);
+    for id in 1..11 {
+        c.offer(&mut flow, &mut fleet, Time::from_millis(id), request(id, id, Class::Standard, 1), ());
+    }
+    c.offer(&mut flow, &mut fleet, Time::from_millis(20), request(99, 20, Class::Standard, 2), ());
+    let mut order = Vec::new();
+    for _ in 0..11 {
+        // Room for one request at a time.
+        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+        report(&mut c, false);
+        let mut out = Vec::new();
+        while let Some((r, ())) = flow.next(Time::from_millis(30), c.fleet()) {
+            out.push(r.id.0);
+            report(&mut c, true);
+        }
+        order.extend(out);
+    }
+    assert_eq!(order.len(), 11);
+    let light = order.iter().position(|&id| id == 99).expect("released");
+    assert!(light <= 1, "the light tenant's request came {light}th: {order:?}");
+}
+
+proptest! {
+    /// Whatever arrives and whenever room comes, every request offered ends exactly once:
+    /// placed or shed; the queues end empty once the fleet has room for good.
+    #[test]
+    fn every_offered_request_ends_exactly_once(
+        arrivals in proptest::collection::vec((0u64..20_000, 0usize..3, 0u32..4, any::<bool>()), 1..80),
+        rule in 0usize..3,
+        max_wait_s in 0.0f64..10.0,
+    ) {
+        let config = match rule {
+            0 => FlowConfig::None,
+            1 => FlowConfig::Slo(SloFlowConfig { batch_max_wait: Dur::from_secs_f64(max_wait_s), queue_limit: 20, ..SloFlowConfig::default() }),
+            _ => FlowConfig::LlmD(LlmDFlowConfig { queue_limit: 20, ..LlmDFlowConfig::default() }),
+        };
+        let (mut c, mut flow, mut fleet) = setup(config);
+        let mut arrivals = arrivals;
+        arrivals.sort_by_key(|a| a.0);
+        let mut ended = std::collections::BTreeMap::<u64, u32>::new();
+        let mut out = Vec::new();
+        let settle = |out: &mut Vec<Released<()>>, ended: &mut std::collections::BTreeMap<u64, u32>| {
+            for r in out.drain(..) {
+                match r {
+                    Released::Placed(id, _) => *ended.entry(id.0).or_default() += 1,
+                    Released::Shed(s) => *ended.entry(s.request.id.0).or_default() += 1,
+                    Released::Unplaced(u) => *ended.entry(u.request.id.0).or_default() += 1,
+                    Released::Queued => {}
+                }
+            }
+        };
+        for (id, &(at, class, tenant, busy)) in arrivals.iter().enumerate() {
+            let now = Time::from_millis(at);
+            report(&mut c, busy);
+            let r = c.offer(&mut flow, &mut fleet, now, request(id as u64, at, Class::ALL[class], tenant), ());
+            out.push(r);
+            c.release(&mut flow, &mut fleet, now, &mut out);
+            settle(&mut out, &mut ended);
+        }
+        report(&mut c, false);
+        let end = Time::from_millis(1_000_000);
+        while !flow.is_empty() {
+            c.release(&mut flow, &mut fleet, end, &mut out);
+            settle(&mut out, &mut ended);
+            report(&mut c, false);
+        }
+        prop_assert_eq!(ended.len(), arrivals.len());
+        prop_assert!(ended.values().all(|&n| n == 1), "{:?}", ended);
+    }
+}
