@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use cost::{CpMode, UnknownName};
 use simulator::policy_file::PolicyFile;
+use simulator::scenario::flow::{FlowEntry, FlowSection};
 use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{
     FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection,
@@ -85,6 +86,13 @@ pub struct SimFlags {
     /// protection, `NAME@dspark` / `@nospec` with or without a drafter (variants join with `+`).
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub router: Option<Vec<String>>,
+
+    /// Flow control at the controller, each rule a run of every router: `none`, `slo` (ours:
+    /// priority bands, least attained service between tenants, room by predicted queue,
+    /// decode step and KV; engines admit by class) or `llm-d` (llm-d's flow control); see
+    /// [flow] in a scenario for parameters [default: none, and no flow runs named].
+    #[arg(long, value_name = "RULE[,RULE...]", value_delimiter = ',')]
+    pub flow: Option<Vec<String>>,
 
     /// Seed of every random choice (synthetic arrivals, power-of-two draws) [default: 42].
     /// The same seed and inputs give byte-identical JSON.
@@ -251,6 +259,7 @@ impl SimFlags {
                 max_requests: self.max_requests,
                 synthetic: None,
                 phased: None,
+                classes: None,
             },
             slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
             kv: KvSection {
@@ -278,6 +287,7 @@ impl SimFlags {
                 xpyd: self.xpyd.clone(),
                 ..PoolsSection::default()
             },
+            flow: FlowSection { rules: self.flow.as_ref().map(|r| r.iter().cloned().map(FlowEntry::Name).collect()) },
         }
     }
 

@@ -93,6 +93,7 @@ fn serve_in_turn(
             max_output_tokens: output,
             block_hashes: block_hashes(p, exec.block_size()),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         };
         inst.enqueue(now, req).expect("request fits");
@@ -205,6 +206,7 @@ fn chunked(dir: &str, out: &str) -> Res {
                     max_output_tokens: 1,
                     block_hashes: block_hashes(&q, exec.block_size()),
                     resume: None,
+                    service: Default::default(),
                     model: Default::default(),
                 };
                 fresh.enqueue(Time::ZERO, req).map_err(|e| format!("{:?}", e.0))?;
@@ -309,6 +311,7 @@ fn serve_together(exec: &mut CudaExecutor, inst: &mut Instance, prompts: &[(u64,
             max_output_tokens: output,
             block_hashes: block_hashes(p, exec.block_size()),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         };
         inst.enqueue(Time::ZERO, req).map_err(|e| format!("{:?}", e.0))?;

@@ -64,6 +64,7 @@ fn serve(exec: &mut CudaExecutor, prompts: &[Vec<u32>], output: u32, max_batch_t
             max_output_tokens: output,
             block_hashes: block_hashes(p, exec.block_size()),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         };
         inst.enqueue(Time::ZERO, req).unwrap();
@@ -492,6 +493,7 @@ fn request(id: u64, prompt: &[u32], output: u32, block_size: u32) -> Request {
         max_output_tokens: output,
         block_hashes: block_hashes(prompt, block_size),
         resume: None,
+        service: Default::default(),
         model: Default::default(),
     }
 }

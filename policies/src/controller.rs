@@ -27,7 +27,11 @@ use engine::{InstanceId, Request, RequestId, Time};
 #[derive(Debug)]
 pub enum Released<P> {
     /// Placed on the fleet.
-    Placed(RequestId, Route),
+    Placed {
+        id: RequestId,
+        prompt_tokens: u32,
+        route: Route,
+    },
     /// Waiting for room.
     Queued,
     /// No instance takes it, or the fleet refused it.
@@ -307,9 +311,9 @@ impl Controller {
         request: Request,
         payload: F::Payload,
     ) -> Released<F::Payload> {
-        let id = request.id;
+        let (id, prompt_tokens) = (request.id, request.prompt_tokens);
         match self.place(fleet, now, request, payload, None) {
-            Ok(route) => Released::Placed(id, route),
+            Ok(route) => Released::Placed { id, prompt_tokens, route },
             Err(unplaced) => Released::Unplaced(unplaced),
         }
     }

@@ -649,6 +649,7 @@ mod tests {
             max_output_tokens: output,
             block_hashes,
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         }
     }

@@ -22,7 +22,9 @@ use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timelin
 use crate::workload::{Arrival, Workload, WorkloadError};
 use cost::{CostModel, CostModelExecutor, Drafter};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
-use policies::{Controller, ControllerConfig, Fleet, FleetEvent, RouterConfig, Unplaced};
+use policies::{
+    Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, Released, RouterConfig, Targets, Unplaced,
+};
 use serde::{Deserialize, Serialize};
 
 /// Everything one run needs besides its workload.
@@ -61,6 +63,13 @@ pub struct SimConfig {
     /// The share of a shared GPU's time left to steps while several overlap (context switches
     /// cost the rest).
     pub gpu_share_efficiency: f64,
+    /// Flow control at the controller (`None`: every request placed as it arrives).
+    pub flow: FlowConfig,
+    /// Each class's SLO, by [`engine::Class::index`]; `None`: one SLO for all, no per-class
+    /// report.
+    pub class_slos: Option<[Slo; 3]>,
+    /// Tenants' names by id, for the per-tenant report (empty: none).
+    pub tenants: Vec<String>,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -150,12 +159,17 @@ fn drive<S: Stopwatch>(
         let t_fleet = run.fleet.next_time();
         let t_tick = run.controller.next_deadline();
         let earliest = [t_arrival, t_fleet].into_iter().flatten().min();
+        // Flow control sheds queued requests on time even when nothing else happens.
+        let shed_due = run.flow.next_deadline().filter(|&t| earliest.is_none_or(|e| t <= e));
         // With nothing else to come, ticks matter only while requests wait in the fleet for
         // the controller (handoffs waiting for a decode instance).
         let tick_due = t_tick.filter(|&t| earliest.map_or(run.fleet.in_flight() > 0, |e| t <= e));
         if let Some(t) = tick_due {
             run.tick(t, earliest.is_none());
             watch.lap(Phase::Controller);
+        } else if let Some(t) = shed_due {
+            run.now = run.now.max(t);
+            run.release(watch);
         } else if t_arrival.is_some_and(|a| t_fleet.is_none_or(|f| a <= f)) {
             let a = next.take().expect("an arrival is due");
             run.arrive(a, watch);
@@ -175,6 +189,7 @@ fn drive<S: Stopwatch>(
         run.settle(watch);
     }
     progress(Progress { arrivals: run.arrivals, now: run.now });
+    assert!(run.flow.is_empty(), "the run ended with {} requests queued by flow control", run.flow.len());
     Ok(run.finish())
 }
 
@@ -182,6 +197,9 @@ fn drive<S: Stopwatch>(
 struct Run<'c> {
     config: &'c SimConfig,
     controller: Controller,
+    /// Requests waiting for room at the controller (flow control).
+    flow: Flow<()>,
+    released: Vec<Released<()>>,
     fleet: SimFleet,
     metrics: Metrics,
     timeline: Option<Timeline>,
@@ -228,11 +246,19 @@ impl<'c> Run<'c> {
         if controller.wants_latencies() {
             fleet.report_latencies();
         }
+        let slos = config.class_slos.unwrap_or([config.slo; 3]);
+        let targets = slos
+            .map(|s| Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) });
         let mut run = Run {
             config,
+            flow: Flow::new(&config.flow, &hints, targets),
+            released: Vec::new(),
             controller,
             fleet,
-            metrics: Metrics::new(config.slo),
+            metrics: match config.class_slos {
+                Some(slos) => Metrics::with_classes(config.slo, slos, &config.tenants),
+                None => Metrics::new(config.slo),
+            },
             timeline: config.timeline.map(|w| Timeline::new(w, config.slo)),
             bound: config.infinite_cache_bound.then(InfiniteCacheBound::default),
             decisions: Vec::new(),
@@ -282,6 +308,7 @@ impl<'c> Run<'c> {
             max_output_tokens: a.output_tokens,
             block_hashes: a.block_hashes,
             resume: None,
+            service: a.service,
             model: Default::default(),
         };
         self.arrivals += 1;
@@ -289,9 +316,16 @@ impl<'c> Run<'c> {
             b.observe(&request, self.config.instance.block_size);
         }
         watch.lap(Phase::Metrics);
-        let (id, prompt_tokens) = (request.id, request.prompt_tokens);
-        match self.controller.place(&mut self.fleet, self.now, request, (), None) {
-            Ok(route) => {
+        let r = self.controller.offer(&mut self.flow, &mut self.fleet, self.now, request, ());
+        self.outcome(r);
+        watch.lap(Phase::Routing);
+    }
+
+    /// What became of a request offered or released: a decision kept now and then, a
+    /// refusal or a shed counted.
+    fn outcome(&mut self, r: Released<()>) {
+        match r {
+            Released::Placed { id, prompt_tokens, route } => {
                 if id.0.is_multiple_of(DECISION_EVERY) && self.decisions.len() < DECISIONS_KEPT {
                     self.decisions.push(Decision {
                         request: id,
@@ -302,8 +336,26 @@ impl<'c> Run<'c> {
                     });
                 }
             }
-            Err(Unplaced { error, request, .. }) => self.refused(request, error.to_string(), None),
+            Released::Queued => {}
+            Released::Unplaced(Unplaced { error, request, .. }) => self.refused(request, error.to_string(), None),
+            Released::Shed(shed) => {
+                self.metrics.record_shed(&shed.request);
+                self.spare.push(shed.request.block_hashes);
+            }
         }
+    }
+
+    /// Flow control's turn: queued requests placed while there is room, the expired shed.
+    fn release<S: Stopwatch>(&mut self, watch: &mut S) {
+        if !self.flow.is_on() {
+            return;
+        }
+        let mut released = std::mem::take(&mut self.released);
+        self.controller.release(&mut self.flow, &mut self.fleet, self.now, &mut released);
+        for r in released.drain(..) {
+            self.outcome(r);
+        }
+        self.released = released;
         watch.lap(Phase::Routing);
     }
 
@@ -351,6 +403,7 @@ impl<'c> Run<'c> {
             watch.lap(Phase::Routing);
         }
         self.evicted = evicted;
+        self.release(watch);
         if cfg!(any(test, feature = "invariants")) {
             self.fleet.check_view(self.controller.fleet());
             assert_eq!(
@@ -441,7 +494,13 @@ mod tests {
     }
 
     fn arrival(at_ms: u64, prompt_tokens: u32) -> Arrival {
-        Arrival { at: Time(at_ms * 1000), prompt_tokens, output_tokens: 8, block_hashes: Vec::new() }
+        Arrival {
+            at: Time(at_ms * 1000),
+            prompt_tokens,
+            output_tokens: 8,
+            block_hashes: Vec::new(),
+            service: Default::default(),
+        }
     }
 
     fn config(router: &str) -> SimConfig {

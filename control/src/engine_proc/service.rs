@@ -79,6 +79,7 @@ impl Engine for EngineService {
             max_output_tokens: g.max_tokens - generated,
             block_hashes: engine::block_hashes(&prompt, self.info.block_size),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         };
         let (out, rx) = mpsc::unbounded_channel();
@@ -126,6 +127,7 @@ impl Engine for EngineService {
                 paused_wait: Dur::ZERO,
                 evictions: 0,
             })),
+            service: Default::default(),
             model: Default::default(),
         };
         let (out, rx) = mpsc::unbounded_channel();

@@ -364,6 +364,7 @@ async fn serve(
             max_output_tokens: parsed.max_tokens,
             block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
+            service: Default::default(),
             model,
         };
         hub.prefixes.record(&request.block_hashes, block_size);

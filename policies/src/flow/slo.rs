@@ -114,8 +114,10 @@ impl SloFlow {
 
     /// The latest time its prefill may start and still meet its due time.
     fn latest_start(&self, request: &Request) -> Time {
-        let due =
-            request.service.deadline(request.arrival).unwrap_or(request.arrival + self.targets[request.service.class.index()].ttft);
+        let due = request
+            .service
+            .deadline(request.arrival)
+            .unwrap_or(request.arrival + self.targets[request.service.class.index()].ttft);
         Time(due.0.saturating_sub(self.prefill(request).0))
     }
 }

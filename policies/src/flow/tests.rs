@@ -65,7 +65,7 @@ fn report(c: &mut Controller, busy: bool) {
 }
 
 fn placed(out: &[Released<()>]) -> Vec<u64> {
-    out.iter().filter_map(|r| if let Released::Placed(id, _) = r { Some(id.0) } else { None }).collect()
+    out.iter().filter_map(|r| if let Released::Placed { id, .. } = r { Some(id.0) } else { None }).collect()
 }
 
 #[test]
@@ -74,7 +74,7 @@ fn no_flow_control_places_every_request_at_once() {
     report(&mut c, true);
     for id in 0..5 {
         let r = c.offer(&mut flow, &mut fleet, Time::ZERO, request(id, 0, Class::Batch, 0), ());
-        assert!(matches!(r, Released::Placed(..)), "{r:?}");
+        assert!(matches!(r, Released::Placed { .. }), "{r:?}");
     }
     assert!(flow.is_empty());
 }
@@ -203,7 +203,7 @@ proptest! {
         let settle = |out: &mut Vec<Released<()>>, ended: &mut std::collections::BTreeMap<u64, u32>| {
             for r in out.drain(..) {
                 match r {
-                    Released::Placed(id, _) => *ended.entry(id.0).or_default() += 1,
+                    Released::Placed { id, .. } => *ended.entry(id.0).or_default() += 1,
                     Released::Shed(s) => *ended.entry(s.request.id.0).or_default() += 1,
                     Released::Unplaced(u) => *ended.entry(u.request.id.0).or_default() += 1,
                     Released::Queued => {}

@@ -31,7 +31,7 @@
 //! finished requests; rates (goodput, throughput) and GPU-hours are taken over that span.
 
 use crate::slo::Slo;
-use engine::{Dur, Finished, Request, Time};
+use engine::{Class, Dur, Finished, Request, Time};
 use hdrhistogram::Histogram;
 
 /// Largest latency the histograms resolve (about 11.6 days); larger values saturate to it.
@@ -56,7 +56,7 @@ mod summary;
 #[cfg(test)]
 mod tests;
 
-pub use summary::{FleetCost, HitRateByTier, Percentiles, SpeculationReport, Summary, TokenThroughput};
+pub use summary::{FleetCost, GroupSummary, HitRateByTier, Percentiles, SpeculationReport, Summary, TokenThroughput};
 
 /// Collects one run's metrics in fixed memory; see the module doc for the definitions.
 #[derive(Clone, Debug)]
@@ -91,6 +91,19 @@ pub struct Metrics {
     first_arrival: Option<Time>,
     /// Latest finish among finished requests; `None` until the first one.
     last_finish: Option<Time>,
+    /// Requests flow control shed (they count as rejected too).
+    shed: u64,
+    /// Each class's SLO, when requests are held to their class's targets.
+    class_slos: Option<[Slo; 3]>,
+    /// The same metrics per class and per tenant (runs with classes only).
+    groups: Option<Box<Groups>>,
+}
+
+/// Metrics of each class and each tenant apart.
+#[derive(Clone, Debug)]
+struct Groups {
+    classes: [Metrics; 3],
+    tenants: Vec<(String, Metrics)>,
 }
 
 impl Metrics {
@@ -123,7 +136,36 @@ impl Metrics {
             yields: 0,
             first_arrival: None,
             last_finish: None,
+            shed: 0,
+            class_slos: None,
+            groups: None,
         }
+    }
+
+    /// Metrics that hold each request to its class's SLO (by [`engine::Class::index`]) and
+    /// also report each class and each of `tenants` (names by id) apart.
+    pub fn with_classes(slo: Slo, class_slos: [Slo; 3], tenants: &[String]) -> Metrics {
+        let groups = Groups {
+            classes: class_slos.map(Metrics::new),
+            tenants: tenants
+                .iter()
+                .map(|name| {
+                    let mut m = Metrics::new(slo);
+                    m.class_slos = Some(class_slos);
+                    (name.clone(), m)
+                })
+                .collect(),
+        };
+        Metrics { class_slos: Some(class_slos), groups: Some(Box::new(groups)), ..Metrics::new(slo) }
+    }
+
+    /// The groups' metrics a request counts in: its class's and its tenant's.
+    fn groups_of(&mut self, request: &Request) -> impl Iterator<Item = &mut Metrics> {
+        let (class, tenant) = (request.service.class.index(), request.service.tenant.0 as usize);
+        self.groups.as_deref_mut().into_iter().flat_map(move |g| {
+            let Groups { classes, tenants } = g;
+            std::iter::once(&mut classes[class]).chain(tenants.get_mut(tenant).map(|(_, m)| m))
+        })
     }
 
     pub fn slo(&self) -> Slo {
@@ -141,6 +183,13 @@ impl Metrics {
 
     /// Takes one finished request into account. Allocates nothing.
     pub fn record(&mut self, f: &Finished) {
+        for g in self.groups_of(&f.request) {
+            g.record(f);
+        }
+        let slo = match self.class_slos {
+            Some(slos) => slos[f.request.service.class.index()],
+            None => self.slo,
+        };
         let arrival = f.request.arrival;
         let ttft_us = f.first_token_at.since(arrival).0;
         self.ttft.record(ttft_us as f64);
@@ -159,14 +208,14 @@ impl Metrics {
         self.queue.record(f.admitted_at.since(arrival).0 as f64);
         self.paused_wait.record(f.paused_wait.0 as f64);
 
-        let ttft_met = ttft_us as f64 <= self.slo.ttft_ms * 1e3;
+        let ttft_met = ttft_us as f64 <= slo.ttft_ms * 1e3;
         let tpot_met = if f.output_tokens >= 2 {
             let gaps = f64::from(f.output_tokens - 1);
             let decode_us = f.finished_at.since(f.first_token_at).0 as f64;
             self.tpot.record(decode_us / gaps);
             // Compared without dividing, so that a TPOT exactly on target is not lost to
             // rounding.
-            decode_us <= self.slo.tpot_ms * 1e3 * gaps
+            decode_us <= slo.tpot_ms * 1e3 * gaps
         } else {
             true
         };
@@ -192,12 +241,24 @@ impl Metrics {
 
     /// Counts a request the fleet turned away; it never meets the SLO.
     pub fn record_rejected(&mut self, request: &Request) {
+        for g in self.groups_of(request) {
+            g.record_rejected(request);
+        }
         self.rejected += 1;
         if request.max_output_tokens < LONG_OUTPUT_TOKENS {
             self.rejected_short_output += 1;
         } else {
             self.long_output += 1;
         }
+    }
+
+    /// Counts a request flow control shed: rejected, and counted apart.
+    pub fn record_shed(&mut self, request: &Request) {
+        for g in self.groups_of(request) {
+            g.shed += 1;
+        }
+        self.shed += 1;
+        self.record_rejected(request);
     }
 
     /// Counts a request evicted from an instance (placed again or not).
@@ -275,6 +336,32 @@ impl Metrics {
             paused_wait_ms: self.paused_wait.percentiles(),
             pools: None,
             speculation: None,
+            shed: self.shed,
+            classes: self.groups.as_ref().map_or_else(Vec::new, |g| {
+                let named = Class::ALL.iter().map(|c| c.name().to_string()).zip(&g.classes);
+                named.filter(|(_, m)| !m.is_empty()).map(|(n, m)| m.group(n, duration_s)).collect()
+            }),
+            tenants: self.groups.as_ref().map_or_else(Vec::new, |g| {
+                g.tenants.iter().filter(|(_, m)| !m.is_empty()).map(|(n, m)| m.group(n.clone(), duration_s)).collect()
+            }),
+        }
+    }
+
+    /// One group's numbers, with goodput over the whole run's span (`duration_s`) so that
+    /// groups and runs compare.
+    fn group(&self, name: String, duration_s: f64) -> GroupSummary {
+        GroupSummary {
+            name,
+            requests: self.finished,
+            rejected: self.rejected,
+            shed: self.shed,
+            slo_met: self.slo_met,
+            slo_attainment: ratio(self.slo_met as f64, self.len() as f64),
+            goodput_rps: ratio(self.slo_met as f64, duration_s),
+            ttft_ms: self.ttft.percentiles(),
+            tpot_ms: self.tpot.percentiles(),
+            queue_ms: self.queue.percentiles(),
+            output_tokens: self.output_tokens,
         }
     }
 

@@ -118,6 +118,37 @@ pub struct Summary {
     pub gpu_busy_s: f64,
     #[serde(default)]
     pub prefill_time_share: f64,
+    /// Requests flow control shed (also counted in `rejected`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shed: u64,
+    /// Runs with request classes: each class's and each tenant's numbers, held to the
+    /// class's SLO (absent otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<GroupSummary>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<GroupSummary>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One class's or tenant's part of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupSummary {
+    pub name: String,
+    pub requests: u64,
+    pub rejected: u64,
+    pub shed: u64,
+    pub slo_met: u64,
+    /// Over its requests finished, rejected or shed.
+    pub slo_attainment: f64,
+    /// Its requests that met their SLO per second of the run's span.
+    pub goodput_rps: f64,
+    pub ttft_ms: Percentiles,
+    pub tpot_ms: Percentiles,
+    pub queue_ms: Percentiles,
+    pub output_tokens: u64,
 }
 
 /// What speculative decoding did in a run.

@@ -26,6 +26,7 @@ fn finished(id: u64, s: Spec) -> Finished {
             max_output_tokens: s.output_tokens,
             block_hashes: Vec::new(),
             resume: None,
+            service: Default::default(),
             model: Default::default(),
         },
         admitted_at: Time::from_millis(s.admitted_ms),
@@ -50,6 +51,7 @@ fn refused(output_tokens: u32) -> Request {
         max_output_tokens: output_tokens,
         block_hashes: Vec::new(),
         resume: None,
+        service: Default::default(),
         model: Default::default(),
     }
 }

@@ -31,6 +31,9 @@
 //! [kv]                  # see `tiers.rs`
 //! tiers = "l1,l2,l3"
 //!
+//! [flow]                # see `flow.rs`: flow control rules side by side
+//! rules = ["none", "slo"]
+//!
 //! [pools]               # see `PoolsSection`: disaggregated prefill/decode pools, autoscaling
 //! mode = "pd"
 //! prefill_instances = 2
@@ -42,15 +45,17 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::workload::{PhasedConfig, SyntheticConfig, WorkloadError};
+use crate::workload::{ClassesConfig, PhasedConfig, SyntheticConfig, WorkloadError};
 use cost::{CostError, CostParams, CpMode, ProfileError, UnknownName};
 use engine::Dur;
+use flow::FlowSection;
 use policies::{AutoscalerConfig, ParamError, RouterConfig, RouterError, UnknownAutoscaler, UnknownRouter};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tiers::KvSection;
 
+pub mod flow;
 mod pools;
 mod resolve;
 mod scheduler;
@@ -92,6 +97,9 @@ pub struct Scenario {
     /// Prefill/decode pools and autoscaling (absent: a fixed colocated fleet).
     #[serde(default)]
     pub pools: PoolsSection,
+    /// Flow control at the controller, rules side by side (absent: none).
+    #[serde(default)]
+    pub flow: FlowSection,
 }
 
 /// One entry of `routers`: a run's name (`"cache-aware@l1+l2"`), or an inline table of that
@@ -215,6 +223,9 @@ pub struct WorkloadSection {
     pub synthetic: Option<SyntheticConfig>,
     /// A workload whose shape shifts in phases (see [`crate::workload::PhasedConfig`]).
     pub phased: Option<PhasedConfig>,
+    /// Request classes and tenants drawn per request (see [`crate::workload::ClassesConfig`]).
+    #[serde(default)]
+    pub classes: Option<ClassesConfig>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

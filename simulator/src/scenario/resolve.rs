@@ -83,6 +83,7 @@ impl Scenario {
                 max_requests: w.max_requests.or(self.workload.max_requests),
                 synthetic,
                 phased,
+                classes: w.classes.or(self.workload.classes),
             },
             slo: SloSection {
                 ttft_ms: over.slo.ttft_ms.or(self.slo.ttft_ms),
@@ -92,6 +93,7 @@ impl Scenario {
             scheduler: self.scheduler.overlay(over.scheduler),
             cost: over.cost.or(self.cost),
             pools: self.pools.overlay(over.pools),
+            flow: self.flow.overlay(over.flow),
         }
     }
 
@@ -137,10 +139,14 @@ impl Scenario {
         let (protection, protection_on) = self.scheduler.resolve_protection()?;
         let kv_protection = protection_on.then_some(protection);
         let pool_runs = self.pools.resolve_runs(instances, cost.gpus())?;
+        let flow_runs = self.flow.resolve()?;
         let base = RunBase { tiers, prefill, protection, kv_protection, drafter };
-        let mut routers = Vec::with_capacity(names.len() * pool_runs.len());
+        let mut routers = Vec::with_capacity(names.len() * pool_runs.len() * flow_runs.len());
         for entry in &names {
-            routers.extend(self.run_specs(entry, &base, &cost, block_size, &pool_runs)?);
+            for flow in &flow_runs {
+                let specs = self.run_specs(entry, &base, &cost, block_size, &pool_runs)?;
+                routers.extend(specs.into_iter().map(|spec| RunSpec { flow: flow.clone(), ..spec }));
+            }
         }
         let total_blocks = match f.kv_blocks {
             Some(0) => return Err(invalid("fleet.kv_blocks", "must be at least 1")),
@@ -158,6 +164,7 @@ impl Scenario {
             l2_blocks: tiers.l2_blocks,
             prefill,
             kv_protection,
+            class_priority: false,
         };
         let w = &self.workload;
         let workload = w.source()?;
@@ -187,7 +194,15 @@ impl Scenario {
             return Err(invalid("workload.rate_scale", format!("{rate_scale} is not a positive number")));
         }
         let slo = self.slo.resolve()?;
+        let classes = match &w.classes {
+            Some(c) => {
+                c.validate()?;
+                Some(c.clone())
+            }
+            None => None,
+        };
         Ok(Settings {
+            classes,
             seed: self.seed.unwrap_or(DEFAULT_SEED),
             routers,
             instances,
@@ -273,6 +288,7 @@ impl Scenario {
             kv_protection: run_protection,
             pools: pools.clone(),
             drafter: run_drafter,
+            flow: Default::default(),
         });
         Ok(specs.collect())
     }

@@ -1,10 +1,13 @@
 //! What a scenario resolves to: [`Settings`], with one [`RunSpec`] per compared run.
 
+use super::flow::FlowRun;
 use super::pools::PoolsRun;
 use super::tiers::KvTiers;
 use crate::sim::SimConfig;
 use crate::slo::Slo;
-use crate::workload::{self, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions};
+use crate::workload::{
+    self, ClassesConfig, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions,
+};
 use cost::{Calibration, CostModel, Drafter};
 use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
 use policies::RouterConfig;
@@ -40,6 +43,8 @@ pub struct RunSpec {
     pub pools: Option<PoolsRun>,
     /// Speculative decoding's drafter (`None`: none).
     pub drafter: Option<&'static Drafter>,
+    /// Flow control at the controller and class priority in the engines.
+    pub flow: FlowRun,
 }
 
 impl RunSpec {
@@ -49,10 +54,8 @@ impl RunSpec {
             Some(t) => format!("{}@{t}", self.router.label()),
             None => self.router.label(),
         };
-        match self.pools.as_ref().and_then(|p| p.label.as_deref()) {
-            Some(l) => format!("{name}/{l}"),
-            None => name,
-        }
+        let labels = [self.pools.as_ref().and_then(|p| p.label.as_deref()), self.flow.label.as_deref()];
+        labels.into_iter().flatten().fold(name, |name, l| format!("{name}/{l}"))
     }
 }
 
@@ -79,6 +82,8 @@ pub struct Settings {
     /// `[fleet] instances_per_gpu` (see [`SimConfig::instances_per_gpu`]).
     pub instances_per_gpu: u32,
     pub gpu_share_efficiency: f64,
+    /// `[workload.classes]`: request classes, their targets and the tenants.
+    pub classes: Option<ClassesConfig>,
 }
 
 /// The run variant without speculation (`name@nospec`, like `@nohw`).
@@ -95,7 +100,20 @@ impl Settings {
             kv_protection: self.instance.kv_protection,
             pools: None,
             drafter: self.drafter,
+            flow: FlowRun::default(),
         }
+    }
+
+    /// Each class's SLO (by [`engine::Class::index`]): its own targets where
+    /// `[workload.classes]` gives them, else `[slo]`'s; `None` without classes.
+    pub fn class_slos(&self) -> Option<[Slo; 3]> {
+        let classes = self.classes.as_ref()?;
+        Some(engine::Class::ALL.map(|class| match classes.mix.iter().find(|c| c.class == class) {
+            Some(c) => {
+                Slo { ttft_ms: c.ttft_ms.unwrap_or(self.slo.ttft_ms), tpot_ms: c.tpot_ms.unwrap_or(self.slo.tpot_ms) }
+            }
+            None => self.slo,
+        }))
     }
 
     pub fn sim_config(&self, run: &RunSpec) -> SimConfig {
@@ -108,6 +126,7 @@ impl Settings {
                 l2_blocks: run.tiers.l2_blocks,
                 prefill: run.prefill,
                 kv_protection: run.kv_protection,
+                class_priority: run.flow.class_priority,
                 ..self.instance.clone()
             },
             cost: self.cost.clone(),
@@ -125,6 +144,9 @@ impl Settings {
             dispatch: self.dispatch,
             instances_per_gpu: self.instances_per_gpu,
             gpu_share_efficiency: self.gpu_share_efficiency,
+            flow: run.flow.flow,
+            class_slos: self.class_slos(),
+            tenants: self.classes.as_ref().map(ClassesConfig::tenant_names).unwrap_or_default(),
         }
     }
 
@@ -138,6 +160,10 @@ impl Settings {
         };
         let w = match self.skip_requests {
             Some(n) => workload::skip(w, n),
+            None => w,
+        };
+        let w = match &self.classes {
+            Some(c) => workload::classify(w, c, self.seed),
             None => w,
         };
         Ok(match self.max_requests {

@@ -118,6 +118,7 @@ impl AzureTrace {
             prompt_tokens: context,
             output_tokens: generated,
             block_hashes: buf,
+            service: Default::default(),
         }))
     }
 }

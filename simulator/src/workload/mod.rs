@@ -13,6 +13,7 @@
 //! | `synthetic.rs` | [`SyntheticConfig`]: Poisson / gamma arrivals, rate schedules, length distributions, shared system prompts |
 //! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
 //! | `servegen.rs` | [`ServeGenShape`]: phases from the ServeGen aggregate's per-window rates and mean lengths |
+//! | `classes.rs` | [`ClassesConfig`]: request classes and tenants drawn for any workload ([`classify`]) |
 //! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
 //! | `tile.rs` | any workload [`tile`]d to a size: copies side by side and wave after wave, hashes salted per copy |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
@@ -32,6 +33,7 @@
 //!   with chained [`BlockHash`]es of the engine's block size.
 
 mod azure;
+mod classes;
 mod limit;
 mod lines;
 mod mooncake;
@@ -43,11 +45,12 @@ mod tile;
 #[cfg(test)]
 mod test_util;
 
-use engine::{BlockHash, Time};
+use engine::{BlockHash, Service, Time};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+pub use classes::{classify, ClassShare, ClassesConfig, TenantShare};
 pub use limit::{limit, skip};
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
 pub use phased::{phased, Phase, PhasedConfig};
@@ -71,6 +74,8 @@ pub struct Arrival {
     /// them), starting from [`BlockHash::ROOT`]: equal hashes at equal positions mean a shared
     /// prefix. The tail shorter than a block has no hash.
     pub block_hashes: Vec<BlockHash>,
+    /// Its class, tenant and deadline ([`classify`] draws them; the default otherwise).
+    pub service: Service,
 }
 
 /// A source of arrivals, pulled one at a time by the simulator's event loop.

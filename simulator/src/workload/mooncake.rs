@@ -117,7 +117,13 @@ impl MooncakeTrace {
 
         // Rounds to the microsecond; milliseconds up to 2^53 / 1000 are exact.
         let at = scaled_time((ms * 1_000.0).round() as u64, self.rate_scale);
-        Ok(Some(Arrival { at, prompt_tokens: raw.input_length, output_tokens: raw.output_length, block_hashes: buf }))
+        Ok(Some(Arrival {
+            at,
+            prompt_tokens: raw.input_length,
+            output_tokens: raw.output_length,
+            block_hashes: buf,
+            service: Default::default(),
+        }))
     }
 }
 

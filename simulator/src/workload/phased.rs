@@ -264,6 +264,7 @@ impl Workload for Phased {
             prompt_tokens,
             output_tokens,
             block_hashes: buf,
+            service: Default::default(),
         }))
     }
 }

@@ -411,7 +411,7 @@ impl Workload for Synthetic {
 
         // `as` saturates, so an unbounded time becomes the last representable one.
         let at = Time((t_s * 1e6 / self.rate_scale).round() as u64);
-        Ok(Some(Arrival { at, prompt_tokens, output_tokens, block_hashes: buf }))
+        Ok(Some(Arrival { at, prompt_tokens, output_tokens, block_hashes: buf, service: Default::default() }))
     }
 }
 

@@ -1,0 +1,92 @@
+//! The `[flow]` section: flow control at the controller (see [`policies::flow`]), several
+//! rules side by side on the same arrivals.
+//!
+//! ```toml
+//! [flow]
+//! # Each entry is a run of every router: a rule's name, or a table of the name, the rule's
+//! # parameters and `class_priority` (engines admit and preempt by class; default: on for
+//! # `slo`, off for `none` and `llm-d`).
+//! rules = ["none", "llm-d", "slo", { name = "slo", batch_headroom = 0.5 }, { name = "none", class_priority = true }]
+//! ```
+//!
+//! Without `[flow]` every run places requests as they arrive, engines FCFS, and run names
+//! say nothing of flow control.
+
+use super::{invalid, param_error, ScenarioError};
+use policies::flow::FlowConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowSection {
+    pub rules: Option<Vec<FlowEntry>>,
+}
+
+/// One entry of `rules`: a name, or a table of the name and settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FlowEntry {
+    Name(String),
+    Table(BTreeMap<String, toml::Value>),
+}
+
+/// Flow control of one run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlowRun {
+    pub flow: FlowConfig,
+    /// Engines admit and preempt by class ([`engine::InstanceConfig::class_priority`]).
+    pub class_priority: bool,
+    /// Added to the run's name (`None` without a `[flow]` section).
+    pub label: Option<String>,
+}
+
+impl FlowSection {
+    pub(super) fn overlay(self, over: FlowSection) -> FlowSection {
+        FlowSection { rules: over.rules.or(self.rules) }
+    }
+
+    /// One run per entry; a single plain run without the section.
+    pub(super) fn resolve(&self) -> Result<Vec<FlowRun>, ScenarioError> {
+        let Some(entries) = &self.rules else {
+            return Ok(vec![FlowRun::default()]);
+        };
+        if entries.is_empty() {
+            return Err(invalid("flow.rules", "name at least one rule (\"none\" for no flow control)"));
+        }
+        entries.iter().map(resolve_entry).collect()
+    }
+}
+
+fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
+    let (name, table) = match entry {
+        FlowEntry::Name(name) => (name.as_str(), None),
+        FlowEntry::Table(table) => match table.get("name") {
+            Some(toml::Value::String(name)) => (name.as_str(), Some(table)),
+            _ => return Err(invalid("flow.rules", "a rule's table needs `name = \"RULE\"`")),
+        },
+    };
+    let mut flow: FlowConfig =
+        name.parse().map_err(|e: policies::flow::UnknownFlow| invalid("flow.rules", e.to_string()))?;
+    let default_priority = matches!(flow, FlowConfig::Slo(_));
+    let mut class_priority = default_priority;
+    for (key, value) in table.into_iter().flatten().filter(|(k, _)| *k != "name") {
+        match (key.as_str(), value) {
+            ("class_priority", toml::Value::Boolean(b)) => class_priority = *b,
+            ("class_priority", other) => {
+                return Err(invalid(
+                    "flow.rules",
+                    format!("`class_priority` of `{name}` is {other}, not true or false"),
+                ))
+            }
+            (_, toml::Value::Float(v)) => flow.set(key, *v).map_err(|e| param_error("flow.rules", e))?,
+            (_, toml::Value::Integer(v)) => flow.set(key, *v as f64).map_err(|e| param_error("flow.rules", e))?,
+            (_, other) => return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {other}, not a number"))),
+        }
+    }
+    let mut label = format!("flow={}", flow.label());
+    if class_priority != default_priority {
+        label.push_str(if class_priority { "+class-priority" } else { "+fcfs-engines" });
+    }
+    Ok(FlowRun { flow, class_priority, label: Some(label) })
+}
