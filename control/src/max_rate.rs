@@ -33,6 +33,11 @@ pub struct Args {
     #[arg(long, value_name = "X", default_value_t = 0.9)]
     pub target_attainment: f64,
 
+    /// Whose attainment counts: one class's (`interactive`, `standard`, `batch`; the scenario
+    /// needs [workload.classes]) [default: every request's].
+    #[arg(long, value_name = "CLASS")]
+    pub target_class: Option<engine::Class>,
+
     /// Write {"runs":[{"router":..., "max_rate_scale":X, "summary":{...}}]} as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -51,7 +56,16 @@ pub fn run(args: Args) -> Result<(), Failure> {
         )));
     }
     let settings = args.flags.settings()?;
-    println!("{} | target attainment {}", describe(&settings), args.target_attainment);
+    let target = Target { attainment: args.target_attainment, class: args.target_class };
+    if let Some(class) = target.class {
+        if settings.classes.as_ref().is_none_or(|c| !c.mix.iter().any(|m| m.class == class)) {
+            return Err(Failure::Input(anyhow::anyhow!(
+                "--target-class {class}: the scenario's [workload.classes] has no {class} requests"
+            )));
+        }
+    }
+    let of = target.class.map(|c| format!(" of {c} requests")).unwrap_or_default();
+    println!("{} | target attainment {}{of}", describe(&settings), args.target_attainment);
     // One search per run, side by side, each with its share of the threads.
     let width = batch_width(settings.routers.len());
     let multi = MultiProgress::new();
@@ -59,7 +73,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .routers
         .par_iter()
         .map(|run| {
-            let (max_rate_scale, summary) = search(&settings, run, args.target_attainment, width, &multi)?;
+            let (max_rate_scale, summary) = search(&settings, run, target, width, &multi)?;
             Ok(MaxRateRun { router: run.label(), max_rate_scale, summary })
         })
         .collect::<Result<Vec<_>, Failure>>()?;
@@ -91,12 +105,29 @@ pub(crate) fn batch_width(searches: usize) -> usize {
     (1usize << (share + 1).ilog2()) - 1
 }
 
+/// The attainment a search holds a run to: of every request, or of one class's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Target {
+    pub attainment: f64,
+    pub class: Option<engine::Class>,
+}
+
+impl Target {
+    pub(crate) fn met_by(&self, s: &Summary) -> bool {
+        let attained = match self.class {
+            None => s.slo_attainment,
+            Some(c) => s.classes.iter().find(|g| g.name == c.name()).map_or(0.0, |g| g.slo_attainment),
+        };
+        attained >= self.attainment
+    }
+}
+
 /// The highest rate scale at which `run` meets `target` attainment, searched from the
 /// settings' rate scale with `width` runs at once, and the summary of the run at that scale.
 pub(crate) fn search(
     settings: &Settings,
     run: &RunSpec,
-    target: f64,
+    target: Target,
     width: usize,
     multi: &MultiProgress,
 ) -> Result<(f64, Summary), Failure> {
@@ -112,7 +143,7 @@ pub(crate) fn search(
 struct Search<'a> {
     settings: &'a Settings,
     run: &'a RunSpec,
-    target: f64,
+    target: Target,
     /// Runs made at once.
     width: usize,
     multi: &'a MultiProgress,
@@ -120,7 +151,7 @@ struct Search<'a> {
 
 impl Search<'_> {
     fn meets(&self, s: &Summary) -> bool {
-        s.slo_attainment >= self.target
+        self.target.met_by(s)
     }
 
     /// Runs at every scale given, side by side; the results in the same order.

@@ -15,7 +15,7 @@
 //! not count).
 
 use crate::cli::{describe, SimFlags};
-use crate::max_rate::{batch_width, run_at, search, PRECISION};
+use crate::max_rate::{batch_width, run_at, search, Target, PRECISION};
 use crate::Failure;
 use anyhow::anyhow;
 use clap::{Args as ClapArgs, ValueEnum};
@@ -413,7 +413,8 @@ impl Judge<'_> {
                 }
                 let run = &settings.routers[0];
                 // Zero: the target is out of reach at any rate (long prompts alone miss it).
-                let (scale, summary) = search(&settings, run, self.target, width, &self.quiet)?;
+                let target = Target { attainment: self.target, class: None };
+                let (scale, summary) = search(&settings, run, target, width, &self.quiet)?;
                 Ok(Eval { value: (scale > 0.0).then_some(scale), summary })
             }
             Objective::Goodput | Objective::Cost => {

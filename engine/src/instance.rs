@@ -208,6 +208,8 @@ pub struct Instance {
     pub(crate) batch: Batch,
     /// Slot of each batch entry, in entry order.
     pub(crate) batch_slots: Vec<u32>,
+    /// A copy of a queue the scheduler walks while changing it (kept to avoid allocating).
+    pub(crate) scratch: Vec<u32>,
     output: StepOutput,
     /// Requests that produced a token in the last step, in batch order, once per token.
     emitted: Vec<RequestId>,
@@ -241,6 +243,7 @@ impl Instance {
             handoffs: Vec::new(),
             batch: Batch::default(),
             batch_slots: Vec::new(),
+            scratch: Vec::new(),
             output: StepOutput::default(),
             emitted: Vec::new(),
             stepping: false,

@@ -24,7 +24,10 @@
 //! With **class priority** (`InstanceConfig::class_priority`, as vLLM's priority policy) the
 //! waiting queue is kept in class order (FCFS within a class; a preempted request at the
 //! front of its class), so admission serves a higher class first, and the victim is the most
-//! recently admitted sequence of the lowest class running.
+//! recently admitted sequence of the lowest class running. With FCFS prefill, steps 2 and 3
+//! go class by class: a higher class's chunks, continuing and new, take the budget before a
+//! lower class's (so an interactive prompt does not wait for a long batch prompt's chunks);
+//! with fair prefill, its passes run as they are over the class-ordered queue.
 
 use crate::batch::BatchEntry;
 use crate::instance::{FairPrefill, Instance, PrefillPolicy};
@@ -56,17 +59,20 @@ impl Budget {
 
 /// Which prefills a scheduling pass serves.
 #[derive(Clone, Copy)]
-enum Class {
+enum Filter {
     Any,
     /// Those with at most this many prompt tokens left to compute.
     AtMost(u32),
+    /// Those of one request class.
+    Of(crate::Class),
 }
 
-impl Class {
+impl Filter {
     fn admits(self, seq: &Seq) -> bool {
         match self {
-            Class::Any => true,
-            Class::AtMost(n) => seq.prefill_left() <= n,
+            Filter::Any => true,
+            Filter::AtMost(n) => seq.prefill_left() <= n,
+            Filter::Of(class) => seq.request.service.class == class,
         }
     }
 }
@@ -85,9 +91,20 @@ impl Instance {
         let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
         self.schedule_decodes(now, &mut budget, draft_tokens);
         match self.config.prefill {
+            PrefillPolicy::Fcfs if self.config.class_priority => {
+                // A class's chunks, continuing or new, before any of a lower class; once a
+                // class's head does not fit in KV, no lower class is admitted past it.
+                let mut blocked = false;
+                for class in crate::Class::ALL {
+                    self.schedule_running_prefills(now, &mut budget, Filter::Of(class));
+                    if !blocked {
+                        blocked = !self.admit_waiting(now, &mut budget, Filter::Of(class), 0);
+                    }
+                }
+            }
             PrefillPolicy::Fcfs => {
-                self.schedule_running_prefills(now, &mut budget, Class::Any);
-                self.admit_waiting(now, &mut budget, Class::Any, 0);
+                self.schedule_running_prefills(now, &mut budget, Filter::Any);
+                self.admit_waiting(now, &mut budget, Filter::Any, 0);
             }
             PrefillPolicy::Fair(fair) => self.schedule_fair(now, &mut budget, &fair),
         }
@@ -106,24 +123,30 @@ impl Instance {
     /// the sequence for its next tokens. Drafts are clamped to the output left (tokens past
     /// it would be thrown away) and to the budget.
     fn schedule_decodes(&mut self, now: Time, budget: &mut Budget, draft_tokens: u32) {
-        let mut i = 0;
-        while i < self.running.len() && budget.open() {
-            let s = self.running[i];
+        // Over a copy of the running queue: a reservation may preempt sequences anywhere in
+        // it (the lowest class first, with class priority), and those are then waiting.
+        let mut order = std::mem::take(&mut self.scratch);
+        order.clear();
+        order.extend_from_slice(&self.running);
+        for &s in &order {
+            if !budget.open() {
+                break;
+            }
             let seq = self.seq(s);
             if !seq.is_decoding() {
-                i += 1;
+                // Prefilling, or preempted by an earlier reservation of this pass.
                 continue;
             }
             let n =
                 if draft_tokens == 0 { 1 } else { (1 + draft_tokens).min(seq.decode_left()).min(budget.tokens).max(1) };
             if !self.reserve(now, s, n, budget) {
-                // `s` was the last running sequence and preempted itself.
-                break;
+                // `s` itself was preempted; the others may still decode.
+                continue;
             }
             self.push_entry(s, n, false);
             budget.take(n);
-            i += 1;
         }
+        self.scratch = order;
     }
 
     /// Fair chunked prefill (see [`FairPrefill`]): short prompts first, FCFS, leaving
@@ -146,8 +169,8 @@ impl Instance {
             .map(|seq| self.kv.blocks_for(seq.prefill_len).saturating_sub(seq.kv.blocks.len() as u32))
             .sum();
         budget.tokens -= reserve;
-        self.schedule_running_prefills(now, budget, Class::AtMost(chunk));
-        self.admit_waiting(now, budget, Class::AtMost(chunk), kept_blocks);
+        self.schedule_running_prefills(now, budget, Filter::AtMost(chunk));
+        self.admit_waiting(now, budget, Filter::AtMost(chunk), kept_blocks);
         budget.tokens += reserve;
 
         let mut longs: Vec<u32> = self.running.iter().copied().filter(|&s| self.seq(s).is_prefilling()).collect();
@@ -186,15 +209,15 @@ impl Instance {
                 self.next_turn = next_turn;
             }
         }
-        self.admit_waiting(now, budget, Class::Any, 0);
+        self.admit_waiting(now, budget, Filter::Any, 0);
     }
 
-    fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget, class: Class) {
+    fn schedule_running_prefills(&mut self, now: Time, budget: &mut Budget, filter: Filter) {
         let mut i = 0;
         while i < self.running.len() && budget.open() {
             let s = self.running[i];
             let seq = self.seq(s);
-            if seq.in_batch || seq.is_decoding() || !class.admits(seq) {
+            if seq.in_batch || seq.is_decoding() || !filter.admits(seq) {
                 i += 1;
                 continue;
             }
@@ -217,21 +240,22 @@ impl Instance {
         }
     }
 
-    /// Admits waiting requests of `class` in FCFS order, until one does not fit (head of line
-    /// within the class).
-    fn admit_waiting(&mut self, now: Time, budget: &mut Budget, class: Class, kept_blocks: u32) {
+    /// Admits waiting requests that pass `filter` in FCFS order, until one does not fit (head
+    /// of line among them). False when it stopped at one that did not fit in KV (or with
+    /// admission paused), not for want of budget.
+    fn admit_waiting(&mut self, now: Time, budget: &mut Budget, filter: Filter, kept_blocks: u32) -> bool {
         let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32 + kept_blocks;
         let mut at = 0;
         while budget.open() {
             let Some(&s) = self.waiting.get(at) else {
                 break;
             };
-            if !class.admits(self.seq(s)) {
+            if !filter.admits(self.seq(s)) {
                 at += 1;
                 continue;
             }
             if self.update_admission(now) {
-                break;
+                return false;
             }
             self.match_cached_prefix(now, s);
             // Blocks loaded from L2 or L3 take L1 blocks too, so a request that cannot be
@@ -242,7 +266,7 @@ impl Instance {
             let available = self.kv.available_blocks();
             if at_least > available || (at_least + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);
-                break;
+                return false;
             }
             let hit = self.peek_lower(s);
             let lower_tokens = hit.blocks() * self.config.block_size;
@@ -252,7 +276,7 @@ impl Instance {
             let available = self.kv.available_blocks();
             if need > available || (need + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);
-                break;
+                return false;
             }
             self.load_lower(now, s, hit);
             let paused_clock = self.paused_clock(now);
@@ -268,6 +292,7 @@ impl Instance {
             self.push_entry(s, chunk, true);
             budget.take(chunk);
         }
+        true
     }
 
     /// Extends a prefilling sequence's cached prefix from its cursor: at admission, and again

@@ -181,6 +181,33 @@ fn class_priority_admits_a_higher_class_first() {
     }
 }
 
+/// With class priority an interactive prompt arriving while a long batch prompt is being
+/// computed takes the next chunk; FCFS leaves it behind every chunk of the long one.
+#[test]
+fn class_priority_gives_the_next_chunk_to_a_higher_class() {
+    for (priority, wait_steps) in [(true, 1), (false, 8)] {
+        let mut inst = Instance::new(InstanceConfig { class_priority: priority, ..config(512, 16) });
+        inst.enqueue(Time::ZERO, of_class(req(1, 128, 2, &[]), Class::Batch)).unwrap();
+        let mut done = Vec::new();
+        let d = inst.begin_step(Time::ZERO, &mut Fixed).unwrap().unwrap();
+        let mut now = Time::ZERO + d;
+        inst.end_step(now, &mut done, &mut Vec::new());
+        inst.enqueue(now, of_class(req(2, 16, 2, &[]), Class::Interactive)).unwrap();
+        let mut steps = 0;
+        loop {
+            let d = inst.begin_step(now, &mut Fixed).unwrap().unwrap();
+            steps += 1;
+            let takes_interactive = inst.batch().entries.iter().any(|e| e.request == RequestId(2));
+            now += d;
+            inst.end_step(now, &mut done, &mut Vec::new());
+            if takes_interactive {
+                break;
+            }
+        }
+        assert_eq!(steps, wait_steps, "class priority {priority}");
+    }
+}
+
 /// With class priority, running out of KV preempts the batch request although the
 /// interactive one was admitted after it.
 #[test]

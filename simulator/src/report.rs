@@ -226,6 +226,52 @@ pub fn pools_table(runs: &[RunReport]) -> String {
     render(header, rows)
 }
 
+/// One row per class and per tenant of each run with request classes: its requests, what
+/// was shed, its SLO attainment against its class's targets, goodput and latencies. Empty
+/// when no run has classes.
+pub fn groups_table(runs: &[RunReport]) -> String {
+    let header = [
+        "run",
+        "class / tenant",
+        "requests",
+        "shed",
+        "SLO (ms)",
+        "SLO attainment (%)",
+        "goodput (req/s)",
+        "TTFT p50 (ms)",
+        "TTFT p99 (ms)",
+        "TPOT p99 (ms)",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut rows = Vec::new();
+    for r in runs {
+        let classes = r.summary.classes.iter().map(|g| (g, true));
+        for (g, is_class) in classes.chain(r.summary.tenants.iter().map(|g| (g, false))) {
+            let slo = match g.slo {
+                Some(s) => format!("{:.0} / {:.0}", s.ttft_ms, s.tpot_ms),
+                None => "-".to_string(),
+            };
+            rows.push(vec![
+                r.router.clone(),
+                if is_class { g.name.clone() } else { format!("tenant {}", g.name) },
+                (g.requests + g.rejected).to_string(),
+                g.shed.to_string(),
+                slo,
+                format!("{:.1}", g.slo_attainment * 100.0),
+                format!("{:.2}", g.goodput_rps),
+                format!("{:.1}", g.ttft_ms.p50),
+                format!("{:.1}", g.ttft_ms.p99),
+                format!("{:.2}", g.tpot_ms.p99),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    render(header, rows)
+}
+
 /// Times per shift: each, or for many shifts the longest and how many were not 0.
 fn shifts_cell(times_s: &[f64]) -> String {
     const LISTED: usize = 6;

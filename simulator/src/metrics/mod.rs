@@ -339,19 +339,24 @@ impl Metrics {
             shed: self.shed,
             classes: self.groups.as_ref().map_or_else(Vec::new, |g| {
                 let named = Class::ALL.iter().map(|c| c.name().to_string()).zip(&g.classes);
-                named.filter(|(_, m)| !m.is_empty()).map(|(n, m)| m.group(n, duration_s)).collect()
+                named.filter(|(_, m)| !m.is_empty()).map(|(n, m)| m.group(n, Some(m.slo), duration_s)).collect()
             }),
             tenants: self.groups.as_ref().map_or_else(Vec::new, |g| {
-                g.tenants.iter().filter(|(_, m)| !m.is_empty()).map(|(n, m)| m.group(n.clone(), duration_s)).collect()
+                g.tenants
+                    .iter()
+                    .filter(|(_, m)| !m.is_empty())
+                    .map(|(n, m)| m.group(n.clone(), None, duration_s))
+                    .collect()
             }),
         }
     }
 
     /// One group's numbers, with goodput over the whole run's span (`duration_s`) so that
     /// groups and runs compare.
-    fn group(&self, name: String, duration_s: f64) -> GroupSummary {
+    fn group(&self, name: String, slo: Option<Slo>, duration_s: f64) -> GroupSummary {
         GroupSummary {
             name,
+            slo,
             requests: self.finished,
             rejected: self.rejected,
             shed: self.shed,

@@ -137,6 +137,9 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GroupSummary {
     pub name: String,
+    /// A class's targets (a tenant's requests are each held to their own class's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<Slo>,
     pub requests: u64,
     pub rejected: u64,
     pub shed: u64,
