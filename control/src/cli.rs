@@ -94,6 +94,11 @@ pub struct SimFlags {
     #[arg(long, value_name = "RULE[,RULE...]", value_delimiter = ',')]
     pub flow: Option<Vec<String>>,
 
+    /// Keep only this tenant's requests of the scenario's [workload.classes] (the same
+    /// requests at the same times as in the mixed run: its load alone, for comparison).
+    #[arg(long, value_name = "NAME")]
+    pub only_tenant: Option<String>,
+
     /// Seed of every random choice (synthetic arrivals, power-of-two draws) [default: 42].
     /// The same seed and inputs give byte-identical JSON.
     #[arg(long, value_name = "N")]
@@ -303,7 +308,15 @@ impl SimFlags {
             Some(path) => Scenario::load(path).map_err(|e| Failure::Input(e.into()))?,
             None => Scenario::default(),
         };
-        let scenario = base.overlay(self.as_scenario());
+        let mut scenario = base.overlay(self.as_scenario());
+        if let Some(tenant) = &self.only_tenant {
+            let Some(classes) = scenario.workload.classes.as_mut() else {
+                return Err(Failure::Input(anyhow::anyhow!(
+                    "--only-tenant {tenant}: the scenario has no [workload.classes]"
+                )));
+            };
+            classes.only_tenant = Some(tenant.clone());
+        }
         match &self.policy {
             None => Ok(scenario),
             Some(path) => {

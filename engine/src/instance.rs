@@ -70,6 +70,10 @@ pub struct InstanceConfig {
     /// priority`): a waiting request goes ahead of every waiting one of a lower class, and
     /// preemption takes the lowest class first. Off: FCFS, classes ignored.
     pub class_priority: bool,
+    /// With class priority: while an interactive request is decoding, the prefill tokens
+    /// of lower classes in one iteration, at most (so that its steps stay short: its TPOT);
+    /// `None`: no cap.
+    pub lower_class_step_tokens: Option<u32>,
 }
 
 /// Admission hysteresis on KV use, and what to do with runaway requests under pressure.
@@ -150,6 +154,7 @@ impl Default for InstanceConfig {
             prefill: PrefillPolicy::Fcfs,
             kv_protection: None,
             class_priority: false,
+            lower_class_step_tokens: None,
         }
     }
 }

@@ -27,7 +27,9 @@
 //! recently admitted sequence of the lowest class running. With FCFS prefill, steps 2 and 3
 //! go class by class: a higher class's chunks, continuing and new, take the budget before a
 //! lower class's (so an interactive prompt does not wait for a long batch prompt's chunks);
-//! with fair prefill, its passes run as they are over the class-ordered queue.
+//! with fair prefill, its passes run as they are over the class-ordered queue. While an
+//! interactive request decodes, lower classes' chunks in one iteration can be capped
+//! (`lower_class_step_tokens`), so its steps stay within its TPOT target.
 
 use crate::batch::BatchEntry;
 use crate::instance::{FairPrefill, Instance, PrefillPolicy};
@@ -95,7 +97,11 @@ impl Instance {
                 // A class's chunks, continuing or new, before any of a lower class; once a
                 // class's head does not fit in KV, no lower class is admitted past it.
                 let mut blocked = false;
+                let cap = self.config.lower_class_step_tokens.filter(|_| self.interactive_decoding());
                 for class in crate::Class::ALL {
+                    if let (Some(cap), crate::Class::Standard) = (cap, class) {
+                        budget.tokens = budget.tokens.min(cap);
+                    }
                     self.schedule_running_prefills(now, &mut budget, Filter::Of(class));
                     if !blocked {
                         blocked = !self.admit_waiting(now, &mut budget, Filter::Of(class), 0);
@@ -114,6 +120,14 @@ impl Instance {
         if with_block_tables {
             self.fill_block_tables();
         }
+    }
+
+    /// Whether an interactive request is past its prompt, generating.
+    fn interactive_decoding(&self) -> bool {
+        self.running.iter().any(|&s| {
+            let seq = self.seq(s);
+            seq.is_decoding() && seq.request.service.class == crate::Class::Interactive
+        })
     }
 
     /// One decode entry per running sequence past its prompt. A speculating step verifies

@@ -53,6 +53,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         prefill: PrefillPolicy::Fcfs,
         kv_protection: None,
         class_priority: false,
+        lower_class_step_tokens: None,
     }
 }
 
@@ -206,6 +207,21 @@ fn class_priority_gives_the_next_chunk_to_a_higher_class() {
         }
         assert_eq!(steps, wait_steps, "class priority {priority}");
     }
+}
+
+/// While an interactive request decodes, a batch prompt's chunks are capped; once it is
+/// done, the batch prompt takes the whole budget again.
+#[test]
+fn lower_class_chunks_are_capped_while_an_interactive_request_decodes() {
+    let config = InstanceConfig { class_priority: true, lower_class_step_tokens: Some(4), ..config(512, 32) };
+    let mut inst = Instance::new(config);
+    inst.enqueue(Time::ZERO, of_class(req(1, 4, 3, &[]), Class::Interactive)).unwrap();
+    inst.enqueue(Time::ZERO, of_class(req(2, 200, 1, &[]), Class::Batch)).unwrap();
+    let (_, stats, _) = run(&mut inst, Time::ZERO);
+    let prefill: Vec<u64> = stats.iter().map(|s| s.prefill_tokens).take(5).collect();
+    // Step 1: the interactive prompt (4) and 28 of the batch one; then 4 a step while the
+    // interactive request decodes (2 more tokens); then the full budget.
+    assert_eq!(prefill, [32, 4, 4, 32, 32]);
 }
 
 /// With class priority, running out of KV preempts the batch request although the
@@ -499,6 +515,7 @@ proptest! {
     fn every_request_finishes_and_no_block_leaks(
         reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3, 0usize..3), 1..40),
         class_priority in any::<bool>(),
+        step_cap in proptest::option::of(1u32..16),
         blocks in 40u32..80,
         budget in 4u32..64,
         l2_blocks in 0u32..20,
@@ -519,7 +536,7 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class))| {
             let shared = [g, g + 10, g + 20];

@@ -224,6 +224,14 @@ impl<'c> Run<'c> {
     /// The controller (with pools for P/D), the fleet it routes to, and the fleet's first news.
     fn new(config: &'c SimConfig) -> Run<'c> {
         let hints = cost::cost_hints(&config.cost, &config.instance);
+        let targets = config
+            .class_slos
+            .unwrap_or([config.slo; 3])
+            .map(|s| Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) });
+        let mut instance = config.instance.clone();
+        if instance.class_priority {
+            instance.lower_class_step_tokens = config.flow.lower_class_step_tokens(&hints, &targets);
+        }
         let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
         if let Some(pd) = &config.pd {
             let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
@@ -239,8 +247,8 @@ impl<'c> Run<'c> {
             event_delay: config.event_delay,
         };
         let mut fleet = match &config.pd {
-            None => SimFleet::new(config.instances, &config.instance, executor, kv),
-            Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &config.instance, executor, kv),
+            None => SimFleet::new(config.instances, &instance, executor, kv),
+            Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &instance, executor, kv),
         };
         fleet.share_gpus(config.instances_per_gpu, config.gpu_share_efficiency);
         if controller.wants_latencies() {

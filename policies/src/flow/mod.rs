@@ -158,6 +158,15 @@ impl FlowConfig {
         }
     }
 
+    /// What the engines' class priority caps lower classes' prompt tokens per step at while
+    /// an interactive request decodes (`slo` only; the others leave engines as they are).
+    pub fn lower_class_step_tokens(&self, hints: &CostHints, targets: &[Targets; 3]) -> Option<u32> {
+        match self {
+            FlowConfig::Slo(c) => Some(c.lower_class_step_tokens(hints, &targets[Class::Interactive.index()])),
+            _ => None,
+        }
+    }
+
     /// Every rule's parameters with their defaults.
     pub fn catalog() -> Vec<PolicyParams> {
         vec![

@@ -55,12 +55,16 @@ pub struct SloFlowConfig {
     pub output_weight: f64,
     /// Requests one band's queue holds at most.
     pub queue_limit: u32,
+    /// While an interactive request decodes, an engine computes at most this share of the
+    /// interactive TPOT target of lower classes' prompts per step (see
+    /// `engine::InstanceConfig::lower_class_step_tokens`).
+    pub lower_chunk_share: f64,
 }
 
 impl Default for SloFlowConfig {
     fn default() -> Self {
         SloFlowConfig {
-            queue_share: 0.25,
+            queue_share: 0.05,
             step_share: 0.8,
             kv_share: 0.9,
             standard_headroom: 0.9,
@@ -68,6 +72,7 @@ impl Default for SloFlowConfig {
             batch_max_wait: Dur::from_secs_f64(60.0),
             output_weight: 4.0,
             queue_limit: 100_000,
+            lower_chunk_share: 0.5,
         }
     }
 }
@@ -81,7 +86,17 @@ crate::params!(SloFlowConfig, "slo", {
     batch_max_wait: seconds from 0.0 ..= 86400.0, "longest a batch request waits for room before it is shed";
     output_weight: float from 0.0 ..= 64.0, "an output token's weight against a prompt token in a tenant's attained service";
     queue_limit: integer from 1.0 ..= 10000000.0, "requests one band's queue holds at most";
+    lower_chunk_share: float above 0.0 ..= 100.0, "while an interactive request decodes, lower classes' prompt tokens per engine step: this share of the interactive TPOT target at the prefill rate";
 });
+
+impl SloFlowConfig {
+    /// The engines' cap on lower classes' prompt tokens per step while an interactive
+    /// request decodes: `lower_chunk_share × interactive TPOT target × R`, at least a block.
+    pub fn lower_class_step_tokens(&self, hints: &CostHints, interactive: &Targets) -> u32 {
+        let tokens = self.lower_chunk_share * interactive.tpot.as_secs_f64() * hints.prefill_tokens_per_s;
+        (tokens.min(f64::from(u32::MAX)) as u32).max(hints.block_size)
+    }
+}
 
 #[derive(Debug)]
 pub struct SloFlow {

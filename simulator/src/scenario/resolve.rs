@@ -165,6 +165,7 @@ impl Scenario {
             prefill,
             kv_protection,
             class_priority: false,
+            lower_class_step_tokens: None,
         };
         let w = &self.workload;
         let workload = w.source()?;
