@@ -30,7 +30,7 @@ fn request(id: u64, at_ms: u64, class: Class, tenant: u32) -> Request {
     Request {
         id: RequestId(id),
         arrival: Time::from_millis(at_ms),
-        prompt_tokens: 1_000,
+        prompt_tokens: 100,
         max_output_tokens: 100,
         block_hashes: Vec::new(),
         resume: None,
