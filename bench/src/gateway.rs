@@ -173,6 +173,7 @@ async fn bench(exe: &Path, args: Args) -> anyhow::Result<()> {
             top_p: 1.0,
             seed: 0,
             generated: Vec::new(),
+            ..Default::default()
         };
         async move {
             let Ok(stream) = engine.generate(request).await else { return false };

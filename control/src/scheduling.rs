@@ -46,6 +46,21 @@ fn field_name(key: &'static str) -> &'static str {
     }
 }
 
+/// A scheduling's class priority: whether it is on, and the cap on lower classes' prompt
+/// tokens per step while an interactive request decodes (see
+/// [`InstanceConfig::class_priority`]). A cap without priority is refused.
+pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
+    let on = s.class_priority.unwrap_or(false);
+    match s.lower_class_step_tokens {
+        Some(_) if !on => Err(Invalid {
+            field: "lower_class_step_tokens".into(),
+            reason: "caps lower classes only with class_priority on".into(),
+        }),
+        Some(0) => Err(Invalid { field: "lower_class_step_tokens".into(), reason: "must be at least 1".into() }),
+        cap => Ok((on, cap)),
+    }
+}
+
 /// Checks a scheduling and resolves it to the engine's types.
 pub fn resolve(s: &Scheduling) -> Result<(PrefillPolicy, Option<KvProtection>), Invalid> {
     let section = SchedulerSection {
@@ -76,12 +91,18 @@ pub fn wire(prefill: &PrefillPolicy, kv_protection: Option<KvProtection>) -> Sch
         quota_kv_share: fair.map(|f| f.quota_kv_share),
         quota_growth: fair.map(|f| f.quota_growth),
         long_min_tokens: fair.map(|f| f.long_min_tokens),
+        class_priority: None,
+        lower_class_step_tokens: None,
     }
 }
 
 /// The scheduling an engine runs, as it reports it.
 pub fn of(config: &InstanceConfig) -> Scheduling {
-    wire(&config.prefill, config.kv_protection)
+    Scheduling {
+        class_priority: config.class_priority.then_some(true),
+        lower_class_step_tokens: config.lower_class_step_tokens.filter(|_| config.class_priority),
+        ..wire(&config.prefill, config.kv_protection)
+    }
 }
 
 /// Fair prefill's parameters of a scheduling by name, as policies write them (none under

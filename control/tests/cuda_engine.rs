@@ -121,6 +121,7 @@ async fn generate(client: &mut Link, id: u64, prompt: &[u32]) -> (Vec<u32>, Gene
         top_p: 1.0,
         seed: 7,
         generated: Vec::new(),
+        ..Default::default()
     };
     let mut stream = client.generate(req).await.expect("Generate is accepted").into_inner();
     let mut tokens = Vec::new();

@@ -282,6 +282,20 @@ impl Instance {
         self.debug_check();
     }
 
+    /// Turns class priority on or off (see [`InstanceConfig::class_priority`]); turned on,
+    /// the requests waiting are put in class order (FCFS within a class, as they were).
+    pub fn set_class_priority(&mut self, on: bool, lower_class_step_tokens: Option<u32>) {
+        assert!(!self.stepping, "set_class_priority called during a step");
+        self.config.class_priority = on;
+        self.config.lower_class_step_tokens = lower_class_step_tokens;
+        if on {
+            let mut waiting: Vec<u32> = self.waiting.drain(..).collect();
+            waiting.sort_by_key(|&s| self.seq(s).request.service.class);
+            self.waiting = waiting.into();
+        }
+        self.debug_check();
+    }
+
     pub fn kv(&self) -> &KvCache {
         &self.kv
     }

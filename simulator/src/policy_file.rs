@@ -12,6 +12,10 @@
 //! kv_low_water = 0.7
 //! autoscaler = "slo-load"
 //! autoscaler_params = { up_load = 0.85 }
+//! flow = "slo"                                  # flow control at the controller
+//! flow_params = { batch_headroom = 0.6 }
+//! class_priority = true                         # engines admit by class [default: with slo]
+//! class_slo = { interactive = { ttft_ms = 500, tpot_ms = 50 } }
 //! ```
 //!
 //! Only `router` is required; a key left out keeps the scenario's setting (on a live fleet:
@@ -20,11 +24,13 @@
 //! Every value is checked where the scenario's own settings are
 //! ([`Scenario::resolve`]), by the policy types' one validator ([`policies::Params`]).
 
+use crate::scenario::flow::{FlowEntry, FlowRun, FlowSection};
 use crate::scenario::{
     autoscaler_with_params, router_with_params, set_autoscaler_params, PoolsSection, RouterEntry, RunSpec, Scenario,
     ScenarioError, SchedulerSection,
 };
-use engine::{Dur, FairPrefill, PrefillPolicy};
+use crate::slo::Slo;
+use engine::{Class, Dur, FairPrefill, PrefillPolicy};
 use policies::params::changed;
 use policies::{AutoscalerConfig, Knobs, Params, RouterConfig};
 use serde::{Deserialize, Serialize};
@@ -54,6 +60,18 @@ pub struct PolicyFile {
     /// Its hysteresis knobs by name (durations in seconds).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub autoscaler_params: BTreeMap<String, f64>,
+    /// Flow control at the controller: `none`, `slo` or `llm-d` (see [`policies::flow`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<String>,
+    /// The flow rule's parameters by name (durations in seconds).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flow_params: BTreeMap<String, f64>,
+    /// Whether engines admit and preempt by class [default: on with `slo`, off otherwise].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_priority: Option<bool>,
+    /// Targets of the classes that do not take the fleet's SLO (`interactive`, `batch`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub class_slo: BTreeMap<Class, Slo>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +141,41 @@ impl PolicyFile {
         if let Some(name) = &self.autoscaler {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }
+        self.flow_run()?;
+        for (class, slo) in &self.class_slo {
+            for (what, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
+                if !(v > 0.0 && v <= Slo::MAX_MS) {
+                    let reason =
+                        format!("{class}'s {what} is {v}, not milliseconds above 0 and at most {}", Slo::MAX_MS);
+                    return Err(ScenarioError::Invalid { key: "class_slo", reason });
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The `[flow]` entry the policy gives (`None`: the scenario's, or none live).
+    fn flow_entry(&self) -> Option<FlowEntry> {
+        let name = self.flow.as_ref()?;
+        let mut table: BTreeMap<String, toml::Value> =
+            self.flow_params.iter().map(|(k, v)| (k.clone(), toml::Value::Float(*v))).collect();
+        table.insert("name".into(), toml::Value::String(name.clone()));
+        if let Some(on) = self.class_priority {
+            table.insert("class_priority".into(), toml::Value::Boolean(on));
+        }
+        Some(FlowEntry::Table(table))
+    }
+
+    /// The flow control the policy gives, checked (none when it names no rule).
+    pub fn flow_run(&self) -> Result<FlowRun, ScenarioError> {
+        let rules = self.flow_entry().map(|e| vec![e]);
+        let mut runs = FlowSection { rules }.resolve_runs()?;
+        Ok(runs.remove(0))
+    }
+
+    /// Each class's targets: the policy's where it gives them, else `slo`.
+    pub fn class_slos(&self, slo: Slo) -> [Slo; 3] {
+        Class::ALL.map(|c| self.class_slo.get(&c).copied().unwrap_or(slo))
     }
 
     /// The router with the policy's parameters.
@@ -164,10 +216,19 @@ impl PolicyFile {
             autoscaler_params: (!self.autoscaler_params.is_empty()).then(|| self.autoscaler_params.clone()),
             ..PoolsSection::default()
         };
+        let mut scenario = scenario;
+        if let Some(classes) = scenario.workload.classes.as_mut() {
+            for c in &mut classes.mix {
+                if let Some(slo) = self.class_slo.get(&c.class) {
+                    (c.ttft_ms, c.tpot_ms) = (Some(slo.ttft_ms), Some(slo.tpot_ms));
+                }
+            }
+        }
         let over = Scenario {
             routers: Some(vec![RouterEntry::with_params(&self.router, &self.router_params)]),
             scheduler: self.scheduler()?,
             pools,
+            flow: FlowSection { rules: self.flow_entry().map(|e| vec![e]) },
             ..Scenario::default()
         };
         Ok(scenario.overlay(over))
@@ -188,6 +249,10 @@ mod tests {
             kv_low_water: Some(0.7),
             autoscaler: Some("slo-load".into()),
             autoscaler_params: [("up_load".to_string(), 0.85)].into(),
+            flow: Some("slo".into()),
+            flow_params: [("batch_headroom".to_string(), 0.6)].into(),
+            class_priority: Some(true),
+            class_slo: [(Class::Interactive, Slo { ttft_ms: 500.0, tpot_ms: 50.0 })].into(),
         }
     }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// Latency targets a request must meet to count towards goodput.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Slo {
     /// Time to first token, from arrival at the fleet.
     pub ttft_ms: f64,
@@ -13,6 +14,9 @@ pub struct Slo {
 }
 
 impl Slo {
+    /// The largest target the policy API takes, in milliseconds: an hour.
+    pub const MAX_MS: f64 = 3_600_000.0;
+
     /// Whether a finished request met both targets (the rule of [`Metrics::record`]: the
     /// TPOT target is compared without dividing, and one output token always meets it).
     pub fn met_by(&self, f: &Finished) -> bool {

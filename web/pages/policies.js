@@ -1,5 +1,5 @@
 // Policies: the policy set in force (router, the engines' prefill scheduler and KV water
-// marks, the P/D autoscaler, each with its parameters) and its editor, with the API's
+// marks, the P/D autoscaler, flow control, each with its parameters) and its editor, with the API's
 // validation message shown next to the field it names; "apply tuned policy", a policy file
 // as `fleetplane tune` writes it sent as it is; the SLO targets; and the history of versions
 // with who made each and a one-click rollback (a PUT of the old version's whole set, which
@@ -17,7 +17,7 @@ export const DRAFT_SCHEDULING_KEY = 'fleetplane.draftScheduling';
 
 // The policy's fields, in the order of the form; each has a message box `${field}-message`.
 const FIELDS = ['router', 'router_params', 'prefill_scheduler', 'prefill_params', 'kv_high_water', 'kv_low_water',
-  'autoscaler', 'autoscaler_params'];
+  'autoscaler', 'autoscaler_params', 'flow', 'flow_params'];
 
 // Parameters as an operator writes them: "copy_weight=2, hot_slack=4" (empty: none).
 export function paramsText(params) {
@@ -69,6 +69,10 @@ export function mount(el) {
   const routerParams = paramsInput('router-params');
   const prefillParams = paramsInput('prefill-params');
   const autoscalerParams = paramsInput('autoscaler-params');
+  const flowParams = paramsInput('flow-params');
+  const flow = h('select', { id: 'flow' });
+  // What the form does not edit (class priority, the classes' SLOs) is kept as loaded.
+  let loaded = {};
   const prefill = h('select', { id: 'prefill-scheduler' });
   const high = h('input', { id: 'kv-high-water', type: 'number', step: 'any', placeholder: 'off' });
   const low = h('input', { id: 'kv-low-water', type: 'number', step: 'any', placeholder: '80% of high-water' });
@@ -95,6 +99,10 @@ export function mount(el) {
     kv_low_water: number(low),
     autoscaler: autoscaler.value === '' ? null : autoscaler.value,
     autoscaler_params: parseParams(autoscalerParams.value),
+    flow: flow.value === '' ? null : flow.value,
+    flow_params: parseParams(flowParams.value),
+    class_priority: loaded.class_priority ?? null,
+    class_slo: loaded.class_slo ?? {},
   });
   const keepDraft = () => {
     const p = edited();
@@ -136,6 +144,8 @@ export function mount(el) {
       field('kv_low_water', 'KV low-water mark (share)', low)),
     field('autoscaler', 'Autoscaler (serve --mode pd)', autoscaler),
     field('autoscaler_params', 'Autoscaler parameters', autoscalerParams),
+    field('flow', 'Flow control (queues by class and tenant ahead of routing; docs/FLOW.md)', flow),
+    field('flow_params', 'Flow parameters', flowParams),
     h('div', { class: 'buttons' },
       h('button', { type: 'submit' }, 'Save and apply'),
       h('button', { type: 'button', class: 'secondary', onclick: () => {
@@ -211,8 +221,9 @@ export function mount(el) {
       h('h2', {}, 'In force'),
       h('p', {}, 'Router ', h('strong', { id: 'policy-in-force' }, p.in_force.router_label),
         p.in_force.autoscaler ? ` · autoscaler ${p.in_force.autoscaler}` : '',
+        p.policy.flow && p.policy.flow !== 'none' ? ` · flow ${p.policy.flow}` : '',
         ` · version ${p.version} by ${p.author}${p.created_at ? ` at ${p.created_at.replace('T', ' ')}` : ''}`),
-      h('p', { id: 'policy-params' }, ['router_params', 'prefill_params', 'autoscaler_params']
+      h('p', { id: 'policy-params' }, ['router_params', 'prefill_params', 'autoscaler_params', 'flow_params']
         .filter((k) => paramsText(p.policy[k]) !== '')
         .map((k, i) => [i > 0 ? ' · ' : '', `${k}: `, h('code', { 'data-params': k }, paramsText(p.policy[k]))]),
       p.in_force.autoscaler_params && paramsText(p.in_force.autoscaler_params)
@@ -230,11 +241,15 @@ export function mount(el) {
       keep(prefill, p.valid.prefill_scheduler.map((n) => h('option', { value: n }, n)));
       keep(autoscaler, [h('option', { value: '' }, cli ? `command line's (${cli})` : 'none (colocated fleet)'),
         p.valid.autoscaler.map((n) => h('option', { value: n }, n))]);
+      keep(flow, p.valid.flow.map((n) => h('option', { value: n }, n)));
+      loaded = p.policy;
       const draft = filled ? null : sessionStorage.getItem(DRAFT_KEY);
       router.value = draft || p.policy.router;
       routerParams.value = draft && draft !== p.policy.router ? '' : paramsText(p.policy.router_params);
       prefillParams.value = paramsText(p.policy.prefill_params);
       autoscalerParams.value = paramsText(p.policy.autoscaler_params);
+      flowParams.value = paramsText(p.policy.flow_params);
+      flow.value = p.policy.flow ?? 'none';
       prefill.value = p.policy.prefill_scheduler;
       high.value = p.policy.kv_high_water ?? '';
       low.value = p.policy.kv_low_water ?? '';

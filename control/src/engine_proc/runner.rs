@@ -97,6 +97,8 @@ pub enum Command {
     Configure {
         prefill: engine::PrefillPolicy,
         kv_protection: Option<engine::KvProtection>,
+        /// Class priority, and its cap on lower classes' chunks.
+        class_priority: (bool, Option<u32>),
         reply: oneshot::Sender<proto::Scheduling>,
     },
 }
@@ -420,9 +422,10 @@ impl Runner {
             Command::Release { id, reply } => {
                 let _ = reply.send(self.release(id));
             }
-            Command::Configure { prefill, kv_protection, reply } => {
+            Command::Configure { prefill, kv_protection, class_priority, reply } => {
                 let now = self.now();
                 self.instance.set_scheduling(now, prefill, kv_protection);
+                self.instance.set_class_priority(class_priority.0, class_priority.1);
                 let scheduling = crate::scheduling::of(self.instance.config());
                 tracing::info!(?scheduling, "scheduling in force");
                 let _ = reply.send(scheduling);

@@ -65,6 +65,7 @@ impl Engine for EngineService {
             return Err(Status::invalid_argument("max_tokens must be at least 1"));
         }
         let sampling = sampling(g.temperature, g.top_p, g.seed)?;
+        let class = crate::proto::class_of(g.class());
         let mut prompt = g.prompt;
         // Tokens generated before a resume are recomputed as part of the prompt.
         let generated = g.generated.len() as u32;
@@ -79,7 +80,7 @@ impl Engine for EngineService {
             max_output_tokens: g.max_tokens - generated,
             block_hashes: engine::block_hashes(&prompt, self.info.block_size),
             resume: None,
-            service: Default::default(),
+            service: engine::Service { class, ..Default::default() },
             model: Default::default(),
         };
         let (out, rx) = mpsc::unbounded_channel();
@@ -169,9 +170,12 @@ impl Engine for EngineService {
     }
 
     async fn configure(&self, req: GrpcRequest<proto::Scheduling>) -> Result<Response<proto::Scheduling>, Status> {
-        let (prefill, kv_protection) = crate::scheduling::resolve(&req.into_inner())
-            .map_err(|e| Status::invalid_argument(format!("{}: {}", e.field, e.reason)))?;
-        let now_in_force = self.ask(|reply| Command::Configure { prefill, kv_protection, reply }).await?;
+        let s = req.into_inner();
+        let invalid = |e: crate::scheduling::Invalid| Status::invalid_argument(format!("{}: {}", e.field, e.reason));
+        let (prefill, kv_protection) = crate::scheduling::resolve(&s).map_err(invalid)?;
+        let class_priority = crate::scheduling::class_priority(&s).map_err(invalid)?;
+        let now_in_force =
+            self.ask(|reply| Command::Configure { prefill, kv_protection, class_priority, reply }).await?;
         Ok(Response::new(now_in_force))
     }
 

@@ -269,6 +269,7 @@ fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
         "prefill_params": crate::scheduling::prefill_params(s),
         "kv_high_water": s.kv_high_water,
         "kv_low_water": s.kv_low_water,
+        "class_priority": s.class_priority == Some(true),
     })
 }
 
@@ -294,6 +295,7 @@ pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiR
         "router": RouterConfig::names(),
         "prefill_scheduler": PREFILL_SCHEDULERS,
         "autoscaler": autoscalers,
+        "flow": policies::FlowConfig::NAMES,
         "command_line_autoscaler": app.pool_args.as_ref().map(|p| p.autoscaler.as_str()),
     });
     Ok(Json(v).into_response())
@@ -345,7 +347,7 @@ async fn store_policy(app: &App, who: Principal, policy: Policy) -> ApiResult {
 }
 
 /// The largest SLO target, in milliseconds (the OpenAPI document's `maximum`): an hour.
-const SLO_MAX_MS: f64 = 3_600_000.0;
+const SLO_MAX_MS: f64 = simulator::slo::Slo::MAX_MS;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

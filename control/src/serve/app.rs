@@ -87,9 +87,16 @@ impl App {
             let autoscaler = pools.map(|p| p.autoscaler.name());
             tracing::info!(router = set.router.label(), ?autoscaler, version, "policy in force");
         }
-        if hub.fleet.scheduling() != Some(&set.scheduling) {
-            tracing::info!(scheduling = ?set.scheduling, version, "engine scheduling in force");
-            hub.fleet.set_scheduling(set.scheduling);
+        hub.set_flow(set.flow.flow, set.class_slo);
+        let class_priority = set.flow.class_priority;
+        let scheduling = crate::proto::Scheduling {
+            class_priority: class_priority.then_some(true),
+            lower_class_step_tokens: hub.lower_class_step_tokens().filter(|_| class_priority),
+            ..set.scheduling
+        };
+        if hub.fleet.scheduling() != Some(&scheduling) {
+            tracing::info!(?scheduling, version, "engine scheduling in force");
+            hub.fleet.set_scheduling(scheduling);
         }
     }
 }

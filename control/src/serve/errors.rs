@@ -13,6 +13,8 @@ pub struct ApiError {
     code: &'static str,
     param: Option<std::borrow::Cow<'static, str>>,
     message: String,
+    /// Seconds a client should wait before trying again (the `Retry-After` header).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -25,11 +27,16 @@ impl ApiError {
             400..=499 => "invalid_request_error",
             _ => "server_error",
         };
-        ApiError { status, kind, code, param: None, message: message.into() }
+        ApiError { status, kind, code, param: None, message: message.into(), retry_after: None }
     }
 
     pub fn invalid(param: impl Into<std::borrow::Cow<'static, str>>, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", message).with_param(param)
+    }
+
+    /// The same error telling the client when to try again.
+    pub fn retry_after(self, seconds: u64) -> ApiError {
+        ApiError { retry_after: Some(seconds), ..self }
     }
 
     /// The same error naming the field at fault.
@@ -81,6 +88,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(s));
+        }
+        response
     }
 }

@@ -6,6 +6,7 @@ use super::app::App;
 use super::auth::Role;
 use super::errors::ApiError;
 use super::history::Finished;
+use super::hub::{Admitted, Refused};
 use super::live_fleet::MemberState;
 use super::news::{Delta, OpenAiCall, Payload};
 use crate::engine_proc::Sampling;
@@ -18,7 +19,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::{InstanceId, Request, RequestId};
-use policies::{PlaceError, Reject};
+use policies::{PlaceError, Reject, ShedReason};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -97,6 +98,8 @@ struct Body {
     functions: Option<Value>,
     function_call: Option<Value>,
     response_format: Option<Value>,
+    /// OpenAI's service tier, read as the request's class (see [`super::service`]).
+    service_tier: Option<String>,
 }
 
 /// The chat roles engines of ours render (a `tool` message answers a tool call, which they
@@ -221,6 +224,7 @@ struct Parsed {
     sampling: Sampling,
     stream: bool,
     include_usage: bool,
+    service_tier: Option<String>,
 }
 
 /// Reads a request; text prompts are tokenized with the tokenizer of the model asked for.
@@ -307,6 +311,7 @@ fn parse(bytes: &[u8], kind: Kind, tokenizers: &Tokenizers) -> Result<Parsed, Ap
         sampling: Sampling { temperature, top_p, seed: body.seed.unwrap_or(0) },
         stream: body.stream,
         include_usage: body.stream_options.unwrap_or_default().include_usage,
+        service_tier: body.service_tier,
     })
 }
 
@@ -317,12 +322,16 @@ async fn serve(
     kind: Kind,
 ) -> Result<Response, ApiError> {
     app.auth.check(&headers, Role::Inference)?;
+    // TTFT counts from here, also for a request flow control holds.
+    let arrived = Instant::now();
     let bytes = body.map_err(|e| {
         app.metrics.request("rejected");
         ApiError::new(e.status(), "invalid_body", format!("cannot read the body: {}", e.body_text()))
     })?;
     let mut parsed = parse(&bytes, kind, &app.tokenizers).inspect_err(|_| app.metrics.request("rejected"))?;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let asked = super::service::asked(&headers, parsed.service_tier.as_deref())
+        .inspect_err(|_| app.metrics.request("rejected"))?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let prompt_tokens = parsed.prompt.len() as u32;
     let id = {
         let mut hub = app.lock_hub();
@@ -357,6 +366,12 @@ async fn serve(
         // Routers choose among this model's engines only.
         let model = hub.fleet.model_id(&parsed.model).unwrap_or_default();
         let id = hub.next_request_id();
+        let service = engine::Service {
+            class: asked.class,
+            tenant: hub.tenant(&asked.tenant),
+            deadline_ms: asked.deadline_ms,
+            session: asked.session,
+        };
         let request = Request {
             id,
             arrival: hub.now(),
@@ -364,7 +379,7 @@ async fn serve(
             max_output_tokens: parsed.max_tokens,
             block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
-            service: Default::default(),
+            service,
             model,
         };
         hub.prefixes.record(&request.block_hashes, block_size);
@@ -384,25 +399,62 @@ async fn serve(
             first_token_us: None,
             call,
         };
-        if let Err((e, _)) = hub.place(request, payload) {
-            app.metrics.request("rejected");
-            return Err(match e {
-                PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "context_length_exceeded",
-                    format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine of `{}` holds {largest_tokens}", parsed.max_tokens, parsed.model),
-                )
-                .with_param("max_tokens"),
-                PlaceError::Reject(Reject::NoInstance) => {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving")
-                }
-                PlaceError::Dispatch(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "dispatch_failed", e.to_string()),
-            });
-        }
-        id
+        let admitted = match hub.admit(request, payload) {
+            Ok(a) => a,
+            Err((Refused::Shed { reason, retry_after }, _)) => {
+                app.metrics.request("shed");
+                return Err(shed_error(reason, retry_after));
+            }
+            Err((Refused::Place(e), _)) => {
+                app.metrics.request("rejected");
+                return Err(place_error(e, prompt_tokens, &parsed));
+            }
+        };
+        (id, admitted)
     };
-    let run = Run::new(app, id, parsed, rx);
+    let (id, admitted) = id;
+    // A queued request answers once it is placed or shed: a shed one gets its status and
+    // Retry-After, not a stream that fails.
+    let first = match admitted {
+        Admitted::Placed => None,
+        Admitted::Queued => match rx.recv().await {
+            Some(Delta::Shed { reason, retry_after }) => {
+                app.metrics.request("shed");
+                return Err(shed_error(reason, retry_after));
+            }
+            other => other,
+        },
+    };
+    let mut run = Run::new(app, id, parsed, rx);
+    (run.first, run.class, run.tenant, run.started) = (first, asked.class, asked.tenant, arrived);
     Ok(if run.parsed.stream { run.stream() } else { run.collect().await })
+}
+
+/// A refusal by flow control: 429 for sheddable work shed, 503 for a full queue, each
+/// with when to try again.
+fn shed_error(reason: ShedReason, retry_after: engine::Dur) -> ApiError {
+    let status = match reason {
+        ShedReason::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        ShedReason::Saturated { .. } | ShedReason::Waited { .. } => StatusCode::TOO_MANY_REQUESTS,
+    };
+    let seconds = retry_after.as_secs_f64().ceil() as u64;
+    ApiError::new(status, reason.code(), format!("{reason}; try again in {seconds} s")).retry_after(seconds)
+}
+
+/// A request no engine takes, as the client's error.
+fn place_error(e: PlaceError, prompt_tokens: u32, parsed: &Parsed) -> ApiError {
+    match e {
+        PlaceError::Reject(Reject::TooLarge { needed_tokens, largest_tokens }) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({}) needs {needed_tokens} tokens of KV; the largest engine of `{}` holds {largest_tokens}", parsed.max_tokens, parsed.model),
+        )
+        .with_param("max_tokens"),
+        PlaceError::Reject(Reject::NoInstance) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_engine", "no engine is serving")
+        }
+        PlaceError::Dispatch(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "dispatch_failed", e.to_string()),
+    }
 }
 
 /// One request's stream from the fleet to its client.
@@ -418,6 +470,10 @@ struct Run {
     completion_tokens: u32,
     /// The output's text so far, as it streams.
     text: TextDecoder,
+    /// A delta already taken from `rx` (a queued request's first).
+    first: Option<Delta>,
+    class: engine::Class,
+    tenant: String,
 }
 
 impl Run {
@@ -436,6 +492,16 @@ impl Run {
             first_token_at: None,
             completion_tokens: 0,
             text,
+            first: None,
+            class: engine::Class::default(),
+            tenant: String::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<Delta> {
+        match self.first.take() {
+            Some(d) => Some(d),
+            None => self.rx.recv().await,
         }
     }
 
@@ -443,7 +509,10 @@ impl Run {
         if self.first_token_at.is_none() {
             let now = Instant::now();
             self.first_token_at = Some(now);
-            self.app.metrics.ttft_seconds.observe(now.duration_since(self.started).as_secs_f64());
+            let ttft = now.duration_since(self.started).as_secs_f64();
+            self.app.metrics.ttft_seconds.observe(ttft);
+            let class = super::metrics::ClassLabel { class: self.class.name().to_string() };
+            self.app.metrics.class_ttft_seconds.get_or_create(&class).observe(ttft);
         }
         self.completion_tokens += n as u32;
         self.app.metrics.tokens_generated.inc_by(n as u64);
@@ -451,6 +520,8 @@ impl Run {
 
     fn note_done(&self, cached: [u32; 3], instance: InstanceId) {
         self.app.metrics.request("ok");
+        let tenant = super::metrics::TenantLabel { tenant: self.tenant.clone() };
+        self.app.metrics.tenant_requests.get_or_create(&tenant).inc();
         self.app.metrics.prompt_tokens.inc_by(self.parsed.prompt.len() as u64);
         self.app.metrics.cached_prompt_tokens.inc_by(cached.iter().map(|&c| u64::from(c)).sum());
         // A request that ends before any token (a zero-length output) has no TTFT to report.
@@ -517,7 +588,7 @@ impl Run {
 
     async fn collect(mut self) -> Response {
         let mut tokens = Vec::new();
-        while let Some(d) = self.rx.recv().await {
+        while let Some(d) = self.next().await {
             match d {
                 Delta::Tokens(t) => {
                     self.note_tokens(t.len());
@@ -543,6 +614,7 @@ impl Run {
                     return Json(body).into_response();
                 }
                 Delta::Refused { status, body } => return self.refused(status, body),
+                Delta::Shed { reason, retry_after } => return shed_error(reason, retry_after).into_response(),
                 // Only streamed calls bring these; a request resumed on an engine of ours
                 // after one of them broke mid-stream cannot be collected here.
                 Delta::Chunk { .. } | Delta::End { .. } => {}
@@ -558,7 +630,7 @@ impl Run {
             if done {
                 return None;
             }
-            let (event, done) = match run.rx.recv().await {
+            let (event, done) = match run.next().await {
                 Some(Delta::Tokens(t)) => {
                     run.note_tokens(t.len());
                     let text = run.text.push(&t);
@@ -598,6 +670,9 @@ impl Run {
                 Some(Delta::Refused { status, body }) => {
                     run.note_refused(status);
                     (vec![Event::default().data(body.to_string())], true)
+                }
+                Some(Delta::Shed { reason, retry_after }) => {
+                    (vec![Event::default().data(shed_error(reason, retry_after).body().to_string())], true)
                 }
                 None => {
                     run.app.metrics.request("failed");

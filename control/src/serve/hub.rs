@@ -4,10 +4,15 @@
 use super::live_fleet::{LiveFleet, MAX_ATTEMPTS};
 use super::metrics::Metrics;
 use super::news::{Delta, News, Payload};
+use engine::{Class, Dur, TenantId};
 use engine::{Request, RequestId, Time};
+use policies::flow::ShedReason;
 use policies::{
-    Command, Controller, ControllerConfig, Fleet, FleetEvent, PdConfig, PlaceError, Route, ScalingEvent, Unplaced,
+    Command, Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, PdConfig, PlaceError, Released,
+    ScalingEvent, Targets, Unplaced,
 };
+use simulator::slo::Slo;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +35,33 @@ pub struct Hub {
     next_request: u64,
     scratch: Vec<FleetEvent>,
     commands: Vec<Command>,
+    /// Requests waiting for room (flow control; none while its rule is `none`).
+    pub flow: Flow<Payload>,
+    flow_config: FlowConfig,
+    /// The fleet's SLO and the classes' own targets, which flow control sizes by.
+    slo: Slo,
+    class_slo: BTreeMap<Class, Slo>,
+    /// Tenants by name, numbered as they first come.
+    tenants: HashMap<String, TenantId>,
+    released: Vec<Released<Payload>>,
 }
+
+/// What became of a request the gateway handed in.
+pub enum Admitted {
+    Placed,
+    /// Waiting for room: its first delta says when it was placed or shed.
+    Queued,
+}
+
+/// Why a request was not taken.
+pub enum Refused {
+    Place(PlaceError),
+    Shed { reason: ShedReason, retry_after: Dur },
+}
+
+/// Tenants the hub numbers at most; later names share the last id (their requests are
+/// served, fair-shared as one tenant).
+pub const MAX_TENANTS: usize = 10_000;
 
 impl Hub {
     pub fn new(
@@ -43,7 +74,15 @@ impl Hub {
         let controller = build(&config, pools, false);
         fleet.configure(controller.wants_latencies(), pools.map(|p| p.transfer));
         let clock = fleet.clock();
+        let slo = Slo { ttft_ms: super::DEFAULT_SLO.0, tpot_ms: super::DEFAULT_SLO.1 };
+        let flow = Flow::new(&FlowConfig::None, &config.hints, targets(slo, &BTreeMap::new()));
         Hub {
+            flow,
+            flow_config: FlowConfig::None,
+            slo,
+            class_slo: BTreeMap::new(),
+            tenants: HashMap::new(),
+            released: Vec::new(),
             prefixes: Default::default(),
             controller,
             fleet,
@@ -95,13 +134,136 @@ impl Hub {
         self.leading && self.fleet.actuator().is_some()
     }
 
-    /// Puts stored SLO targets in force for the pools' loads (a colocated fleet has none).
+    /// Puts stored SLO targets in force for the pools' loads (a colocated fleet has none)
+    /// and for flow control's sizing.
     pub fn set_slo(&mut self, ttft_ms: f64, tpot_ms: f64) {
+        let slo = Slo { ttft_ms, tpot_ms };
+        if slo != self.slo {
+            self.slo = slo;
+            let (flow, class_slo) = (self.flow_config, self.class_slo.clone());
+            self.rebuild_flow(flow, class_slo);
+        }
         let Some(p) = &mut self.pools else { return };
         if (p.slo.ttft_target_ms, p.slo.tpot_target_ms) != (ttft_ms, tpot_ms) {
             (p.slo.ttft_target_ms, p.slo.tpot_target_ms) = (ttft_ms, tpot_ms);
             self.controller.set_slo_targets(ttft_ms, tpot_ms);
             tracing::info!(ttft_ms, tpot_ms, "SLO targets in force for the pools' loads");
+        }
+    }
+
+    /// Puts a flow control rule in force, with the classes' own targets; the requests
+    /// waiting are offered to it in turn (none is lost).
+    pub fn set_flow(&mut self, flow: FlowConfig, class_slo: BTreeMap<Class, Slo>) {
+        if flow != self.flow_config || class_slo != self.class_slo {
+            tracing::info!(flow = flow.label(), ?class_slo, "flow control in force");
+            self.rebuild_flow(flow, class_slo);
+        }
+    }
+
+    fn rebuild_flow(&mut self, flow: FlowConfig, class_slo: BTreeMap<Class, Slo>) {
+        let fresh = Flow::new(&flow, &self.config.hints, targets(self.slo, &class_slo));
+        let waiting = std::mem::replace(&mut self.flow, fresh).remove_where(|_| true);
+        (self.flow_config, self.class_slo) = (flow, class_slo);
+        let now = self.now();
+        for (request, payload) in waiting {
+            let r = self.controller.offer(&mut self.flow, &mut self.fleet, now, request, payload);
+            self.settle(r);
+        }
+    }
+
+    /// The classes' targets flow control sizes by, and the cap of lower classes' chunks its
+    /// rule asks engines with class priority for.
+    pub fn lower_class_step_tokens(&self) -> Option<u32> {
+        self.flow_config.lower_class_step_tokens(&self.config.hints, &targets(self.slo, &self.class_slo))
+    }
+
+    /// The tenant named `name`, numbered the first time it comes.
+    pub fn tenant(&mut self, name: &str) -> TenantId {
+        if let Some(&id) = self.tenants.get(name) {
+            return id;
+        }
+        let id = TenantId(self.tenants.len().min(MAX_TENANTS) as u32);
+        if self.tenants.len() < MAX_TENANTS {
+            self.tenants.insert(name.to_string(), id);
+        }
+        id
+    }
+
+    /// A new request from the gateway, through flow control: placed now, queued, or refused
+    /// (the payload comes back, boxed: it is large and refusals are rare).
+    pub fn admit(&mut self, request: Request, payload: Payload) -> Result<Admitted, (Refused, Box<Payload>)> {
+        self.pump();
+        let now = self.now();
+        let started = Instant::now();
+        let (id, class) = (request.id, request.service.class);
+        let r = self.controller.offer(&mut self.flow, &mut self.fleet, now, request, payload);
+        self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
+        let outcome = match r {
+            Released::Placed { route, .. } => {
+                tracing::debug!(request = %id, instance = %route.prefill, why = ?route.why, "routed");
+                Ok(Admitted::Placed)
+            }
+            Released::Queued => Ok(Admitted::Queued),
+            Released::Unplaced(Unplaced { error, payload, .. }) => Err((Refused::Place(error), Box::new(payload))),
+            Released::Shed(shed) => {
+                let refused = Refused::Shed { reason: shed.reason, retry_after: shed.retry_after };
+                Err((refused, Box::new(shed.payload)))
+            }
+        };
+        self.metrics.flow(
+            class,
+            match &outcome {
+                Ok(Admitted::Placed) => "placed",
+                Ok(Admitted::Queued) => "queued",
+                Err((Refused::Shed { reason, .. }, _)) => reason.code(),
+                Err((Refused::Place(_), _)) => "refused",
+            },
+        );
+        self.metrics.set_queued(self.flow.queued());
+        outcome
+    }
+
+    /// Places what flow control holds while there is room; sheds what waited too long and
+    /// drops what nobody waits for any more.
+    fn release(&mut self) {
+        if self.flow.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let mut released = std::mem::take(&mut self.released);
+        self.controller.release(&mut self.flow, &mut self.fleet, now, &mut released);
+        for r in released.drain(..) {
+            self.settle(r);
+        }
+        self.released = released;
+        self.metrics.set_queued(self.flow.queued());
+    }
+
+    /// Drops the queued requests whose client went away (called now and then: it walks
+    /// the whole queue).
+    pub fn sweep_flow(&mut self) {
+        let gone = self.flow.remove_where(|p| p.out.is_closed());
+        if !gone.is_empty() {
+            tracing::debug!(requests = gone.len(), "queued requests whose client went away dropped");
+            self.metrics.set_queued(self.flow.queued());
+        }
+    }
+
+    /// A released or re-offered request's outcome, told to its client.
+    fn settle(&mut self, r: Released<Payload>) {
+        match r {
+            Released::Placed { id, route, .. } => {
+                tracing::debug!(request = %id, instance = %route.prefill, "released by flow control");
+            }
+            Released::Queued => {}
+            Released::Unplaced(Unplaced { error, payload, request }) => {
+                self.metrics.flow(request.service.class, "refused");
+                let _ = payload.out.send(Delta::Failed(format!("waited for room, then {error}")));
+            }
+            Released::Shed(shed) => {
+                self.metrics.flow(shed.request.service.class, shed.reason.code());
+                let _ = shed.payload.out.send(Delta::Shed { reason: shed.reason, retry_after: shed.retry_after });
+            }
         }
     }
 
@@ -113,7 +275,8 @@ impl Hub {
         new
     }
 
-    /// Feeds the fleet's pending events to the controller.
+    /// Feeds the fleet's pending events to the controller, then lets flow control place
+    /// what they made room for.
     pub fn pump(&mut self) {
         self.fleet.poll_events(&mut self.scratch);
         let mut events = std::mem::take(&mut self.scratch);
@@ -121,6 +284,7 @@ impl Hub {
             self.feed(e);
         }
         self.scratch = events;
+        self.release();
     }
 
     /// One fleet event to the controller; a load report also refreshes the engine's record.
@@ -133,24 +297,6 @@ impl Hub {
         }
         let now = self.now();
         self.controller.on_event(now, &e);
-    }
-
-    /// Routes and dispatches a request whose tokens are in `payload`.
-    /// On failure the payload comes back (boxed: it is large, and failures are rare).
-    pub fn place(&mut self, request: Request, payload: Payload) -> Result<Route, (PlaceError, Box<Payload>)> {
-        self.pump();
-        let now = self.now();
-        let started = Instant::now();
-        let id = request.id;
-        let placed = self.controller.place(&mut self.fleet, now, request, payload, None);
-        self.metrics.route_seconds.observe(started.elapsed().as_secs_f64());
-        match placed {
-            Ok(route) => {
-                tracing::debug!(request = %id, instance = %route.prefill, why = ?route.why, "routed");
-                Ok(route)
-            }
-            Err(Unplaced { error, payload, .. }) => Err((error, Box::new(payload))),
-        }
     }
 
     /// Takes in what the fleet's tasks learned.
@@ -220,6 +366,14 @@ impl Hub {
             self.pump();
         }
     }
+}
+
+/// Each class's targets: its own where the policy gives them, else the fleet's SLO.
+fn targets(slo: Slo, class_slo: &BTreeMap<Class, Slo>) -> [Targets; 3] {
+    Class::ALL.map(|c| {
+        let s = class_slo.get(&c).copied().unwrap_or(slo);
+        Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) }
+    })
 }
 
 /// The controller for `config`, with the pools of a disaggregated fleet.

@@ -13,6 +13,22 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassOutcome {
+    pub class: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InstanceLabels {
     pub instance: String,
     pub pool: String,
@@ -39,6 +55,13 @@ pub struct Metrics {
     pub engines: Family<KindState, Gauge>,
     /// The controller's `unmatched_ends`: 0 unless the fleet broke its contract.
     pub unmatched_ends: Gauge,
+    /// Flow control: requests by class and what became of them on arrival or release.
+    pub flow_requests: Family<ClassOutcome, Counter>,
+    /// Requests waiting for room, by class.
+    pub flow_queued: Family<ClassLabel, Gauge>,
+    /// TTFT seen by the gateway, by class, and requests finished by tenant.
+    pub class_ttft_seconds: Family<ClassLabel, Histogram>,
+    pub tenant_requests: Family<TenantLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,7 +132,33 @@ impl Metrics {
             "Request ends the controller had not counted in flight on that engine (0 unless the fleet broke its contract)",
             unmatched_ends.clone(),
         );
+        let flow_requests = Family::<ClassOutcome, Counter>::default();
+        registry.register(
+            "flow_requests",
+            "Requests by class and flow control's outcome (placed, queued, shed, queue_full, refused)",
+            flow_requests.clone(),
+        );
+        let flow_queued = Family::<ClassLabel, Gauge>::default();
+        registry.register(
+            "flow_queued_requests",
+            "Requests waiting for room at the controller, by class",
+            flow_queued.clone(),
+        );
+        let class_ttft_seconds = Family::<ClassLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        });
+        registry.register(
+            "class_ttft_seconds",
+            "Time to first token seen by the gateway, by class",
+            class_ttft_seconds.clone(),
+        );
+        let tenant_requests = Family::<TenantLabel, Counter>::default();
+        registry.register("tenant_requests", "Requests finished, by tenant", tenant_requests.clone());
         Metrics {
+            flow_requests,
+            flow_queued,
+            class_ttft_seconds,
+            tenant_requests,
             registry,
             engines,
             unmatched_ends,
@@ -132,6 +181,18 @@ impl Metrics {
 
     pub fn request(&self, outcome: &str) {
         self.requests.get_or_create(&Outcome { outcome: outcome.to_string() }).inc();
+    }
+
+    pub fn flow(&self, class: engine::Class, outcome: &str) {
+        let labels = ClassOutcome { class: class.name().to_string(), outcome: outcome.to_string() };
+        self.flow_requests.get_or_create(&labels).inc();
+    }
+
+    /// Requests waiting at the controller, by [`engine::Class::index`].
+    pub fn set_queued(&self, queued: [usize; 3]) {
+        for (class, n) in engine::Class::ALL.iter().zip(queued) {
+            self.flow_queued.get_or_create(&ClassLabel { class: class.name().to_string() }).set(n as i64);
+        }
     }
 
     pub fn render(&self) -> String {

@@ -12,14 +12,14 @@
 //! | `news.rs` | what tasks tell the driver (`News`) and clients receive (`Delta`); a request's `Payload` |
 //! | `lock.rs` | locking shared state, also after a panic |
 //! | **routing** | |
-//! | `hub.rs` | the `Controller` and the `LiveFleet` under one mutex: place, events, re-placement |
+//! | `hub.rs` | the `Controller` and the `LiveFleet` under one mutex: flow control, place, events, re-placement |
 //! | `live_fleet.rs` | `policies::Fleet` over our gRPC engines and vLLM's HTTP ones |
 //! | `stream.rs`, `transfer.rs` | a request's token stream to its client; a P/D hand-off |
 //! | `pools.rs`, `actuator.rs` | `--mode pd`'s pool settings; starting and stopping engines |
 //! | `registry.rs`, `engines.rs`, `vllm/` | engines registering (ours over gRPC; vLLM and SGLang by an operator) |
 //! | **HTTP** | |
 //! | `listener.rs` | the HTTP listener's limits (header and body deadlines, connection cap) |
-//! | `gateway.rs` | `/v1`: OpenAI-compatible completions and chat |
+//! | `gateway.rs`, `service.rs` | `/v1`: OpenAI-compatible completions and chat; the class, tenant, deadline and session a request asks for |
 //! | `api.rs`, `openapi.json`, `policy.rs`, `simulations.rs` | `/api`: REST, its document, the policy set, background simulations |
 //! | `auth.rs` | bearer tokens and roles |
 //! | `metrics.rs` | `/metrics` |
@@ -49,6 +49,7 @@ pub mod pools;
 mod prefixes;
 mod registry;
 mod sampler;
+mod service;
 mod simulations;
 mod spool;
 mod store;
@@ -433,6 +434,7 @@ async fn drive(app: Arc<App>, mut news: mpsc::UnboundedReceiver<News>) {
                     tracing::warn!(instance = %id, "engine silent for {ENGINE_TIMEOUT:?}: taken as gone");
                     hub.fleet.lose(*id);
                 }
+                hub.sweep_flow();
                 hub.pump();
                 let leading = app.leader.load(Ordering::Relaxed);
                 hub.set_leading(leading);

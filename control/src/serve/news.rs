@@ -45,6 +45,11 @@ pub enum Delta {
         status: u16,
         body: serde_json::Value,
     },
+    /// Flow control refused it while it waited (the only delta it gets).
+    Shed {
+        reason: policies::ShedReason,
+        retry_after: engine::Dur,
+    },
 }
 
 /// A request's tokens and its client, kept by the fleet while the request runs.

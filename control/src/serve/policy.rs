@@ -14,7 +14,9 @@ use policies::{AutoscalerConfig, RouterConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use simulator::policy_file::PolicyFile;
+use simulator::scenario::flow::FlowRun;
 use simulator::scenario::ScenarioError;
+use std::collections::BTreeMap;
 
 /// One version of the policy set, as stored and as the API takes it: a policy file, so that
 /// a live policy's JSON is a policy file and a policy file (TOML or JSON) a live policy. On a
@@ -29,6 +31,10 @@ pub struct Policy(pub PolicyFile);
 pub struct PolicySet {
     pub router: RouterConfig,
     pub scheduling: Scheduling,
+    /// Flow control at the controller, with whether engines admit by class.
+    pub flow: FlowRun,
+    /// The classes' own targets (the others take the fleet's SLO).
+    pub class_slo: BTreeMap<engine::Class, simulator::slo::Slo>,
     /// `None` for a colocated fleet, which has no autoscaler.
     pub autoscaler: Option<AutoscalerConfig>,
 }
@@ -94,7 +100,9 @@ impl Policy {
                 Some(p.autoscaler_over(flags).map_err(refused)?)
             }
         };
-        Ok(PolicySet { router, scheduling, autoscaler })
+        let flow = p.flow_run().map_err(refused)?;
+        p.check().map_err(refused)?;
+        Ok(PolicySet { router, scheduling, autoscaler, flow, class_slo: p.class_slo.clone() })
     }
 
     /// A stored version (validated when stored, but a newer build may know other names).
@@ -118,6 +126,10 @@ impl Policy {
                 ("kv_low_water", Value::Null),
                 ("autoscaler", Value::Null),
                 ("autoscaler_params", json!({})),
+                ("flow", Value::Null),
+                ("flow_params", json!({})),
+                ("class_priority", Value::Null),
+                ("class_slo", json!({})),
             ];
             for (key, default) in defaults {
                 fields.entry(key).or_insert(default);
@@ -162,7 +174,8 @@ mod tests {
         assert_eq!(
             Policy::normalized(old),
             json!({"router": "round-robin", "router_params": {}, "prefill_scheduler": "fair", "prefill_params": {},
-                "kv_high_water": 0.9, "kv_low_water": null, "autoscaler": null, "autoscaler_params": {}})
+                "kv_high_water": 0.9, "kv_low_water": null, "autoscaler": null, "autoscaler_params": {},
+                "flow": null, "flow_params": {}, "class_priority": null, "class_slo": {}})
         );
     }
 

@@ -48,10 +48,12 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 20] = [
+const EXAMPLES: [(&str, &str); 22] = [
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
+    ("classes-interactive-batch.toml", include_str!("../../../examples/classes-interactive-batch.toml")),
+    ("classes-two-tenants.toml", include_str!("../../../examples/classes-two-tenants.toml")),
     ("cuda-fidelity.toml", include_str!("../../../examples/cuda-fidelity.toml")),
     ("long-context-layouts.toml", include_str!("../../../examples/long-context-layouts.toml")),
     ("long-input-fair.toml", include_str!("../../../examples/long-input-fair.toml")),

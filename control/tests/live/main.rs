@@ -5,6 +5,7 @@ mod commands;
 #[path = "../common/mod.rs"]
 mod common;
 mod faults;
+mod flow;
 mod gateway;
 mod policy;
 

@@ -75,7 +75,8 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let _e0 = engine(&s.grpc, "e0", &[]);
     wait_serving(&s.http, 1);
     let url = format!("{}/api/policies", s.http);
-    let fcfs = json!({"prefill_scheduler": "fcfs", "prefill_params": {}, "kv_high_water": null, "kv_low_water": null});
+    let fcfs = json!({"prefill_scheduler": "fcfs", "prefill_params": {}, "kv_high_water": null, "kv_low_water": null,
+        "class_priority": false});
     eventually(10, "e0 reports its own scheduling", || schedulings(&s.http) == [("e0".to_string(), fcfs.clone())]);
 
     // Each bad field is refused with its name and the valid values; nothing is stored.
@@ -98,7 +99,7 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &fair);
     assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
     let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6,
-        "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
+        "class_priority": false, "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
     eventually(10, "e0 schedules fairly", || schedulings(&s.http) == [("e0".to_string(), fair_in_force.clone())]);
     // An engine that joins later gets the policy in force.
     let _e1 = engine(&s.grpc, "e1", &[]);
@@ -126,7 +127,8 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     assert_eq!(
         v["policy"],
         json!({"router": "round-robin", "router_params": {}, "prefill_scheduler": "fair", "prefill_params": {},
-            "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null, "autoscaler_params": {}})
+            "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null, "autoscaler_params": {},
+            "flow": null, "flow_params": {}, "class_priority": null, "class_slo": {}})
     );
     let (_, history) = get(&format!("{url}/history"), Some(ADMIN));
     let v2 = &history["versions"][1];

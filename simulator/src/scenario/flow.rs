@@ -47,7 +47,7 @@ impl FlowSection {
     }
 
     /// One run per entry; a single plain run without the section.
-    pub(super) fn resolve(&self) -> Result<Vec<FlowRun>, ScenarioError> {
+    pub fn resolve_runs(&self) -> Result<Vec<FlowRun>, ScenarioError> {
         let Some(entries) = &self.rules else {
             return Ok(vec![FlowRun::default()]);
         };

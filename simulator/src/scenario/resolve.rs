@@ -139,7 +139,7 @@ impl Scenario {
         let (protection, protection_on) = self.scheduler.resolve_protection()?;
         let kv_protection = protection_on.then_some(protection);
         let pool_runs = self.pools.resolve_runs(instances, cost.gpus())?;
-        let flow_runs = self.flow.resolve()?;
+        let flow_runs = self.flow.resolve_runs()?;
         let base = RunBase { tiers, prefill, protection, kv_protection, drafter };
         let mut routers = Vec::with_capacity(names.len() * pool_runs.len() * flow_runs.len());
         for entry in &names {
