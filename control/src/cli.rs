@@ -264,6 +264,7 @@ impl SimFlags {
                 max_requests: self.max_requests,
                 synthetic: None,
                 phased: None,
+                agentic: None,
                 classes: None,
             },
             slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
@@ -333,6 +334,7 @@ pub fn describe(s: &Settings) -> String {
         simulator::scenario::WorkloadSource::Trace { path, .. } => path.display().to_string(),
         simulator::scenario::WorkloadSource::Synthetic(c) => format!("synthetic ({} requests)", c.requests),
         simulator::scenario::WorkloadSource::Phased(c) => c.describe(),
+        simulator::scenario::WorkloadSource::Agentic(c) => format!("agentic ({} closed-loop sessions)", c.sessions),
     };
     let block_tokens = u64::from(s.instance.block_size);
     let mut tiers = String::new();

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use cost::{check_steps, load_profile, StepCheck};
 use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
-use simulator::report::{comparison_table, groups_table, pools_table, write_json, Report, RunReport};
+use simulator::report::{comparison_table, groups_table, pools_table, sessions_table, write_json, Report, RunReport};
 use simulator::scenario::{RunSpec, Settings};
 use simulator::sim::{self, RunOutput, SimConfig};
 use std::path::PathBuf;
@@ -65,7 +65,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .map(|o| RunReport { router: o.router.clone(), summary: o.summary.clone(), decisions: o.decisions.clone() })
         .collect();
     print!("{}", comparison_table(&runs));
-    for table in [pools_table(&runs), groups_table(&runs)] {
+    for table in [pools_table(&runs), groups_table(&runs), sessions_table(&runs)] {
         if !table.is_empty() {
             print!("\n{table}");
         }

@@ -226,6 +226,49 @@ pub fn pools_table(runs: &[RunReport]) -> String {
     render(header, rows)
 }
 
+/// The sessions of closed-loop runs: how many completed, within the SLO, per GPU-hour, and
+/// the cache they found (empty when no run has sessions).
+pub fn sessions_table(runs: &[RunReport]) -> String {
+    let header = [
+        "run",
+        "sessions",
+        "completed",
+        "within SLO",
+        "failed",
+        "cut",
+        "turns",
+        "mean session (s)",
+        "within SLO per GPU-hour",
+        "hit rate (%)",
+        "bound (%)",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .filter_map(|r| {
+            let s = r.summary.sessions?;
+            Some(vec![
+                r.router.clone(),
+                s.started.to_string(),
+                s.completed.to_string(),
+                s.completed_within_slo.to_string(),
+                s.failed.to_string(),
+                s.cut.to_string(),
+                s.turns.to_string(),
+                format!("{:.1}", s.mean_duration_s),
+                format!("{:.1}", s.per_gpu_hour),
+                format!("{:.1}", r.summary.cache_hit_rate * 100.0),
+                r.summary.max_hit_rate.map_or("-".into(), |b| format!("{:.1}", b * 100.0)),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    render(header, rows)
+}
+
 /// One row per class and per tenant of each run with request classes: its requests, what
 /// was shed, its SLO attainment against its class's targets, goodput and latencies. Empty
 /// when no run has classes.

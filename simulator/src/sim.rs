@@ -14,12 +14,12 @@
 
 use crate::fleet::{KvOptions, SimFleet};
 use crate::infinite_cache::InfiniteCacheBound;
-use crate::metrics::{FleetCost, Metrics, SpeculationReport, Summary};
+use crate::metrics::{FleetCost, Metrics, SessionsSummary, SpeculationReport, Summary};
 use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
-use crate::workload::{Arrival, Workload, WorkloadError};
+use crate::workload::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
 use cost::{CostModel, CostModelExecutor, Drafter};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{
@@ -151,6 +151,7 @@ fn drive<S: Stopwatch>(
     watch: &mut S,
 ) -> Result<RunOutput, SimError> {
     let mut run = Run::new(config);
+    run.closed_loop = workload.closed_loop();
     let mut next = workload.next_arrival(Vec::new())?;
     watch.lap(Phase::Workload);
     loop {
@@ -187,10 +188,23 @@ fn drive<S: Stopwatch>(
             break;
         }
         run.settle(watch);
+        if !run.turn_ends.is_empty() {
+            // A closed-loop workload's next turns may now come before the arrival held.
+            for end in run.turn_ends.drain(..) {
+                workload.ended(end);
+            }
+            if let Some(a) = next.take() {
+                workload.put_back(a);
+            }
+            let mut buf = run.spare.pop().unwrap_or_default();
+            buf.clear();
+            next = workload.next_arrival(buf)?;
+            watch.lap(Phase::Workload);
+        }
     }
     progress(Progress { arrivals: run.arrivals, now: run.now });
     assert!(run.flow.is_empty(), "the run ended with {} requests queued by flow control", run.flow.len());
-    Ok(run.finish())
+    Ok(run.finish(workload.sessions()))
 }
 
 /// One run's state between the loop's steps: the controller, the fleet and what is measured.
@@ -218,6 +232,9 @@ struct Run<'c> {
     commands: Vec<policies::Command>,
     /// Hash buffers of finished requests, handed back to the workload to fill.
     spare: Vec<Vec<BlockHash>>,
+    /// Whether the workload hears of its requests' ends, and those it has not heard yet.
+    closed_loop: bool,
+    turn_ends: Vec<TurnEnd>,
 }
 
 impl<'c> Run<'c> {
@@ -281,6 +298,8 @@ impl<'c> Run<'c> {
             evicted: Vec::new(),
             commands: Vec::new(),
             spare: Vec::new(),
+            closed_loop: false,
+            turn_ends: Vec::new(),
         };
         run.fleet.poll_events(&mut run.events);
         for e in run.events.drain(..) {
@@ -348,6 +367,7 @@ impl<'c> Run<'c> {
             Released::Unplaced(Unplaced { error, request, .. }) => self.refused(request, error.to_string(), None),
             Released::Shed(shed) => {
                 self.metrics.record_shed(&shed.request);
+                self.turn_failed(&shed.request);
                 self.spare.push(shed.request.block_hashes);
             }
         }
@@ -370,6 +390,7 @@ impl<'c> Run<'c> {
     /// A request no instance takes: counted, and the first one's reason kept.
     fn refused(&mut self, request: Request, error: String, evicted_from: Option<InstanceId>) {
         self.metrics.record_rejected(&request);
+        self.turn_failed(&request);
         self.first_rejection.get_or_insert_with(|| match evicted_from {
             None => format!("{}: {error}", request.id),
             Some(from) => format!("{} (evicted from {from}): {error}", request.id),
@@ -397,6 +418,11 @@ impl<'c> Run<'c> {
                 tl.record(&f);
             }
             self.metrics.record(&f);
+            if let Some(session) = f.request.service.session.filter(|_| self.closed_loop) {
+                let within_slo = self.metrics.slo_of(f.request.service.class).met_by(&f);
+                let finished = f.ended.is_none();
+                self.turn_ends.push(TurnEnd { session, at: f.finished_at, finished, within_slo });
+            }
             self.spare.push(f.request.block_hashes);
         }
         watch.lap(Phase::Metrics);
@@ -422,8 +448,15 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// A closed-loop session's request that will not finish: its session ends.
+    fn turn_failed(&mut self, request: &Request) {
+        if let Some(session) = request.service.session.filter(|_| self.closed_loop) {
+            self.turn_ends.push(TurnEnd { session, at: self.now, finished: false, within_slo: false });
+        }
+    }
+
     /// The run's summary, CDFs and pools report, once every request has left the fleet.
-    fn finish(mut self) -> RunOutput {
+    fn finish(mut self, sessions: Option<SessionStats>) -> RunOutput {
         let (config, now) = (self.config, self.now);
         assert_eq!(self.fleet.in_flight(), 0, "the fleet went idle with requests in flight");
         let mut metrics = self.metrics;
@@ -474,6 +507,7 @@ impl<'c> Run<'c> {
                 timeline: points,
             });
         }
+        summary.sessions = sessions.map(|s| SessionsSummary::new(&s, summary.gpu_hours));
         RunOutput {
             router: config.label.clone(),
             summary,
@@ -556,5 +590,31 @@ mod tests {
             }
         }
         assert!(runs >= 40, "only {runs} runs");
+    }
+    /// A closed-loop workload hears of every turn's end: each session runs to its end, every
+    /// turn sent is a request finished or refused, and the same seed gives the same run.
+    #[test]
+    fn closed_loop_sessions_are_driven_to_their_end() {
+        let text = "routers = [\"cache-aware\"]\n[fleet]\ninstances = 2\n[workload.agentic]\nsessions = 40\n\
+             arrival = { kind = \"poisson\", rate_rps = 4.0 }\nturns = { kind = \"uniform\", min = 1, max = 6 }\n\
+             task = { kind = \"uniform\", min = 100, max = 2000 }\noutput = { kind = \"uniform\", min = 10, max = 200 }\n\
+             tool_output = { kind = \"uniform\", min = 0, max = 500 }\ntool_ms = { kind = \"uniform\", min = 0, max = 3000 }\n\
+             system = { groups = 2, tokens = 1024, share = 0.5 }\n[workload.classes]\n\
+             mix = [{ class = \"interactive\", share = 1.0 }, { class = \"batch\", share = 1.0 }]";
+        let s: Scenario = toml::from_str(text).expect("parses");
+        let settings = s.resolve().expect("valid");
+        let once = || {
+            let config = settings.sim_config(&settings.routers[0]);
+            run(&config, settings.open_workload(1.0).expect("opens"), &mut |_| {}).expect("runs")
+        };
+        let out = once();
+        let sessions = out.summary.sessions.expect("a closed-loop run reports its sessions");
+        assert_eq!(sessions.started, 40);
+        assert_eq!(sessions.completed + sessions.failed, 40, "{sessions:?}");
+        assert_eq!(sessions.cut, 0);
+        assert_eq!(sessions.turns, out.summary.requests + out.summary.rejected);
+        assert!(sessions.turns > 40, "sessions have several turns");
+        assert!(out.summary.cache_hit_rate > 0.3, "turns reuse their context: {}", out.summary.cache_hit_rate);
+        assert_eq!(serde_json::to_string(&once().summary).ok(), serde_json::to_string(&out.summary).ok());
     }
 }

@@ -56,7 +56,9 @@ mod summary;
 #[cfg(test)]
 mod tests;
 
-pub use summary::{FleetCost, GroupSummary, HitRateByTier, Percentiles, SpeculationReport, Summary, TokenThroughput};
+pub use summary::{
+    FleetCost, GroupSummary, HitRateByTier, Percentiles, SessionsSummary, SpeculationReport, Summary, TokenThroughput,
+};
 
 /// Collects one run's metrics in fixed memory; see the module doc for the definitions.
 #[derive(Clone, Debug)]
@@ -182,14 +184,19 @@ impl Metrics {
     }
 
     /// Takes one finished request into account. Allocates nothing.
+    /// The targets a request of `class` is held to.
+    pub fn slo_of(&self, class: engine::Class) -> Slo {
+        match self.class_slos {
+            Some(slos) => slos[class.index()],
+            None => self.slo,
+        }
+    }
+
     pub fn record(&mut self, f: &Finished) {
         for g in self.groups_of(&f.request) {
             g.record(f);
         }
-        let slo = match self.class_slos {
-            Some(slos) => slos[f.request.service.class.index()],
-            None => self.slo,
-        };
+        let slo = self.slo_of(f.request.service.class);
         let arrival = f.request.arrival;
         let ttft_us = f.first_token_at.since(arrival).0;
         self.ttft.record(ttft_us as f64);
@@ -348,6 +355,7 @@ impl Metrics {
                     .map(|(n, m)| m.group(n.clone(), None, duration_s))
                     .collect()
             }),
+            sessions: None,
         }
     }
 

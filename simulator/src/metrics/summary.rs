@@ -127,6 +127,44 @@ pub struct Summary {
     pub classes: Vec<GroupSummary>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<GroupSummary>,
+    /// Closed-loop agentic sessions (absent for open-loop workloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionsSummary>,
+}
+
+/// How a closed-loop workload's sessions went.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionsSummary {
+    pub started: u64,
+    /// Every turn answered.
+    pub completed: u64,
+    /// Completed with every turn within its class's SLO.
+    pub completed_within_slo: u64,
+    /// Ended by a turn refused or shed.
+    pub failed: u64,
+    /// Started but neither completed nor failed when the run stopped (a request limit).
+    pub cut: u64,
+    /// Turns sent.
+    pub turns: u64,
+    /// Mean seconds from a completed session's first arrival to its last answer.
+    pub mean_duration_s: f64,
+    /// Sessions completed within the SLO per GPU-hour of the fleet.
+    pub per_gpu_hour: f64,
+}
+
+impl SessionsSummary {
+    pub fn new(s: &crate::workload::SessionStats, gpu_hours: f64) -> SessionsSummary {
+        SessionsSummary {
+            started: s.started,
+            completed: s.completed,
+            completed_within_slo: s.completed_within_slo,
+            failed: s.failed,
+            cut: s.started - s.completed - s.failed,
+            turns: s.turns,
+            mean_duration_s: if s.completed > 0 { s.completed_seconds / s.completed as f64 } else { 0.0 },
+            per_gpu_hour: if gpu_hours > 0.0 { s.completed_within_slo as f64 / gpu_hours } else { 0.0 },
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

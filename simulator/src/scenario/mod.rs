@@ -45,7 +45,7 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::workload::{ClassesConfig, PhasedConfig, SyntheticConfig, WorkloadError};
+use crate::workload::{AgenticConfig, ClassesConfig, PhasedConfig, SyntheticConfig, WorkloadError};
 use cost::{CostError, CostParams, CpMode, ProfileError, UnknownName};
 use engine::Dur;
 use flow::FlowSection;
@@ -223,6 +223,9 @@ pub struct WorkloadSection {
     pub synthetic: Option<SyntheticConfig>,
     /// A workload whose shape shifts in phases (see [`crate::workload::PhasedConfig`]).
     pub phased: Option<PhasedConfig>,
+    /// Closed-loop agentic sessions (see [`crate::workload::AgenticConfig`]).
+    #[serde(default)]
+    pub agentic: Option<AgenticConfig>,
     /// Request classes and tenants drawn per request (see [`crate::workload::ClassesConfig`]).
     #[serde(default)]
     pub classes: Option<ClassesConfig>,

@@ -43,15 +43,16 @@ impl Scenario {
     }
 
     /// `over`'s settings win where it has them (command-line flags over a file).
-    pub fn overlay(self, over: Scenario) -> Scenario {
+    pub fn overlay(mut self, over: Scenario) -> Scenario {
         let f = over.fleet;
         let w = over.workload;
         // A trace given on top replaces a synthetic workload below, and the other way round.
-        let replaces_source = w.trace.is_some() || w.synthetic.is_some() || w.phased.is_some();
-        let (trace, synthetic, phased, format) = if replaces_source {
-            (w.trace, w.synthetic, w.phased, w.format)
+        let replaces_source = w.trace.is_some() || w.synthetic.is_some() || w.phased.is_some() || w.agentic.is_some();
+        let (trace, synthetic, phased, agentic, format) = if replaces_source {
+            (w.trace, w.synthetic, w.phased, w.agentic, w.format)
         } else {
-            (self.workload.trace, self.workload.synthetic, self.workload.phased, w.format.or(self.workload.format))
+            let o = &mut self.workload;
+            (o.trace.take(), o.synthetic.take(), o.phased.take(), o.agentic.take(), w.format.or(o.format.take()))
         };
         Scenario {
             seed: over.seed.or(self.seed),
@@ -83,6 +84,7 @@ impl Scenario {
                 max_requests: w.max_requests.or(self.workload.max_requests),
                 synthetic,
                 phased,
+                agentic,
                 classes: w.classes.or(self.workload.classes),
             },
             slo: SloSection {
@@ -193,6 +195,10 @@ impl Scenario {
         let rate_scale = w.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0) {
             return Err(invalid("workload.rate_scale", format!("{rate_scale} is not a positive number")));
+        }
+        if matches!(workload, WorkloadSource::Agentic(_)) && w.skip_requests.is_some() {
+            let reason = "a closed-loop agentic workload has no slices: its turns depend on the run";
+            return Err(invalid("workload.skip_requests", reason));
         }
         let slo = self.slo.resolve()?;
         let classes = match &w.classes {
@@ -308,6 +314,16 @@ struct RunBase {
 impl WorkloadSection {
     /// Where the requests come from: one of a trace, a synthetic generator and phases.
     fn source(&self) -> Result<WorkloadSource, ScenarioError> {
+        if let Some(cfg) = &self.agentic {
+            if self.trace.is_some() || self.synthetic.is_some() || self.phased.is_some() {
+                return Err(invalid(
+                    "workload",
+                    "give one of `trace`, `synthetic`, `phased` and `agentic`, not several",
+                ));
+            }
+            cfg.validate()?;
+            return Ok(WorkloadSource::Agentic(Box::new(cfg.clone())));
+        }
         Ok(match (&self.trace, &self.synthetic, &self.phased) {
             (None, None, Some(cfg)) => WorkloadSource::Phased(Box::new(cfg.resolve()?)),
             (_, _, Some(_)) => {

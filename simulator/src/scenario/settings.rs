@@ -6,7 +6,8 @@ use super::tiers::KvTiers;
 use crate::sim::SimConfig;
 use crate::slo::Slo;
 use crate::workload::{
-    self, ClassesConfig, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError, WorkloadOptions,
+    self, AgenticConfig, ClassesConfig, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError,
+    WorkloadOptions,
 };
 use cost::{Calibration, CostModel, Drafter};
 use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
@@ -23,6 +24,8 @@ pub enum WorkloadSource {
     /// Boxed: the description is large, and read once per run.
     Synthetic(Box<SyntheticConfig>),
     Phased(Box<PhasedConfig>),
+    /// Closed-loop agentic sessions.
+    Agentic(Box<AgenticConfig>),
 }
 
 /// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
@@ -157,6 +160,7 @@ impl Settings {
             WorkloadSource::Trace { path, format } => workload::open_trace(path, *format, &opts)?,
             WorkloadSource::Synthetic(cfg) => workload::synthetic(cfg, &opts)?,
             WorkloadSource::Phased(cfg) => workload::phased(cfg, &opts)?,
+            WorkloadSource::Agentic(cfg) => workload::agentic(cfg, &opts)?,
         };
         let w = match self.skip_requests {
             Some(n) => workload::skip(w, n),

@@ -15,7 +15,7 @@
 //! `only_tenant` keeps exactly the requests that tenant sends in the mixed run. Shares are
 //! relative weights. A class's targets default to `[slo]`'s.
 
-use super::{Arrival, Workload, WorkloadError};
+use super::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
 use engine::ids::mix64;
 use engine::{BlockHash, Class, Service, TenantId};
 use serde::{Deserialize, Serialize};
@@ -151,7 +151,11 @@ impl Workload for Classify {
             let Some(mut a) = self.inner.next_arrival(buf)? else {
                 return Ok(None);
             };
-            let draw = mix64(self.seed ^ self.index);
+            // A session's turns are one program: one class and tenant for all of them.
+            let draw = match a.service.session {
+                Some(s) => mix64(self.seed ^ SESSION_TAG ^ s.0.get()),
+                None => mix64(self.seed ^ self.index),
+            };
             self.index += 1;
             let (class, deadline_ms) = self.mix[pick(&self.classes, unit(draw))];
             let tenant = match self.tenants.len() {
@@ -167,7 +171,26 @@ impl Workload for Classify {
             return Ok(Some(a));
         }
     }
+
+    fn closed_loop(&self) -> bool {
+        self.inner.closed_loop()
+    }
+
+    fn ended(&mut self, end: TurnEnd) {
+        self.inner.ended(end)
+    }
+
+    fn put_back(&mut self, arrival: Arrival) {
+        self.inner.put_back(arrival)
+    }
+
+    fn sessions(&self) -> Option<SessionStats> {
+        self.inner.sessions()
+    }
 }
+
+/// Keeps sessions' draws apart from requests' (ASCII `session`).
+const SESSION_TAG: u64 = 0x7365_7373_696f_6e00;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,6 @@
 //! A slice of any workload: [`skip`] its first arrivals, [`limit`] it to a number of them.
 
-use super::{Arrival, Workload, WorkloadError};
+use super::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
 use engine::{BlockHash, Time};
 
 /// A workload without the first `n` arrivals of `w`, the rest shifted so that the first kept
@@ -57,6 +57,24 @@ impl Workload for Limit {
             self.left = 0;
         }
         Ok(next)
+    }
+
+    fn closed_loop(&self) -> bool {
+        self.inner.closed_loop()
+    }
+
+    fn ended(&mut self, end: TurnEnd) {
+        self.inner.ended(end)
+    }
+
+    /// The arrival given back is counted again when it is handed out again.
+    fn put_back(&mut self, arrival: Arrival) {
+        self.left += 1;
+        self.inner.put_back(arrival)
+    }
+
+    fn sessions(&self) -> Option<SessionStats> {
+        self.inner.sessions()
     }
 }
 

@@ -13,6 +13,7 @@
 //! | `synthetic.rs` | [`SyntheticConfig`]: Poisson / gamma arrivals, rate schedules, length distributions, shared system prompts |
 //! | `phased.rs` | [`PhasedConfig`]: phases of rates and length scales over a trace's length table |
 //! | `servegen.rs` | [`ServeGenShape`]: phases from the ServeGen aggregate's per-window rates and mean lengths |
+//! | `agentic.rs` | [`AgenticConfig`]: closed-loop agent sessions (turns, tool calls, growing contexts) |
 //! | `classes.rs` | [`ClassesConfig`]: request classes and tenants drawn for any workload ([`classify`]) |
 //! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
 //! | `tile.rs` | any workload [`tile`]d to a size: copies side by side and wave after wave, hashes salted per copy |
@@ -32,6 +33,7 @@
 //! - **Boundary:** trace formats stay here; the rest of the simulator sees only [`Arrival`]s
 //!   with chained [`BlockHash`]es of the engine's block size.
 
+mod agentic;
 mod azure;
 mod classes;
 mod limit;
@@ -50,6 +52,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+pub use agentic::{agentic, AgenticConfig, SessionStats, TurnEnd};
 pub use classes::{classify, ClassShare, ClassesConfig, TenantShare};
 pub use limit::{limit, skip};
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
@@ -83,15 +86,49 @@ pub struct Arrival {
 /// Contract: call [`Workload::next_arrival`] until it returns `Ok(None)` or an error; the
 /// arrivals come in non-decreasing [`Arrival::at`] order. After `Ok(None)` or an error,
 /// later calls return `Ok(None)`.
+///
+/// A **closed-loop** workload ([`Workload::closed_loop`], the agentic sessions) also hears
+/// when each request it sent ended ([`Workload::ended`]): a later turn may then come before
+/// the arrival the caller holds, so the caller gives that one back ([`Workload::put_back`])
+/// and asks again. Order holds among what is handed out after each call.
 pub trait Workload: Send {
     /// Next arrival in non-decreasing time order, or None at the end. `buf` is a recycled,
     /// empty vector to fill with block hashes (so the hot loop does not allocate).
     fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError>;
+
+    /// Whether arrivals depend on when earlier requests end.
+    fn closed_loop(&self) -> bool {
+        false
+    }
+
+    /// A request of a session ended (closed-loop workloads only).
+    fn ended(&mut self, _end: TurnEnd) {}
+
+    /// Takes back an arrival handed out but not sent, to hand it out again in order
+    /// (closed-loop workloads only; others are never given one back).
+    fn put_back(&mut self, _arrival: Arrival) {}
+
+    /// The sessions' outcome so far (closed-loop workloads only).
+    fn sessions(&self) -> Option<SessionStats> {
+        None
+    }
 }
 
 impl<W: Workload + ?Sized> Workload for Box<W> {
     fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError> {
         (**self).next_arrival(buf)
+    }
+    fn closed_loop(&self) -> bool {
+        (**self).closed_loop()
+    }
+    fn ended(&mut self, end: TurnEnd) {
+        (**self).ended(end)
+    }
+    fn put_back(&mut self, arrival: Arrival) {
+        (**self).put_back(arrival)
+    }
+    fn sessions(&self) -> Option<SessionStats> {
+        (**self).sessions()
     }
 }
 

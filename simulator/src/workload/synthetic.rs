@@ -169,16 +169,7 @@ impl SyntheticConfig {
 
     /// Checks every field; the error names the first bad key, like `arrival.rate_rps`.
     pub fn validate(&self) -> Result<(), WorkloadError> {
-        match self.arrival {
-            ArrivalProcess::Poisson { rate_rps } => positive("arrival.rate_rps", rate_rps)?,
-            ArrivalProcess::Gamma { rate_rps, cv } => {
-                positive("arrival.rate_rps", rate_rps)?;
-                // Beyond 100 the gamma shape (1/cv²) is so small that nearly all gaps are 0.
-                if !(cv.is_finite() && cv > 0.0 && cv <= 100.0) {
-                    return Err(invalid("arrival.cv", format!("must be in (0, 100] (got {cv})")));
-                }
-            }
-        }
+        self.arrival.validate("arrival")?;
         let mut prev_at_s = None;
         for (i, step) in self.rate_schedule.iter().enumerate() {
             if !(step.at_s.is_finite() && step.at_s >= 0.0) {
@@ -236,7 +227,7 @@ impl SyntheticConfig {
 }
 
 impl LengthDist {
-    fn validate(&self, key: &str, least: u32) -> Result<(), WorkloadError> {
+    pub(super) fn validate(&self, key: &str, least: u32) -> Result<(), WorkloadError> {
         let (min, max) = match *self {
             LengthDist::Constant { tokens } => (tokens, tokens),
             LengthDist::Uniform { min, max } => (min, max),
@@ -269,7 +260,7 @@ fn positive(key: &str, value: f64) -> Result<(), WorkloadError> {
     }
 }
 
-fn invalid(key: impl Into<String>, reason: String) -> WorkloadError {
+pub(super) fn invalid(key: impl Into<String>, reason: String) -> WorkloadError {
     WorkloadError::Config { key: key.into(), reason }
 }
 
@@ -279,16 +270,7 @@ pub fn synthetic(cfg: &SyntheticConfig, opts: &WorkloadOptions) -> Result<Box<dy
     cfg.validate()?;
     // The constructors below cannot fail on a validated config; the errors are kept anyway
     // rather than unwrapped.
-    let gaps = match cfg.arrival {
-        ArrivalProcess::Poisson { rate_rps } => {
-            Gaps::Exp(Exp::new(rate_rps).map_err(|e| invalid("arrival.rate_rps", e.to_string()))?)
-        }
-        ArrivalProcess::Gamma { rate_rps, cv } => {
-            let shape = 1.0 / (cv * cv);
-            let scale = cv * cv / rate_rps;
-            Gaps::Gamma(Gamma::new(shape, scale).map_err(|e| invalid("arrival.cv", e.to_string()))?)
-        }
-    };
+    let gaps = Gaps::new(&cfg.arrival, "arrival")?;
     let mut steps: Vec<(f64, f64)> = cfg.rate_schedule.iter().map(|s| (s.at_s, s.scale)).collect();
     if steps.first().is_none_or(|&(at_s, _)| at_s > 0.0) {
         steps.insert(0, (0.0, 1.0));
@@ -356,10 +338,7 @@ impl Workload for Synthetic {
         if self.remaining == 0 {
             return Ok(None);
         }
-        let work_s = match &self.gaps {
-            Gaps::Exp(d) => d.sample(&mut self.arrival_rng),
-            Gaps::Gamma(d) => d.sample(&mut self.arrival_rng),
-        };
+        let work_s = self.gaps.sample(&mut self.arrival_rng);
         let Some(t_s) = self.clock.advance(work_s) else {
             self.remaining = 0;
             return Ok(None);
@@ -416,9 +395,49 @@ impl Workload for Synthetic {
 }
 
 /// Inter-arrival gaps in seconds at the base rate.
-enum Gaps {
+pub(super) enum Gaps {
     Exp(Exp<f64>),
     Gamma(Gamma<f64>),
+}
+
+impl Gaps {
+    /// The gaps of a validated `process` (`key` names it in errors).
+    pub(super) fn new(process: &ArrivalProcess, key: &str) -> Result<Gaps, WorkloadError> {
+        Ok(match *process {
+            ArrivalProcess::Poisson { rate_rps } => {
+                Gaps::Exp(Exp::new(rate_rps).map_err(|e| invalid(format!("{key}.rate_rps"), e.to_string()))?)
+            }
+            ArrivalProcess::Gamma { rate_rps, cv } => {
+                let shape = 1.0 / (cv * cv);
+                let scale = cv * cv / rate_rps;
+                Gaps::Gamma(Gamma::new(shape, scale).map_err(|e| invalid(format!("{key}.cv"), e.to_string()))?)
+            }
+        })
+    }
+
+    pub(super) fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        match self {
+            Gaps::Exp(d) => d.sample(rng),
+            Gaps::Gamma(d) => d.sample(rng),
+        }
+    }
+}
+
+impl ArrivalProcess {
+    /// Checks the rate (and burstiness); errors name `key.rate_rps` or `key.cv`.
+    pub(super) fn validate(&self, key: &str) -> Result<(), WorkloadError> {
+        match *self {
+            ArrivalProcess::Poisson { rate_rps } => positive(&format!("{key}.rate_rps"), rate_rps),
+            ArrivalProcess::Gamma { rate_rps, cv } => {
+                positive(&format!("{key}.rate_rps"), rate_rps)?;
+                // Beyond 100 the gamma shape (1/cv²) is so small that nearly all gaps are 0.
+                if !(cv.is_finite() && cv > 0.0 && cv <= 100.0) {
+                    return Err(invalid(format!("{key}.cv"), format!("must be in (0, 100] (got {cv})")));
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Virtual time through the rate schedule.
@@ -456,14 +475,14 @@ impl Clock {
 }
 
 /// A ready-to-sample [`LengthDist`].
-enum Lengths {
+pub(super) enum Lengths {
     Constant(u32),
     Uniform(u32, u32),
     Lognormal(LogNormal<f64>, u32, u32),
 }
 
 impl Lengths {
-    fn new(dist: &LengthDist, key: &str) -> Result<Lengths, WorkloadError> {
+    pub(super) fn new(dist: &LengthDist, key: &str) -> Result<Lengths, WorkloadError> {
         Ok(match *dist {
             LengthDist::Constant { tokens } => Lengths::Constant(tokens),
             LengthDist::Uniform { min, max } => Lengths::Uniform(min, max),
@@ -475,7 +494,7 @@ impl Lengths {
         })
     }
 
-    fn sample(&self, rng: &mut ChaCha8Rng) -> u32 {
+    pub(super) fn sample(&self, rng: &mut ChaCha8Rng) -> u32 {
         match *self {
             Lengths::Constant(tokens) => tokens,
             Lengths::Uniform(min, max) => rng.random_range(min..=max),
