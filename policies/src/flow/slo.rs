@@ -7,7 +7,8 @@
 //! ```text
 //! queue_s  = (prefill tokens left in its last report + prompt tokens routed since) / R
 //!          ≤ h(c) × queue_share × TTFT target
-//! kv_share = (KV in use + tokens routed since) / KV capacity ≤ h(c) × kv_share
+//! kv_share = (KV in use + prompt and output tokens still to come + tokens routed since)
+//!            / KV capacity ≤ h(c) × kv_share
 //! step_s   = D(in flight + 1, KV tokens + prompt) ≤ h(c) × step_share × TPOT target
 //!            (colocated and decode instances; a prefill instance decodes nothing)
 //! ```
@@ -157,7 +158,12 @@ impl FlowRule for SloFlow {
                 return false;
             }
             let queue_s = (v.load.prefill_tokens_left + v.prompt_since_report) as f64 / h.prefill_tokens_per_s;
-            let kv_tokens = u64::from(v.load.kv_used_blocks) * bs + v.routed_since_report;
+            // What the requests there will hold: KV in use, the prompts and outputs still to
+            // come (as reported), and what was routed since the report.
+            let kv_tokens = u64::from(v.load.kv_used_blocks) * bs
+                + v.load.prefill_tokens_left
+                + v.load.decode_tokens_left
+                + v.routed_since_report;
             let kv_capacity = match v.load.kv_total_blocks {
                 0 => v.capacity_tokens,
                 n => u64::from(n) * bs,
