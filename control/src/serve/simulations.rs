@@ -48,7 +48,8 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 23] = [
+const EXAMPLES: [(&str, &str); 24] = [
+    ("agentic-sessions-pressure.toml", include_str!("../../../examples/agentic-sessions-pressure.toml")),
     ("agentic-sessions.toml", include_str!("../../../examples/agentic-sessions.toml")),
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
