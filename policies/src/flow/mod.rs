@@ -20,6 +20,7 @@
 //! or shed (with its reason and a retry-after).
 
 mod llm_d;
+pub mod programs;
 mod queue;
 mod slo;
 
@@ -78,6 +79,12 @@ pub trait FlowRule: Send + fmt::Debug {
 
     /// Requests a band holds at most; an arrival beyond it is refused.
     fn queue_limit(&self) -> usize;
+
+    /// Admission by program (see [`programs`]): the share of the candidates' GPU KV that
+    /// programs in progress may fill, and when one stops being in progress; `None`: off.
+    fn program_admission(&self) -> Option<(f64, engine::Dur)> {
+        None
+    }
 }
 
 /// Which flow control a fleet runs, with its parameters: the factory of its [`FlowRule`].

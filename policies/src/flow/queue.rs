@@ -2,6 +2,7 @@
 //! within a band. Generic over the driver's payload (the simulator's `()`, the live
 //! fleet's reply stream), which waits with its request.
 
+use super::programs::Programs;
 use super::{retry_after, Fairness, FlowConfig, FlowRule, Shed, ShedReason, Targets};
 use crate::router::CostHints;
 use crate::view::FleetView;
@@ -31,7 +32,14 @@ pub struct Flow<P> {
     shed_times: BinaryHeap<Reverse<(Time, u64, u32)>>,
     /// One instance's prefill rate, for retry-after.
     prefill_tokens_per_s: f64,
+    /// With admission by program: the share of the KV programs in progress may fill, and
+    /// those programs.
+    program_share: Option<f64>,
+    programs: Programs,
 }
+
+/// Later turns of programs in progress go ahead of every first turn in their band.
+const CONTINUING_FIRST: i64 = 1 << 60;
 
 #[derive(Debug)]
 struct Entry<P> {
@@ -64,8 +72,12 @@ struct TenantQueue {
 
 impl<P> Flow<P> {
     pub fn new(config: &FlowConfig, hints: &CostHints, targets: [Targets; 3]) -> Flow<P> {
+        let rule = config.build(hints, targets);
+        let programs = rule.as_ref().and_then(|r| r.program_admission());
         Flow {
-            rule: config.build(hints, targets),
+            program_share: programs.map(|(share, _)| share),
+            programs: Programs::new(programs.map_or(engine::Dur::ZERO, |(_, idle)| idle)),
+            rule,
             entries: Vec::new(),
             free: Vec::new(),
             next_seq: 0,
@@ -105,9 +117,12 @@ impl<P> Flow<P> {
         };
         let class = request.service.class;
         let b = class.index();
-        let ahead = self.bands[..=b].iter().any(|band| band.len > 0);
-        let room = !ahead && rule.has_room(view, &request);
+        // A later turn of a program in progress goes ahead of its band's queue (see `order`).
+        let continues = self.program_share.is_some() && self.programs.continues(&request);
+        let ahead = self.bands[..b + usize::from(!continues)].iter().any(|band| band.len > 0);
+        let room = !ahead && rule.has_room(view, &request) && self.program_room(view, &request);
         if room {
+            self.placed(now, &request);
             return Offer::Place(request, payload);
         }
         let reason = if class.sheddable() && rule.shed_when_full() {
@@ -121,7 +136,7 @@ impl<P> Flow<P> {
             let retry_after = self.retry_after(b, view);
             return Offer::Shed(Shed { request, payload, reason, retry_after });
         }
-        let order = rule.order(&request);
+        let order = rule.order(&request).saturating_sub(if continues { CONTINUING_FIRST } else { 0 });
         let shed_at = rule.shed_at(&request);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -152,10 +167,11 @@ impl<P> Flow<P> {
         let tenant = self.pick_tenant(b, fairness)?;
         let slot = self.head(b, tenant, now)?;
         let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
-        if !self.rule.as_ref()?.has_room(view, &entry.request) {
+        if !self.rule.as_ref()?.has_room(view, &entry.request) || !self.program_room(view, &entry.request) {
             return None;
         }
         let entry = self.remove(slot);
+        self.placed(now, &entry.request);
         let band = &mut self.bands[b];
         band.last = Some(tenant);
         if let (Fairness::LeastAttained { output_weight }, Some(q)) = (fairness, band.tenants.get_mut(&tenant)) {
@@ -167,6 +183,7 @@ impl<P> Flow<P> {
 
     /// Sheds every queued request whose time to be shed has come.
     pub fn expire(&mut self, now: Time, view: &FleetView, out: &mut Vec<Shed<P>>) {
+        self.programs.expire(now);
         while let Some(&Reverse((t, seq, slot))) = self.shed_times.peek() {
             if t > now {
                 break;
@@ -187,7 +204,23 @@ impl<P> Flow<P> {
     /// When [`Flow::expire`] has something to do next, if ever (possibly earlier: a request
     /// that left may still be counted).
     pub fn next_deadline(&self) -> Option<Time> {
-        self.shed_times.peek().map(|Reverse((t, ..))| *t)
+        let shed = self.shed_times.peek().map(|Reverse((t, ..))| *t);
+        // A program going idle may let a queued first turn in (nothing to do with none queued).
+        let idle = self.programs.next_expiry().filter(|_| !self.is_empty());
+        [shed, idle].into_iter().flatten().min()
+    }
+
+    /// Whether admission by program lets `request` start now.
+    fn program_room(&self, view: &FleetView, request: &Request) -> bool {
+        let Some(share) = self.program_share else { return true };
+        let kv: u64 = view.candidates(request).map(|v| v.capacity_tokens).sum();
+        self.programs.admits(request, share * kv as f64)
+    }
+
+    fn placed(&mut self, now: Time, request: &Request) {
+        if self.program_share.is_some() {
+            self.programs.placed(now, request);
+        }
     }
 
     /// Takes out every queued request whose payload `gone` says is no longer wanted (its

@@ -60,6 +60,12 @@ pub struct SloFlowConfig {
     /// interactive TPOT target of lower classes' prompts per step (see
     /// `engine::InstanceConfig::lower_class_step_tokens`).
     pub lower_chunk_share: f64,
+    /// Share of the candidates' GPU KV the contexts of agent sessions in progress may fill
+    /// before a new session's first turn waits (0: no admission by program; see
+    /// [`super::programs`]).
+    pub program_kv_share: f64,
+    /// A session with no turn placed for this long is no longer in progress.
+    pub program_idle: Dur,
 }
 
 impl Default for SloFlowConfig {
@@ -74,6 +80,8 @@ impl Default for SloFlowConfig {
             output_weight: 4.0,
             queue_limit: 100_000,
             lower_chunk_share: 0.5,
+            program_kv_share: 0.0,
+            program_idle: Dur::from_secs_f64(30.0),
         }
     }
 }
@@ -88,6 +96,8 @@ crate::params!(SloFlowConfig, "slo", {
     output_weight: float from 0.0 ..= 64.0, "an output token's weight against a prompt token in a tenant's attained service";
     queue_limit: integer from 1.0 ..= 10000000.0, "requests one band's queue holds at most";
     lower_chunk_share: float above 0.0 ..= 100.0, "while an interactive request decodes, lower classes' prompt tokens per engine step: this share of the interactive TPOT target at the prefill rate";
+    program_kv_share: float from 0.0 ..= 4.0, "share of the GPU KV the contexts of agent sessions in progress may fill before a new session waits (0: off)";
+    program_idle: seconds above 0.0 ..= 86400.0, "a session with no turn for this long is no longer in progress";
 });
 
 impl SloFlowConfig {
@@ -206,5 +216,9 @@ impl FlowRule for SloFlow {
 
     fn queue_limit(&self) -> usize {
         self.config.queue_limit as usize
+    }
+
+    fn program_admission(&self) -> Option<(f64, Dur)> {
+        (self.config.program_kv_share > 0.0).then_some((self.config.program_kv_share, self.config.program_idle))
     }
 }

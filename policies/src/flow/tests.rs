@@ -229,3 +229,41 @@ proptest! {
         prop_assert!(ended.values().all(|&n| n == 1), "{:?}", ended);
     }
 }
+
+/// With admission by program, a new session waits while those in progress fill the KV
+/// share; a later turn of one in progress goes at once, ahead of it; a session that goes
+/// idle lets the waiting one start.
+#[test]
+fn new_programs_wait_for_room_in_the_kv_and_later_turns_go_first() {
+    let config = SloFlowConfig { program_kv_share: 0.1, program_idle: Dur::from_secs_f64(10.0), ..Default::default() };
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+    // One instance of 1M tokens: 100K for programs; each turn's context 60K. The instance
+    // reports itself idle before each step, so that only admission by program holds work.
+    let turn = |id: u64, session: u64, at_ms: u64| {
+        let mut r = request(id, at_ms, Class::Standard, 0);
+        r.prompt_tokens = 59_000;
+        r.max_output_tokens = 1_000;
+        r.service.session = engine::SessionId::new(session);
+        r
+    };
+    let r = c.offer(&mut flow, &mut fleet, Time::ZERO, turn(0, 1, 0), ());
+    assert!(matches!(r, Released::Placed { .. }), "the first program starts: {r:?}");
+    report(&mut c, false);
+    let r = c.offer(&mut flow, &mut fleet, Time::from_millis(1), turn(1, 2, 1), ());
+    assert!(matches!(r, Released::Queued), "60K + 60K > 100K: {r:?}");
+    let r = c.offer(&mut flow, &mut fleet, Time::from_millis(2_000), turn(2, 1, 2_000), ());
+    assert!(matches!(r, Released::Placed { .. }), "a later turn passes the queued first turn: {r:?}");
+    report(&mut c, false);
+    let mut out = Vec::new();
+    c.release(&mut flow, &mut fleet, Time::from_millis(5_000), &mut out);
+    assert!(placed(&out).is_empty(), "session 1 is still in progress");
+    // The flow wakes when session 1 may go idle: at 10 s (its first turn's entry, stale),
+    // then at 12 s (its last turn at 2 s).
+    assert_eq!(flow.next_deadline(), Some(Time::from_millis(10_000)));
+    c.release(&mut flow, &mut fleet, Time::from_millis(10_000), &mut out);
+    assert!(placed(&out).is_empty());
+    assert_eq!(flow.next_deadline(), Some(Time::from_millis(12_000)));
+    c.release(&mut flow, &mut fleet, Time::from_millis(12_000), &mut out);
+    assert_eq!(placed(&out), [1], "session 2 starts once session 1 is idle");
+    assert!(flow.is_empty());
+}
