@@ -13,7 +13,6 @@ use anyhow::{anyhow, Result};
 pub const MAX_MESSAGE_BYTES: usize = (4 << 30) - 1;
 use engine::kv::{KvEvent as EngineKvEvent, Tier as EngineTier};
 
-/// OpenAI's `finish_reason`, both ways: the one place the gateway and the vLLM relay map it.
 /// A request class on the wire, and back: the one mapping.
 pub fn class_of(c: RequestClass) -> engine::Class {
     match c {
@@ -31,6 +30,7 @@ pub fn wire_class(c: engine::Class) -> RequestClass {
     }
 }
 
+/// OpenAI's `finish_reason`, both ways: the one place the gateway and the vLLM relay map it.
 impl FinishReason {
     /// What an OpenAI client is told. A request the engine cut short reached a limit (its
     /// KV protection's), which OpenAI's vocabulary calls "length"; EVICTED and PREFILLED end

@@ -142,13 +142,15 @@ impl PolicyFile {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }
         self.flow_run()?;
+        self.check_class_slo()
+    }
+
+    /// Checks the classes' own targets (each above 0 and at most [`Slo::MAX_MS`]).
+    pub fn check_class_slo(&self) -> Result<(), ScenarioError> {
         for (class, slo) in &self.class_slo {
-            for (what, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
-                if !(v > 0.0 && v <= Slo::MAX_MS) {
-                    let reason =
-                        format!("{class}'s {what} is {v}, not milliseconds above 0 and at most {}", Slo::MAX_MS);
-                    return Err(ScenarioError::Invalid { key: "class_slo", reason });
-                }
+            if let Some((what, v)) = slo.out_of_range() {
+                let reason = format!("{class}'s {what} is {v}, not milliseconds above 0 and at most {}", Slo::MAX_MS);
+                return Err(ScenarioError::Invalid { key: "class_slo", reason });
             }
         }
         Ok(())
@@ -171,11 +173,6 @@ impl PolicyFile {
         let rules = self.flow_entry().map(|e| vec![e]);
         let mut runs = FlowSection { rules }.resolve_runs()?;
         Ok(runs.remove(0))
-    }
-
-    /// Each class's targets: the policy's where it gives them, else `slo`.
-    pub fn class_slos(&self, slo: Slo) -> [Slo; 3] {
-        Class::ALL.map(|c| self.class_slo.get(&c).copied().unwrap_or(slo))
     }
 
     /// The router with the policy's parameters.

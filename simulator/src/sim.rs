@@ -22,9 +22,7 @@ use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timelin
 use crate::workload::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
 use cost::{CostModel, CostModelExecutor, Drafter};
 use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
-use policies::{
-    Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, Released, RouterConfig, Targets, Unplaced,
-};
+use policies::{Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, Released, RouterConfig, Unplaced};
 use serde::{Deserialize, Serialize};
 
 /// Everything one run needs besides its workload.
@@ -177,9 +175,7 @@ fn drive<S: Stopwatch>(
             if run.arrivals.is_multiple_of(PROGRESS_EVERY) {
                 progress(Progress { arrivals: run.arrivals, now: run.now });
             }
-            let mut buf = run.spare.pop().unwrap_or_default();
-            buf.clear();
-            next = workload.next_arrival(buf)?;
+            next = workload.next_arrival(run.spare_buffer())?;
             watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
             run.now = run.fleet.step();
@@ -196,9 +192,7 @@ fn drive<S: Stopwatch>(
             if let Some(a) = next.take() {
                 workload.put_back(a);
             }
-            let mut buf = run.spare.pop().unwrap_or_default();
-            buf.clear();
-            next = workload.next_arrival(buf)?;
+            next = workload.next_arrival(run.spare_buffer())?;
             watch.lap(Phase::Workload);
         }
     }
@@ -241,10 +235,7 @@ impl<'c> Run<'c> {
     /// The controller (with pools for P/D), the fleet it routes to, and the fleet's first news.
     fn new(config: &'c SimConfig) -> Run<'c> {
         let hints = cost::cost_hints(&config.cost, &config.instance);
-        let targets = config
-            .class_slos
-            .unwrap_or([config.slo; 3])
-            .map(|s| Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) });
+        let targets = config.class_slos.unwrap_or([config.slo; 3]).map(|s| s.targets());
         let mut instance = config.instance.clone();
         if instance.class_priority {
             instance.lower_class_step_tokens = config.flow.lower_class_step_tokens(&hints, &targets);
@@ -271,9 +262,6 @@ impl<'c> Run<'c> {
         if controller.wants_latencies() {
             fleet.report_latencies();
         }
-        let slos = config.class_slos.unwrap_or([config.slo; 3]);
-        let targets = slos
-            .map(|s| Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) });
         let mut run = Run {
             config,
             flow: Flow::new(&config.flow, &hints, targets),
@@ -446,6 +434,13 @@ impl<'c> Run<'c> {
                 "the fleet ended requests the controller never placed there"
             );
         }
+    }
+
+    /// An empty hash buffer for the workload to fill, a finished request's when there is one.
+    fn spare_buffer(&mut self) -> Vec<BlockHash> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf
     }
 
     /// A closed-loop session's request that will not finish: its session ends.

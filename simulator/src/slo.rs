@@ -17,6 +17,21 @@ impl Slo {
     /// The largest target the policy API takes, in milliseconds: an hour.
     pub const MAX_MS: f64 = 3_600_000.0;
 
+    /// The first target (by name, with its value) not above 0 and at most [`Slo::MAX_MS`].
+    pub fn out_of_range(&self) -> Option<(&'static str, f64)> {
+        [("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms)]
+            .into_iter()
+            .find(|&(_, v)| !(v > 0.0 && v <= Self::MAX_MS))
+    }
+
+    /// The targets as flow control takes them.
+    pub fn targets(&self) -> policies::Targets {
+        policies::Targets {
+            ttft: engine::Dur::from_secs_f64(self.ttft_ms / 1e3),
+            tpot: engine::Dur::from_secs_f64(self.tpot_ms / 1e3),
+        }
+    }
+
     /// Whether a finished request met both targets (the rule of [`Metrics::record`]: the
     /// TPOT target is compared without dividing, and one output token always meets it).
     pub fn met_by(&self, f: &Finished) -> bool {

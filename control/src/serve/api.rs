@@ -349,13 +349,6 @@ async fn store_policy(app: &App, who: Principal, policy: Policy) -> ApiResult {
 /// The largest SLO target, in milliseconds (the OpenAPI document's `maximum`): an hour.
 const SLO_MAX_MS: f64 = simulator::slo::Slo::MAX_MS;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SloBody {
-    ttft_ms: f64,
-    tpot_ms: f64,
-}
-
 pub async fn get_slo(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
     let (ttft_ms, tpot_ms) = lock(&app.known).slo;
@@ -368,12 +361,10 @@ pub async fn put_slo(
     bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let who = admin(&app, &headers)?;
-    let slo: SloBody = body(bytes)?;
-    for (name, v) in [("ttft_ms", slo.ttft_ms), ("tpot_ms", slo.tpot_ms)] {
-        if !(v > 0.0 && v <= SLO_MAX_MS) {
-            let why = format!("{name} must be a positive number of milliseconds, at most {SLO_MAX_MS} (an hour)");
-            return Err(ApiError::invalid(name, why));
-        }
+    let slo: simulator::slo::Slo = body(bytes)?;
+    if let Some((name, _)) = slo.out_of_range() {
+        let why = format!("{name} must be a positive number of milliseconds, at most {SLO_MAX_MS} (an hour)");
+        return Err(ApiError::invalid(name, why));
     }
     app.store.put_slo(slo.ttft_ms, slo.tpot_ms, &who.name).await.map_err(db_error)?;
     lock(&app.known).slo = (slo.ttft_ms, slo.tpot_ms);

@@ -333,7 +333,7 @@ async fn serve(
         .inspect_err(|_| app.metrics.request("rejected"))?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let prompt_tokens = parsed.prompt.len() as u32;
-    let id = {
+    let (id, admitted) = {
         let mut hub = app.lock_hub();
         let serving: Vec<_> = hub.fleet.members().filter(|m| m.state == MemberState::Serving).collect();
         if serving.is_empty() {
@@ -412,7 +412,6 @@ async fn serve(
         };
         (id, admitted)
     };
-    let (id, admitted) = id;
     // A queued request answers once it is placed or shed: a shed one gets its status and
     // Retry-After, not a stream that fails.
     let first = match admitted {

@@ -370,10 +370,7 @@ impl Hub {
 
 /// Each class's targets: its own where the policy gives them, else the fleet's SLO.
 fn targets(slo: Slo, class_slo: &BTreeMap<Class, Slo>) -> [Targets; 3] {
-    Class::ALL.map(|c| {
-        let s = class_slo.get(&c).copied().unwrap_or(slo);
-        Targets { ttft: Dur::from_secs_f64(s.ttft_ms / 1e3), tpot: Dur::from_secs_f64(s.tpot_ms / 1e3) }
-    })
+    Class::ALL.map(|c| class_slo.get(&c).copied().unwrap_or(slo).targets())
 }
 
 /// The controller for `config`, with the pools of a disaggregated fleet.

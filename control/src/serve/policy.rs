@@ -101,7 +101,7 @@ impl Policy {
             }
         };
         let flow = p.flow_run().map_err(refused)?;
-        p.check().map_err(refused)?;
+        p.check_class_slo().map_err(refused)?;
         Ok(PolicySet { router, scheduling, autoscaler, flow, class_slo: p.class_slo.clone() })
     }
 

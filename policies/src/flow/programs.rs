@@ -12,6 +12,8 @@ use std::collections::{BinaryHeap, HashMap};
 
 #[derive(Debug)]
 pub struct Programs {
+    /// Share of the candidates' GPU KV the contexts in progress may fill.
+    share: f64,
     idle: Dur,
     /// Session → (its context's tokens, when its last turn was placed).
     active: HashMap<SessionId, (u64, Time)>,
@@ -22,8 +24,8 @@ pub struct Programs {
 }
 
 impl Programs {
-    pub fn new(idle: Dur) -> Programs {
-        Programs { idle, active: HashMap::new(), expiry: BinaryHeap::new(), footprint: 0 }
+    pub fn new(share: f64, idle: Dur) -> Programs {
+        Programs { share, idle, active: HashMap::new(), expiry: BinaryHeap::new(), footprint: 0 }
     }
 
     /// Whether `request` is a later turn of a program in progress.
@@ -31,14 +33,14 @@ impl Programs {
         request.service.session.is_some_and(|s| self.active.contains_key(&s))
     }
 
-    /// Whether `request` may start now with `budget` tokens of KV for programs: it is no
-    /// program's first turn, or the contexts in progress and its own fit (or none is in
-    /// progress: one program always runs).
-    pub fn admits(&self, request: &Request, budget: f64) -> bool {
+    /// Whether `request` may start now on candidates of `kv_tokens` of GPU KV: it is no
+    /// program's first turn, or the contexts in progress and its own fit in the share (or
+    /// none is in progress: one program always runs).
+    pub fn admits(&self, request: &Request, kv_tokens: u64) -> bool {
         request.service.session.is_none()
             || self.continues(request)
             || self.footprint == 0
-            || (self.footprint + context(request)) as f64 <= budget
+            || (self.footprint + context(request)) as f64 <= self.share * kv_tokens as f64
     }
 
     /// `request` was placed: its program is in progress, with its context.
@@ -106,12 +108,13 @@ mod tests {
 
     #[test]
     fn new_programs_wait_while_those_in_progress_fill_the_budget_and_later_turns_never_do() {
-        let mut p = Programs::new(Dur::from_secs_f64(10.0));
-        assert!(p.admits(&turn(1, 900), 100.0), "one program always runs");
+        // Half of 2,000 tokens of KV for programs.
+        let mut p = Programs::new(0.5, Dur::from_secs_f64(10.0));
+        assert!(p.admits(&turn(1, 900), 200), "one program always runs");
         p.placed(Time::ZERO, &turn(1, 900));
-        assert!(!p.admits(&turn(2, 200), 1000.0), "900 + 200 > 1000");
-        assert!(p.admits(&turn(2, 100), 1000.0));
-        assert!(p.admits(&turn(1, 5000), 1000.0), "a later turn passes");
+        assert!(!p.admits(&turn(2, 200), 2000), "900 + 200 > 1000");
+        assert!(p.admits(&turn(2, 100), 2000));
+        assert!(p.admits(&turn(1, 5000), 2000), "a later turn passes");
         p.placed(Time::from_millis(5000), &turn(1, 950));
         assert_eq!(p.footprint(), 950, "a program counts its latest context");
         // Idle from 15 s (its latest turn at 5 s), not from 10 s.
@@ -119,6 +122,6 @@ mod tests {
         assert_eq!(p.in_progress(), 1);
         p.expire(Time::from_millis(15_000));
         assert_eq!((p.in_progress(), p.footprint()), (0, 0));
-        assert!(p.admits(&turn(2, 200), 1000.0));
+        assert!(p.admits(&turn(2, 200), 2000));
     }
 }

@@ -32,10 +32,8 @@ pub struct Flow<P> {
     shed_times: BinaryHeap<Reverse<(Time, u64, u32)>>,
     /// One instance's prefill rate, for retry-after.
     prefill_tokens_per_s: f64,
-    /// With admission by program: the share of the KV programs in progress may fill, and
-    /// those programs.
-    program_share: Option<f64>,
-    programs: Programs,
+    /// The programs in progress, with admission by program.
+    programs: Option<Programs>,
 }
 
 /// Later turns of programs in progress go ahead of every first turn in their band.
@@ -73,10 +71,8 @@ struct TenantQueue {
 impl<P> Flow<P> {
     pub fn new(config: &FlowConfig, hints: &CostHints, targets: [Targets; 3]) -> Flow<P> {
         let rule = config.build(hints, targets);
-        let programs = rule.as_ref().and_then(|r| r.program_admission());
         Flow {
-            program_share: programs.map(|(share, _)| share),
-            programs: Programs::new(programs.map_or(engine::Dur::ZERO, |(_, idle)| idle)),
+            programs: rule.as_ref().and_then(|r| r.program_admission()).map(|(share, idle)| Programs::new(share, idle)),
             rule,
             entries: Vec::new(),
             free: Vec::new(),
@@ -118,7 +114,7 @@ impl<P> Flow<P> {
         let class = request.service.class;
         let b = class.index();
         // A later turn of a program in progress goes ahead of its band's queue (see `order`).
-        let continues = self.program_share.is_some() && self.programs.continues(&request);
+        let continues = self.programs.as_ref().is_some_and(|p| p.continues(&request));
         let ahead = self.bands[..b + usize::from(!continues)].iter().any(|band| band.len > 0);
         let room = !ahead && rule.has_room(view, &request) && self.program_room(view, &request);
         if room {
@@ -183,7 +179,9 @@ impl<P> Flow<P> {
 
     /// Sheds every queued request whose time to be shed has come.
     pub fn expire(&mut self, now: Time, view: &FleetView, out: &mut Vec<Shed<P>>) {
-        self.programs.expire(now);
+        if let Some(p) = &mut self.programs {
+            p.expire(now);
+        }
         while let Some(&Reverse((t, seq, slot))) = self.shed_times.peek() {
             if t > now {
                 break;
@@ -206,20 +204,19 @@ impl<P> Flow<P> {
     pub fn next_deadline(&self) -> Option<Time> {
         let shed = self.shed_times.peek().map(|Reverse((t, ..))| *t);
         // A program going idle may let a queued first turn in (nothing to do with none queued).
-        let idle = self.programs.next_expiry().filter(|_| !self.is_empty());
+        let idle = self.programs.as_ref().and_then(Programs::next_expiry).filter(|_| !self.is_empty());
         [shed, idle].into_iter().flatten().min()
     }
 
     /// Whether admission by program lets `request` start now.
     fn program_room(&self, view: &FleetView, request: &Request) -> bool {
-        let Some(share) = self.program_share else { return true };
-        let kv: u64 = view.candidates(request).map(|v| v.capacity_tokens).sum();
-        self.programs.admits(request, share * kv as f64)
+        let Some(p) = &self.programs else { return true };
+        p.admits(request, view.candidates(request).map(|v| v.capacity_tokens).sum())
     }
 
     fn placed(&mut self, now: Time, request: &Request) {
-        if self.program_share.is_some() {
-            self.programs.placed(now, request);
+        if let Some(p) = &mut self.programs {
+            p.placed(now, request);
         }
     }
 
