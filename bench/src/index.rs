@@ -31,7 +31,7 @@
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use control::{peak_rss_kib, Failure};
-use engine::kv::{KvEvent, Tier};
+use engine::kv::{KvEvent, PageKey, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use policies::{PrefixIndex, PrefixMatches};
 use rand::{Rng, SeedableRng};
@@ -99,6 +99,16 @@ struct Fleet {
     events: Vec<(InstanceId, KvEvent)>,
 }
 
+/// The page (`engine::kv::PageKey`) of history block `p` after the prompt chain `prompt`.
+fn page_of(prompt: &[BlockHash], history: &[BlockHash], p: u32) -> BlockHash {
+    let first = (prompt.len() + p as usize) / PAGE_BLOCKS * PAGE_BLOCKS;
+    if first < prompt.len() {
+        prompt[first]
+    } else {
+        history[first - prompt.len()]
+    }
+}
+
 fn fresh(rng: &mut ChaCha8Rng, parent: BlockHash) -> BlockHash {
     parent.chain(rng.random::<u64>())
 }
@@ -112,12 +122,18 @@ impl Fleet {
         group * GROUP_SIZE..((group + 1) * GROUP_SIZE).min(self.instances)
     }
 
-    fn stored(&mut self, instance: u32, tier: Tier, hash: BlockHash, parent: Option<BlockHash>) {
-        self.events.push((InstanceId(instance), KvEvent::Stored { tier, hash, parent }));
+    fn stored(&mut self, instance: u32, tier: Tier, hash: BlockHash, page: BlockHash, parent: Option<BlockHash>) {
+        self.events.push((InstanceId(instance), KvEvent::Stored { tier, hash, page, parent }));
     }
 
-    fn removed(&mut self, instance: u32, tier: Tier, hash: BlockHash) {
-        self.events.push((InstanceId(instance), KvEvent::Removed { tier, hash }));
+    fn removed(&mut self, instance: u32, tier: Tier, hash: BlockHash, page: BlockHash) {
+        self.events.push((InstanceId(instance), KvEvent::Removed { tier, hash, page }));
+    }
+
+    /// The page of history block `p` of conversation `c`.
+    fn page(&self, c: usize, p: u32) -> BlockHash {
+        let conv = &self.conversations[c];
+        page_of(&self.prompts[conv.prompt].1, &conv.history, p)
     }
 
     /// Parent of history block `p` of conversation `c`.
@@ -144,7 +160,7 @@ impl Fleet {
             for i in 0..self.instances {
                 for (k, &h) in chain.iter().enumerate() {
                     let parent = k.checked_sub(1).map(|k| chain[k]);
-                    self.stored(i, Tier::L1, h, parent);
+                    self.stored(i, Tier::L1, h, PageKey::at(&chain, k).page, parent);
                 }
             }
             globals.push(chain);
@@ -160,7 +176,7 @@ impl Fleet {
                 }
                 for i in self.members(g) {
                     for k in shared..chain.len() {
-                        self.stored(i, Tier::L1, chain[k], Some(chain[k - 1]));
+                        self.stored(i, Tier::L1, chain[k], PageKey::at(&chain, k).page, Some(chain[k - 1]));
                     }
                 }
                 self.prompts.push((g, chain));
@@ -211,13 +227,13 @@ impl Fleet {
             for p in 0..replica.l2 {
                 let tier = if p < replica.l1 { Tier::L1 } else { Tier::L2 };
                 let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
-                self.stored(replica.instance, tier, h, Some(parent));
+                self.stored(replica.instance, tier, h, self.page(c, p), Some(parent));
             }
         }
         let by = members.start;
         for p in l3.0..l3.1 {
             let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
-            self.stored(by, Tier::L3, h, Some(parent));
+            self.stored(by, Tier::L3, h, self.page(c, p), Some(parent));
         }
     }
 
@@ -254,20 +270,21 @@ impl Fleet {
         let Replica { instance, l1, l2 } = self.conversations[c].replicas[0];
         for p in l1..l2 {
             let h = self.conversations[c].history[p as usize];
-            self.removed(instance, Tier::L2, h);
-            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+            self.removed(instance, Tier::L2, h, self.page(c, p));
+            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
         }
         let len = self.conversations[c].history.len() as u32;
         for p in l2..len {
             let h = self.conversations[c].history[p as usize];
-            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
         }
         let k = self.rng.random_range(8..=64u32);
         for _ in 0..k {
             let parent = *self.conversations[c].history.last().expect("not empty");
             let h = fresh(&mut self.rng, parent);
             self.conversations[c].history.push(h);
-            self.stored(instance, Tier::L1, h, Some(parent));
+            let page = self.page(c, self.conversations[c].history.len() as u32 - 1);
+            self.stored(instance, Tier::L1, h, page, Some(parent));
         }
         let len = self.conversations[c].history.len() as u32;
         self.conversations[c].replicas[0] = Replica { instance, l1: len, l2: len };
@@ -285,24 +302,24 @@ impl Fleet {
         for _ in 0..evict {
             let p = replica.l1 - 1;
             let h = self.conversations[c].history[p as usize];
-            self.removed(replica.instance, Tier::L1, h);
-            self.stored(replica.instance, Tier::L2, h, Some(self.parent(c, p)));
+            self.removed(replica.instance, Tier::L1, h, self.page(c, p));
+            self.stored(replica.instance, Tier::L2, h, self.page(c, p), Some(self.parent(c, p)));
             replica.l1 = p;
         }
         while replica.l2 - replica.l1 > L2_TAIL_BLOCKS {
             let p = replica.l2 - 1;
-            let h = self.conversations[c].history[p as usize];
-            self.removed(replica.instance, Tier::L2, h);
+            let (h, page) = (self.conversations[c].history[p as usize], self.page(c, p));
+            self.removed(replica.instance, Tier::L2, h, page);
             let (lo, hi) = self.conversations[c].l3;
             if lo == hi {
                 self.conversations[c].l3 = (p, p + 1);
-                self.stored(replica.instance, Tier::L3, h, None);
+                self.stored(replica.instance, Tier::L3, h, page, None);
             } else if p + 1 == lo {
                 self.conversations[c].l3.0 = p;
-                self.stored(replica.instance, Tier::L3, h, None);
+                self.stored(replica.instance, Tier::L3, h, page, None);
             } else if p == hi {
                 self.conversations[c].l3.1 = p + 1;
-                self.stored(replica.instance, Tier::L3, h, None);
+                self.stored(replica.instance, Tier::L3, h, page, None);
             }
             replica.l2 = p;
         }
@@ -323,7 +340,7 @@ impl Fleet {
         let m = self.rng.random_range(1..=len);
         for p in 0..m {
             let h = self.conversations[c].history[p as usize];
-            self.stored(instance, Tier::L1, h, Some(self.parent(c, p)));
+            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
         }
         self.conversations[c].replicas.push(Replica { instance, l1: m, l2: m });
     }
@@ -331,18 +348,24 @@ impl Fleet {
     /// The conversation leaves every tier, leaves first.
     fn retire(&mut self, c: usize) {
         let conv = self.conversations.swap_remove(c);
+        let prompt = std::mem::take(&mut self.prompts[conv.prompt].1);
+        let at = |p: u32| (conv.history[p as usize], page_of(&prompt, &conv.history, p));
         for replica in &conv.replicas {
             for p in (replica.l1..replica.l2).rev() {
-                self.removed(replica.instance, Tier::L2, conv.history[p as usize]);
+                let (h, page) = at(p);
+                self.removed(replica.instance, Tier::L2, h, page);
             }
             for p in (0..replica.l1).rev() {
-                self.removed(replica.instance, Tier::L1, conv.history[p as usize]);
+                let (h, page) = at(p);
+                self.removed(replica.instance, Tier::L1, h, page);
             }
         }
         let by = self.members(conv.group).start;
         for p in (conv.l3.0..conv.l3.1).rev() {
-            self.removed(by, Tier::L3, conv.history[p as usize]);
+            let (h, page) = at(p);
+            self.removed(by, Tier::L3, h, page);
         }
+        self.prompts[conv.prompt].1 = prompt;
     }
 
     /// A query's prompt into `out`: 60% continue a conversation (its whole history and 8-64

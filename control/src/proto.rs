@@ -106,13 +106,14 @@ fn tier_from_wire(t: i32) -> Result<EngineTier> {
 impl From<&EngineKvEvent> for KvEvent {
     fn from(e: &EngineKvEvent) -> KvEvent {
         let kind = match *e {
-            EngineKvEvent::Stored { tier, hash, parent } => kv_event::Kind::Stored(BlockStored {
+            EngineKvEvent::Stored { tier, hash, page, parent } => kv_event::Kind::Stored(BlockStored {
                 tier: tier_to_wire(tier),
                 hash: hash.0,
                 parent: parent.map(|p| p.0),
+                page: page.0,
             }),
-            EngineKvEvent::Removed { tier, hash } => {
-                kv_event::Kind::Removed(BlockRemoved { tier: tier_to_wire(tier), hash: hash.0 })
+            EngineKvEvent::Removed { tier, hash, page } => {
+                kv_event::Kind::Removed(BlockRemoved { tier: tier_to_wire(tier), hash: hash.0, page: page.0 })
             }
             EngineKvEvent::Cleared => kv_event::Kind::Cleared(AllCleared {}),
         };
@@ -128,11 +129,14 @@ impl TryFrom<&KvEvent> for EngineKvEvent {
             Some(kv_event::Kind::Stored(s)) => EngineKvEvent::Stored {
                 tier: tier_from_wire(s.tier)?,
                 hash: BlockHash(s.hash),
+                page: BlockHash(s.page),
                 parent: s.parent.map(BlockHash),
             },
-            Some(kv_event::Kind::Removed(r)) => {
-                EngineKvEvent::Removed { tier: tier_from_wire(r.tier)?, hash: BlockHash(r.hash) }
-            }
+            Some(kv_event::Kind::Removed(r)) => EngineKvEvent::Removed {
+                tier: tier_from_wire(r.tier)?,
+                hash: BlockHash(r.hash),
+                page: BlockHash(r.page),
+            },
             Some(kv_event::Kind::Cleared(_)) => EngineKvEvent::Cleared,
             None => return Err(anyhow!("KV event without a kind")),
         })
@@ -146,16 +150,21 @@ mod tests {
     #[test]
     fn kv_events_survive_the_wire() {
         let events = [
-            EngineKvEvent::Stored { tier: EngineTier::L2, hash: BlockHash(5), parent: Some(BlockHash(4)) },
-            EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), parent: None },
-            EngineKvEvent::Removed { tier: EngineTier::L3, hash: BlockHash(9) },
+            EngineKvEvent::Stored {
+                tier: EngineTier::L2,
+                hash: BlockHash(5),
+                page: BlockHash(4),
+                parent: Some(BlockHash(4)),
+            },
+            EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), page: BlockHash(4), parent: None },
+            EngineKvEvent::Removed { tier: EngineTier::L3, hash: BlockHash(9), page: BlockHash(8) },
             EngineKvEvent::Cleared,
         ];
         for e in events {
             let wire = KvEvent::from(&e);
             assert_eq!(EngineKvEvent::try_from(&wire).ok(), Some(e));
         }
-        let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1 })) };
+        let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1, page: 1 })) };
         assert!(EngineKvEvent::try_from(&bad).is_err());
     }
 

@@ -116,6 +116,14 @@ impl<V: Copy + Default> BlockMap<V> {
         }
     }
 
+    /// Sets `hash` to `val`, whether it was there or not.
+    pub fn insert(&mut self, hash: BlockHash, val: V) {
+        match self.probe(hash) {
+            Probe::Found(_) => self.set(hash, val),
+            Probe::Vacant(slot) => self.fill(slot, hash, val),
+        }
+    }
+
     pub fn set(&mut self, hash: BlockHash, val: V) {
         if hash.0 == 0 {
             self.zero = Some(val);

@@ -242,27 +242,27 @@ impl KvCache {
     /// through to the shared store (L3), so that every instance can find it there at once,
     /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
     fn demote(&mut self, key: PageKey, parent: Option<BlockHash>) {
-        let hash = key.hash;
+        let PageKey { hash, page } = key;
         if self.l2.capacity() > 0 {
-            self.emit(KvEvent::Stored { tier: Tier::L2, hash, parent });
+            self.emit(KvEvent::Stored { tier: Tier::L2, hash, page, parent });
             if let Some(out) = self.l2.insert(key) {
-                self.emit(KvEvent::Removed { tier: Tier::L2, hash: out });
+                self.emit(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
             }
         }
         self.store_l3(key, parent);
     }
 
     fn store_l3(&mut self, key: PageKey, parent: Option<BlockHash>) {
-        let hash = key.hash;
+        let PageKey { hash, page } = key;
         let Some(l3) = &self.l3 else { return };
         let put = l3.lock().put(key);
         if let Put::Added { evicted } = put {
-            if evicted == Some(hash) {
+            if evicted == Some(key) {
                 return; // a store of no capacity
             }
-            self.emit(KvEvent::Stored { tier: Tier::L3, hash, parent });
+            self.emit(KvEvent::Stored { tier: Tier::L3, hash, page, parent });
             if let Some(out) = evicted {
-                self.emit(KvEvent::Removed { tier: Tier::L3, hash: out });
+                self.emit(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
             }
         }
     }
@@ -310,7 +310,7 @@ impl KvCache {
         let l3 = self.l3.clone();
         for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
             if self.l2.remove(key) {
-                self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash });
+                self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
             } else if let Some(l3) = &l3 {
                 l3.lock().touch(key);
             }
@@ -340,7 +340,7 @@ impl KvCache {
         if !self.l2.is_empty() {
             for key in (from + shared..upto).map(|i| PageKey::at(hashes, i)) {
                 if self.l2.remove(key) {
-                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash });
+                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
                 }
             }
         }

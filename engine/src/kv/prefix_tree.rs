@@ -379,9 +379,16 @@ impl PrefixTree {
 
     fn emit_stored(&mut self, cursor: NodeId, hashes: &[BlockHash]) {
         let Some(ev) = &mut self.events else { return };
-        let mut parent = (cursor != NodeId::ROOT).then(|| *self.nodes[cursor.0 as usize].hashes.last().expect("run"));
-        for &h in hashes {
-            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, parent });
+        let Some(&first) = hashes.first() else { return };
+        let node = &self.nodes[cursor.0 as usize];
+        let mut parent = (cursor != NodeId::ROOT).then(|| *node.hashes.last().expect("run"));
+        let depth = node.start + node.len();
+        let mut page = if depth.is_multiple_of(PAGE_BLOCKS as u32) { first } else { node.page_of(depth) };
+        for (d, &h) in (depth..).zip(hashes) {
+            if d.is_multiple_of(PAGE_BLOCKS as u32) {
+                page = h;
+            }
+            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, page, parent });
             parent = Some(h);
         }
     }
@@ -473,7 +480,7 @@ impl PrefixTree {
         self.unreferenced -= 1;
         self.cached -= 1;
         if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::Removed { tier: Tier::L1, hash });
+            ev.push(KvEvent::Removed { tier: Tier::L1, hash, page });
         }
         let parent = match self.nodes[n as usize].hashes.last() {
             Some(&p) => Some(p),

@@ -50,7 +50,7 @@ pub enum Put {
     /// The block was there: now the most recently used.
     Refreshed,
     /// The block is new; `evicted` made room for it.
-    Added { evicted: Option<BlockHash> },
+    Added { evicted: Option<PageKey> },
 }
 
 /// The blocks of one page held by a store, in no order, each with its latest stamp.
@@ -83,11 +83,11 @@ impl Page {
         let i = self.blocks.len();
         self.blocks.push((hash, stamp));
         match &mut self.lookup {
-            Some(lookup) => set(lookup, hash, i as u32),
+            Some(lookup) => lookup.insert(hash, i as u32),
             None if i >= SCAN_BLOCKS => {
                 let mut lookup = BlockMap::default();
                 for (j, &(h, _)) in self.blocks.iter().enumerate() {
-                    set(&mut lookup, h, j as u32);
+                    lookup.insert(h, j as u32);
                 }
                 self.lookup = Some(lookup);
             }
@@ -103,13 +103,6 @@ impl Page {
                 lookup.set(moved, i as u32);
             }
         }
-    }
-}
-
-fn set(map: &mut BlockMap<u32>, hash: BlockHash, val: u32) {
-    match map.probe(hash) {
-        Probe::Found(_) => map.set(hash, val),
-        Probe::Vacant(slot) => map.fill(slot, hash, val),
     }
 }
 
@@ -172,7 +165,7 @@ impl BlockLru {
     /// Adds `key` as the most recently used (or refreshes it). When the store is full, the
     /// least recently used block makes room and is returned. A store of capacity zero keeps
     /// nothing and hands the block straight back.
-    pub fn insert(&mut self, key: PageKey) -> Option<BlockHash> {
+    pub fn insert(&mut self, key: PageKey) -> Option<PageKey> {
         match self.put(key) {
             Put::Refreshed => None,
             Put::Added { evicted } => evicted,
@@ -183,7 +176,7 @@ impl BlockLru {
     /// for an index).
     pub fn put(&mut self, key: PageKey) -> Put {
         if self.capacity == 0 {
-            return Put::Added { evicted: Some(key.hash) };
+            return Put::Added { evicted: Some(key) };
         }
         if self.touch(key) {
             return Put::Refreshed;
@@ -289,12 +282,13 @@ impl BlockLru {
         self.compact_if_stale();
     }
 
-    fn pop_front(&mut self) -> Option<BlockHash> {
+    fn pop_front(&mut self) -> Option<PageKey> {
         while let Some(u) = self.order.pop_front() {
             let page = &self.pages[u.slot as usize];
             if let Some(i) = page.find(u.hash).filter(|&i| page.blocks[i].1 == u.stamp) {
+                let key = PageKey { hash: u.hash, page: page.name };
                 self.take(u.slot, i);
-                return Some(u.hash);
+                return Some(key);
             }
         }
         None
@@ -365,12 +359,12 @@ mod tests {
         assert_eq!(lru.insert(k(1)), None);
         assert_eq!(lru.insert(k(2)), None);
         assert!(lru.touch(k(1)));
-        assert_eq!(lru.insert(k(3)), Some(BlockHash(2)));
+        assert_eq!(lru.insert(k(3)), Some(k(2)));
         assert!(lru.contains(k(1)) && lru.contains(k(3)) && !lru.contains(k(2)));
         assert!(lru.remove(k(1)));
         assert!(!lru.remove(k(1)));
         assert_eq!(lru.insert(k(4)), None);
-        assert_eq!(lru.insert(k(5)), Some(BlockHash(3)));
+        assert_eq!(lru.insert(k(5)), Some(k(3)));
         lru.check_invariants();
     }
 
@@ -378,31 +372,31 @@ mod tests {
     #[derive(Default)]
     struct Model {
         capacity: usize,
-        order: Vec<BlockHash>,
+        order: Vec<PageKey>,
     }
 
     impl Model {
-        fn put(&mut self, hash: BlockHash) -> Put {
+        fn put(&mut self, key: PageKey) -> Put {
             if self.capacity == 0 {
-                return Put::Added { evicted: Some(hash) };
+                return Put::Added { evicted: Some(key) };
             }
-            if self.touch(hash) {
+            if self.touch(key) {
                 return Put::Refreshed;
             }
             let evicted = (self.order.len() >= self.capacity).then(|| self.order.remove(0));
-            self.order.push(hash);
+            self.order.push(key);
             Put::Added { evicted }
         }
 
-        fn touch(&mut self, hash: BlockHash) -> bool {
-            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+        fn touch(&mut self, key: PageKey) -> bool {
+            let Some(i) = self.order.iter().position(|&k| k == key) else { return false };
             self.order.remove(i);
-            self.order.push(hash);
+            self.order.push(key);
             true
         }
 
-        fn remove(&mut self, hash: BlockHash) -> bool {
-            let Some(i) = self.order.iter().position(|&h| h == hash) else { return false };
+        fn remove(&mut self, key: PageKey) -> bool {
+            let Some(i) = self.order.iter().position(|&k| k == key) else { return false };
             self.order.remove(i);
             true
         }
@@ -422,15 +416,15 @@ mod tests {
             for (op, key) in ops {
                 let key = k(key);
                 match op {
-                    0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key.hash)),
-                    2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key.hash)),
-                    _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key.hash)),
+                    0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key)),
+                    2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key)),
+                    _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key)),
                 }
-                proptest::prop_assert_eq!(lru.contains(key), model.order.contains(&key.hash));
+                proptest::prop_assert_eq!(lru.contains(key), model.order.contains(&key));
                 proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
                 lru.check_invariants();
             }
-            proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order);
+            proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order.iter().map(|k| k.hash).collect::<Vec<_>>());
             lru.clear();
             proptest::prop_assert!(lru.is_empty() && lru.iter().next().is_none());
         }
@@ -439,7 +433,7 @@ mod tests {
     #[test]
     fn a_store_of_no_capacity_keeps_nothing() {
         let mut lru = BlockLru::new(0);
-        assert_eq!(lru.insert(k(1)), Some(BlockHash(1)));
+        assert_eq!(lru.insert(k(1)), Some(k(1)));
         assert!(lru.is_empty());
     }
 

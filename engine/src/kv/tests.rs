@@ -127,9 +127,9 @@ fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
     assert_eq!(
         ev,
         [
-            KvEvent::Stored { tier: Tier::L1, hash: hs[0], parent: None },
-            KvEvent::Stored { tier: Tier::L1, hash: hs[1], parent: Some(hs[0]) },
-            KvEvent::Removed { tier: Tier::L1, hash: hs[1] },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[0], page: hs[0], parent: None },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[1], page: hs[0], parent: Some(hs[0]) },
+            KvEvent::Removed { tier: Tier::L1, hash: hs[1], page: hs[0] },
         ]
     );
 }
@@ -173,7 +173,7 @@ impl EventModel {
         for e in events {
             match *e {
                 KvEvent::Stored { tier, hash, .. } => assert!(self.tiers[tier.index()].insert(hash), "{e:?} twice"),
-                KvEvent::Removed { tier, hash } => assert!(self.tiers[tier.index()].remove(&hash), "{e:?} unknown"),
+                KvEvent::Removed { tier, hash, .. } => assert!(self.tiers[tier.index()].remove(&hash), "{e:?} unknown"),
                 KvEvent::Cleared => self.tiers[..2].iter_mut().for_each(|t| t.clear()),
             }
         }
@@ -282,13 +282,23 @@ proptest! {
             events.clear();
             kv.drain_events(&mut events);
             model.apply(&events);
+            // Every event names its block's page, as the prompts place it.
+            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
+            let pages: std::collections::BTreeMap<BlockHash, BlockHash> = prompts
+                .iter()
+                .flat_map(|hs| (0..hs.len()).map(move |i| (hs[i], PageKey::at(hs, i).page)))
+                .collect();
+            for e in &events {
+                if let KvEvent::Stored { hash, page, .. } | KvEvent::Removed { hash, page, .. } = *e {
+                    prop_assert_eq!(Some(&page), pages.get(&hash), "{:?}", e);
+                }
+            }
             let [l1, l2, l3_model] = &model.tiers;
             prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
             prop_assert_eq!(l2, &kv.l2().iter().collect());
             prop_assert_eq!(l3_model, &l3.lock().iter().collect());
             prop_assert!(l1.is_disjoint(l2), "a block in L1 and L2 at once");
             // Every block held below L1 is found where a prompt looks for it (its page).
-            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
             for hs in &prompts {
                 for i in 0..hs.len() {
                     prop_assert_eq!(kv.l2().contains(PageKey::at(hs, i)), l2.contains(&hs[i]));

@@ -49,16 +49,22 @@ impl fmt::Display for Tier {
 /// A change to the set of cached blocks, in the shape of vLLM's KV events (stored with its
 /// parent, removed, all cleared) with the tier as the medium. An instance publishes the
 /// events of its L1 and L2, and of the L3 changes it causes.
+///
+/// Each block also names its page (see [`super::PageKey`]: the hash of its chain's block at
+/// the last depth that is a multiple of [`super::PAGE_BLOCKS`]), which the global prefix
+/// index is keyed by: one map entry per page instead of one per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
     Stored {
         tier: Tier,
         hash: BlockHash,
+        page: BlockHash,
         parent: Option<BlockHash>,
     },
     Removed {
         tier: Tier,
         hash: BlockHash,
+        page: BlockHash,
     },
     /// The instance dropped everything in its own tiers (L1 and L2).
     Cleared,

@@ -1,6 +1,6 @@
 //! Holder sets: who holds a block in which tier, interned and shared by every block held alike.
 
-use super::DEAD;
+use super::NO_STATE;
 use engine::kv::Tier;
 use engine::InstanceId;
 use std::sync::Arc;
@@ -116,4 +116,4 @@ pub(super) struct Transition {
     pub(super) to_gen: u32,
 }
 
-pub(super) const NO_TRANSITION: Transition = Transition { from: DEAD, change: 0, to: 0, from_gen: 0, to_gen: 0 };
+pub(super) const NO_TRANSITION: Transition = Transition { from: NO_STATE, change: 0, to: 0, from_gen: 0, to_gen: 0 };

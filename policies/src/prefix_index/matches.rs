@@ -1,53 +1,87 @@
 //! Queries: the longest cached prefix of a request on every instance.
 
 use super::holders::State;
-use super::{PrefixIndex, TierMatch, DEAD};
+use super::{PrefixIndex, TierMatch};
 use engine::BlockHash;
 use engine::InstanceId;
 use std::sync::Arc;
 
-/// Blocks a query compares at once while it follows a run.
-const RUN_STRIDE: usize = 8;
-
 impl PrefixIndex {
-    /// The longest cached prefix of `hashes` on every instance, by tier, into `out`.
+    /// The longest cached prefix of `hashes` (a chain from the root) on every instance, by
+    /// tier, into `out`.
     pub fn match_prefix(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
         out.start(self.instances);
         let n = hashes.len();
+        let page_blocks = self.page_blocks as usize;
+        self.load_pages(hashes);
+        // The run being followed (state, start, length): runs of one state that continue
+        // across a page boundary are visited once.
+        let mut run: Option<(u32, usize, usize)> = None;
         let mut j = 0;
         'walk: while j < n {
-            let Some(loc) = self.map.get(hashes[j]) else { break };
-            let seg = &self.segments[loc.seg as usize];
-            let mut i = loc.idx as usize;
-            loop {
+            let first = j / page_blocks * page_blocks;
+            let Some(slot) = self.slots.get(hashes[first]) else { break };
+            let page = &self.pages[slot as usize];
+            let end = (first + page_blocks).min(n);
+            let mut near = j - first;
+            while j < end {
+                let Some(i) = page.find(hashes[j], near) else { break 'walk };
                 // The run: positions after `i` with the same state and the prompt's hashes.
-                let state = seg.states[i];
-                let max = (seg.hashes.len() - i).min(n - j);
-                let (seg_hashes, seg_states, want) =
-                    (&seg.hashes[i..i + max], &seg.states[i..i + max], &hashes[j..j + max]);
+                let state = page.states[i];
+                let max = (page.len() - i).min(end - j);
+                let (page_hashes, page_states, want) =
+                    (&page.hashes[i..i + max], &page.states[i..i + max], &hashes[j..j + max]);
                 let mut len = 1;
-                while len + RUN_STRIDE <= max
-                    && seg_states[len..len + RUN_STRIDE].iter().all(|&s| s == state)
-                    && seg_hashes[len..len + RUN_STRIDE] == want[len..len + RUN_STRIDE]
-                {
-                    len += RUN_STRIDE;
-                }
-                while len < max && seg_states[len] == state && seg_hashes[len] == want[len] {
+                while len < max && page_states[len] == state && page_hashes[len] == want[len] {
                     len += 1;
                 }
-                if !out.visit(&self.states[state as usize], j as u32, len as u32) {
-                    break 'walk;
+                match run {
+                    Some((s, at, l)) if s == state && at + l == j => run = Some((s, at, l + len)),
+                    _ => {
+                        if let Some((s, at, l)) = run {
+                            if !out.visit(&self.states[s as usize], at as u32, l as u32) {
+                                out.end = at as u32;
+                                return;
+                            }
+                        }
+                        run = Some((state, j, len));
+                    }
                 }
                 j += len;
-                i += len;
-                if j == n || i == seg.hashes.len() || seg.states[i] == DEAD || seg.hashes[i] != hashes[j] {
-                    continue 'walk;
-                }
+                near = i + len;
             }
         }
         out.end = j as u32;
+        if let Some((s, at, l)) = run {
+            if !out.visit(&self.states[s as usize], at as u32, l as u32) {
+                out.end = at as u32;
+            }
+        }
     }
 }
+
+impl PrefixIndex {
+    /// Loads the map entries and the first blocks of the prompt's first pages before the walk
+    /// reads them, so that their cache misses overlap instead of queueing one page at a time
+    /// (the prompt names its pages up front).
+    fn load_pages(&self, hashes: &[BlockHash]) {
+        let firsts = || hashes.iter().step_by(self.page_blocks as usize).take(LOAD_PAGES);
+        let mut sink = 0u64;
+        for &h in firsts() {
+            sink ^= self.slots.touch(h);
+        }
+        for &h in firsts() {
+            if let Some(slot) = self.slots.get(h) {
+                let page = &self.pages[slot as usize];
+                sink ^= page.hashes.first().map_or(0, |h| h.0) ^ u64::from(page.states.first().copied().unwrap_or(0));
+            }
+        }
+        std::hint::black_box(sink);
+    }
+}
+
+/// Pages of a prompt [`PrefixIndex::load_pages`] loads ahead.
+const LOAD_PAGES: usize = 64;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {

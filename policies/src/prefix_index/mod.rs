@@ -8,27 +8,29 @@
 //! # Structure
 //!
 //! ```text
-//!  map:       BlockHash ─▶ (segment, position)         every indexed block, exactly once
-//!  segments:  s0  hashes [a  b  c  d  e  f ]            blocks laid out in chain order,
-//!                 states [7  7  7  9  9  0 ]            as their Stored events came
-//!             s1  hashes [x  y  ✝  z]                   ✝: dead position, out of the map
-//!  states:    7 = {inst-3 L1, inst-8 L1, inst-8 L2}     interned holder sets (+ "in L3"),
-//!             9 = {inst-3 L1} + L3,   0 = {}            bitmaps for large ones
+//!  slots:   page name ─▶ page slot                   one entry per page, not per block
+//!  pages:   p0  name a  hashes [a  b  c  d ]          a page's blocks, in the order stored
+//!                       states [7  7  9  0 ]
+//!           p1  name e  hashes [e  f  g  x  y]        continuations of one prefix share a page
+//!  states:  7 = {inst-3 L1, inst-8 L1, inst-8 L2}     interned holder sets (+ "in L3"),
+//!           9 = {inst-3 L1} + L3,   0 = {}            bitmaps for large ones
 //! ```
 //!
-//! Chained hashes make a prompt a path, and engines publish the blocks of a path as `Stored`
-//! runs in chain order, so a block stored right after its parent is appended after it in
-//! the parent's segment. A query probes the map once per segment it enters and then compares
-//! its hashes with the segment's in order: a 700-block prompt costs a handful of random
-//! memory accesses instead of 700 (a hash-map probe per block, which on a 10M-block index is
-//! a cache miss each, would cost ~100 µs). Each block carries the id of its holder set,
-//! interned, so that a run of blocks held alike is visited once per holder, not once per
-//! block and holder.
+//! Block hashes are chained from the root, so the hash of a chain's block at depth `32k`
+//! names the prefix up to it, and with it the *page* of the chain's next 32 depths (the
+//! stores below L1 are kept by page too: `engine::kv::PageKey`). Every event names its
+//! block's page, and a prompt gives the page of each of its blocks, so the map from hash to
+//! place holds one entry per page: a few hundred thousand entries where blocks number in the
+//! millions, small enough to stay in the caches. An event costs a probe of that map (skipped
+//! when it is on the page of the event before, as the events of a run are) and a look at a
+//! page; a query reads a prompt's blocks page by page, in sequence. Each block carries the id
+//! of its holder set, interned, so that a run of blocks held alike is visited once per
+//! holder, not once per block and holder.
 //!
 //! | identifier | why |
 //! | --- | --- |
-//! | `BlockMap` | events name blocks by hash; 16-byte entries probed linearly cost one cache miss a probe |
-//! | `Segment` | 12 bytes a block (hash, state id), read in order by queries, appended to by chain-order stores |
+//! | `slots` | events and prompts name pages by hash; one map probe a page, not a block |
+//! | `Page` | 12 bytes a block (hash, state id), stored runs in order, read in order by queries |
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `pending` | the engine demotes a block as "removed here, stored there": the block keeps its place meanwhile |
@@ -38,26 +40,25 @@
 //!
 //! | operation | cost |
 //! | --- | --- |
-//! | `apply` (Stored, Removed) | one map probe and one segment access (cache misses at scale); O(holders) only when a new holder set is formed |
-//! | `apply_batch` | the same, with the misses of 32 events in flight at once |
-//! | `match_prefix` | one map probe per segment entered, 12 sequential bytes per block, O(holders) per run after the first |
+//! | `apply` (Stored, Removed) | a page-map probe (none on the page of the event before), a page access; O(holders) only when a new holder set is formed |
+//! | `match_prefix` | one page-map probe per page of the prompt, 12 sequential bytes per block, O(holders) per run after the first |
 //! | `PrefixMatches::get` | O(1) |
-//! | `remove_instance`, `Cleared` | O(states × holders), plus one pass over the segments if blocks lost their last holder |
-//! | memory | the map: 16 bytes an entry at 40-81% load (20-40 bytes a block); segments: 12 bytes a block plus growth slack |
+//! | `remove_instance`, `Cleared` | O(states × holders), plus one pass over the pages if blocks lost their last holder |
+//! | memory | 12 bytes a block in pages plus growth slack, the page map (16 bytes a page at 40-81% load) |
 //!
 //! Measured by `fleetplane-bench index` (docs/BENCHMARKS.md).
 //!
 //! # Exactness
 //!
-//! Nothing here trusts the chain: adjacency in a segment is only a guess at where the next
-//! block of a prompt is, checked by comparing hashes, and a live block is at exactly one
-//! position (the map's). A wrong or missing `parent` only costs speed (a new segment), and a
-//! prompt starting mid-chain, or one that is not a chain at all, is matched exactly. Nor is
-//! any tier assumed prefix-closed: holes anywhere are matched exactly. Interning is only an
-//! optimisation too: two ids with equal sets split a run in two, with the same result.
+//! Prompts and events must be chains from the root (as engines, the gateway and the trace
+//! readers make them) with pages named as `engine::kv::PageKey` names them: a prompt that
+//! starts mid-chain finds nothing. Within that, nothing is assumed of the order of events or
+//! of which tiers hold what: holes anywhere are matched exactly, a page's order is only a
+//! guess at where the next block is (checked by comparing hashes), and interning is only an
+//! optimisation (two ids with equal sets split a run in two, with the same result).
 
 use engine::block_map::{BlockMap, Probe};
-use engine::kv::{KvEvent, Tier};
+use engine::kv::{KvEvent, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use rustc_hash::FxHashMap;
 
@@ -77,33 +78,41 @@ impl TierMatch {
 
 /// The state id of a block nobody holds (only the pending block has it).
 const EMPTY: u32 = 0;
-/// The state of a position whose block left the index (it is no longer in the map).
-const DEAD: u32 = u32::MAX;
+/// No state: what an unused transition cache slot starts from.
+const NO_STATE: u32 = u32::MAX;
 /// Slots of the direct-mapped transition cache.
 const TRANSITION_BITS: u32 = 12;
-/// Compacting a segment rewrites its live blocks' map entries, so it waits until at least
-/// this many, and half of the segment, are dead (tests compact early, to exercise it).
-const COMPACT_MIN_DEAD: u32 = if cfg!(test) { 2 } else { 16 };
-/// Events [`PrefixIndex::apply_batch`] loads ahead at once.
-const PREFETCH_EVENTS: usize = 32;
 
 mod holders;
 mod matches;
-mod segment;
+mod page;
 #[cfg(test)]
 mod tests;
 
 use holders::{holder, holder_fp, Change, Meta, State, Transition, L3_FP, NO_TRANSITION};
 pub use matches::PrefixMatches;
-use segment::{Loc, Segment};
+use page::Page;
+
+/// Where a block is: `pages[slot]`, position `idx`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Loc {
+    slot: u32,
+    idx: u32,
+}
 
 /// Which instance holds which block in which tier, from KV events (see the module
 /// documentation for the structure and its costs).
 #[derive(Clone, Debug)]
 pub struct PrefixIndex {
-    map: BlockMap<Loc>,
-    segments: Vec<Segment>,
-    free_segments: Vec<u32>,
+    /// Blocks a page spans ([`PAGE_BLOCKS`], what the engines name pages by).
+    page_blocks: u32,
+    /// Page name to its slot in `pages`.
+    slots: BlockMap<u32>,
+    /// Pages in slots; an empty page is a free slot (listed in `free_pages`).
+    pages: Vec<Page>,
+    free_pages: Vec<u32>,
+    /// Blocks in the pages (the pending one included).
+    blocks: usize,
     /// Holder sets by id; `states[EMPTY]` is the empty set and is never freed.
     states: Vec<State>,
     /// Reference counts and generations of `states`, by the same id.
@@ -113,11 +122,12 @@ pub struct PrefixIndex {
     /// leaves the newer state out: duplicates only split runs, they do not change results).
     intern: FxHashMap<u64, u32>,
     transitions: Box<[Transition]>,
-    /// The block whose last holder just left, with its position: freed at the next event
+    /// The block whose last holder just left, with its place: taken out at the next event
     /// unless that event stores it again (an engine demotes a block by removing it from one
     /// tier, then storing it in the next).
     pending: Option<(BlockHash, Loc)>,
-    /// The block stored last and where: the next `Stored` usually names it as parent.
+    /// The page of the last event and the block's place there: the next event is usually on
+    /// the same page, at the next position.
     last: Option<(BlockHash, Loc)>,
     /// Scratch for forming holder sets.
     scratch: Vec<u32>,
@@ -134,10 +144,19 @@ impl Default for PrefixIndex {
 
 impl PrefixIndex {
     pub fn new() -> PrefixIndex {
+        PrefixIndex::with_page_blocks(PAGE_BLOCKS as u32)
+    }
+
+    /// An index of pages of `page_blocks` blocks: the engines' [`PAGE_BLOCKS`], except in
+    /// tests that want short prompts to span pages.
+    pub fn with_page_blocks(page_blocks: u32) -> PrefixIndex {
+        assert!(page_blocks > 0, "pages must hold blocks");
         PrefixIndex {
-            map: BlockMap::default(),
-            segments: Vec::new(),
-            free_segments: Vec::new(),
+            page_blocks,
+            slots: BlockMap::default(),
+            pages: Vec::new(),
+            free_pages: Vec::new(),
+            blocks: 0,
             states: vec![State::default()],
             meta: vec![Meta::default()],
             free_states: Vec::new(),
@@ -152,16 +171,16 @@ impl PrefixIndex {
 
     /// Distinct blocks indexed (in any tier).
     pub fn blocks(&self) -> usize {
-        self.map.len() - usize::from(self.pending.is_some())
+        self.blocks - usize::from(self.pending.is_some())
     }
 
-    /// Heap bytes held, estimated from capacities (the map's entries, segments, holder sets
-    /// and their bitmaps, the intern map and the transition cache).
+    /// Heap bytes held, estimated from capacities (the page map, the pages, holder sets and
+    /// their bitmaps, the intern map and the transition cache).
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let map = self.map.bytes();
-        let segments = self.segments.capacity() * size_of::<Segment>()
-            + self.segments.iter().map(|s| s.hashes.capacity() * 8 + s.states.capacity() * 4).sum::<usize>();
+        let pages = self.slots.bytes()
+            + self.pages.capacity() * size_of::<Page>()
+            + self.pages.iter().map(Page::heap_bytes).sum::<usize>();
         let states = self.states.capacity() * size_of::<State>()
             + self.meta.capacity() * size_of::<Meta>()
             + self
@@ -170,51 +189,27 @@ impl PrefixIndex {
                 .map(|s| s.holders.capacity() * 4 + s.bits.as_ref().map_or(0, |b| b.len() * 8))
                 .sum::<usize>();
         let intern = self.intern.capacity() * (size_of::<(u64, u32)>() + 1);
-        map + segments + states + intern + self.transitions.len() * size_of::<Transition>()
+        pages + states + intern + self.transitions.len() * size_of::<Transition>()
     }
 
     /// Applies one event published by `instance`. L3 events describe the shared store,
     /// whichever instance published them.
     pub fn apply(&mut self, instance: InstanceId, event: &KvEvent) {
         match *event {
-            KvEvent::Stored { tier, hash, parent } => self.store(hash, parent, Change::stored(instance, tier)),
-            KvEvent::Removed { tier, hash } => self.unstore(hash, Change::removed(instance, tier)),
+            KvEvent::Stored { tier, hash, page, .. } => self.store(hash, page, Change::stored(instance, tier)),
+            KvEvent::Removed { tier, hash, page } => self.unstore(hash, page, Change::removed(instance, tier)),
             KvEvent::Cleared => self.remove_instance(instance),
         }
     }
 
-    /// Applies events in order, as [`PrefixIndex::apply`] does one by one, faster: the map
-    /// entries and positions of the next events are loaded first, so that the cache misses of
-    /// an index larger than the caches overlap instead of queueing.
+    /// Applies events in order, as [`PrefixIndex::apply`] does one by one.
     pub fn apply_batch(&mut self, instance: InstanceId, events: &[KvEvent]) {
-        fn hash_of(e: &KvEvent) -> Option<BlockHash> {
-            match *e {
-                KvEvent::Stored { hash, .. } | KvEvent::Removed { hash, .. } => Some(hash),
-                KvEvent::Cleared => None,
-            }
+        for event in events {
+            self.apply(instance, event);
         }
-        let mut sink = 0u64;
-        for chunk in events.chunks(PREFETCH_EVENTS) {
-            // Short loops of independent loads keep many misses in flight at once: first the
-            // map entries, then the positions of the blocks they name.
-            for e in chunk {
-                if let Some(h) = hash_of(e) {
-                    sink ^= self.map.touch(h);
-                }
-            }
-            for e in chunk {
-                if let Some(loc) = hash_of(e).and_then(|h| self.map.get(h)) {
-                    sink ^= u64::from(self.segments[loc.seg as usize].states[loc.idx as usize]);
-                }
-            }
-            for event in chunk {
-                self.apply(instance, event);
-            }
-        }
-        std::hint::black_box(sink);
     }
 
-    fn store(&mut self, hash: BlockHash, parent: Option<BlockHash>, change: Change) {
+    fn store(&mut self, hash: BlockHash, page: BlockHash, change: Change) {
         let loc = match self.pending {
             Some((h, loc)) if h == hash => {
                 self.pending = None;
@@ -222,66 +217,75 @@ impl PrefixIndex {
             }
             _ => {
                 self.finish_pending();
-                match self.map.probe(hash) {
-                    Probe::Found(loc) => loc,
-                    Probe::Vacant(slot) => {
-                        let loc = self.place(hash, parent);
-                        self.map.fill(slot, hash, loc);
-                        loc
-                    }
-                }
+                self.find_or_add(hash, page)
             }
         };
         self.change_at(loc, change);
-        self.last = Some((hash, loc));
+        self.last = Some((page, loc));
     }
 
-    fn unstore(&mut self, hash: BlockHash, change: Change) {
+    fn unstore(&mut self, hash: BlockHash, page: BlockHash, change: Change) {
         if self.pending.is_some_and(|(h, _)| h == hash) {
             return;
         }
         self.finish_pending();
-        let Some(loc) = self.map.get(hash) else { return };
+        let Some(loc) = self.find(hash, page) else { return };
         let (from, to) = self.change_at(loc, change);
         if to == EMPTY && from != EMPTY {
             self.pending = Some((hash, loc));
         }
+        self.last = Some((page, loc));
     }
 
-    /// A position for a new block: right after its parent when the parent ends its segment,
-    /// else at the start of a new segment.
-    fn place(&mut self, hash: BlockHash, parent: Option<BlockHash>) -> Loc {
-        let after = parent.and_then(|p| match self.last {
-            Some((h, loc)) if h == p && self.is_at(p, loc) => Some(loc),
-            _ => self.map.get(p),
-        });
-        let seg = match after {
-            Some(loc) if loc.idx as usize + 1 == self.segments[loc.seg as usize].hashes.len() => loc.seg,
-            _ => match self.free_segments.pop() {
-                Some(s) => s,
-                None => {
-                    self.segments.push(Segment::default());
-                    self.segments.len() as u32 - 1
+    /// The slot of `page` and where in it the last event was (0 if not there), without a map
+    /// probe when the last event was on the same page.
+    fn page_slot(&self, page: BlockHash) -> Option<(u32, usize)> {
+        match self.last {
+            Some((p, loc)) if p == page => Some((loc.slot, loc.idx as usize)),
+            _ => self.slots.get(page).map(|slot| (slot, 0)),
+        }
+    }
+
+    fn find(&self, hash: BlockHash, page: BlockHash) -> Option<Loc> {
+        let (slot, hint) = self.page_slot(page)?;
+        let idx = self.pages[slot as usize].find(hash, hint)?;
+        Some(Loc { slot, idx: idx as u32 })
+    }
+
+    /// Where `hash` is, added (nobody holding it yet) at the end of its page if new.
+    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash) -> Loc {
+        let (slot, hint) = match self.page_slot(page) {
+            Some(found) => found,
+            None => match self.slots.probe(page) {
+                Probe::Found(slot) => (slot, 0),
+                Probe::Vacant(vacancy) => {
+                    let slot = self.free_pages.pop().unwrap_or_else(|| {
+                        self.pages.push(Page::default());
+                        self.pages.len() as u32 - 1
+                    });
+                    self.pages[slot as usize].name = page;
+                    self.slots.fill(vacancy, page, slot);
+                    (slot, 0)
                 }
             },
         };
-        let idx = self.segments[seg as usize].push(hash);
-        Loc { seg, idx }
-    }
-
-    /// Whether the live block `hash` is at `loc` (a remembered location may have gone stale).
-    fn is_at(&self, hash: BlockHash, loc: Loc) -> bool {
-        self.segments
-            .get(loc.seg as usize)
-            .is_some_and(|s| s.hashes.get(loc.idx as usize) == Some(&hash) && s.states[loc.idx as usize] != DEAD)
+        let p = &mut self.pages[slot as usize];
+        let idx = match p.find(hash, hint) {
+            Some(idx) => idx,
+            None => {
+                self.blocks += 1;
+                p.push(hash, EMPTY, self.page_blocks as usize)
+            }
+        };
+        Loc { slot, idx: idx as u32 }
     }
 
     /// Applies `change` to the block at `loc`; returns its states before and after.
     fn change_at(&mut self, loc: Loc, change: Change) -> (u32, u32) {
-        let from = self.segments[loc.seg as usize].states[loc.idx as usize];
+        let from = self.pages[loc.slot as usize].states[loc.idx as usize];
         let to = self.transition(from, change);
         if to != from {
-            self.segments[loc.seg as usize].states[loc.idx as usize] = to;
+            self.pages[loc.slot as usize].states[loc.idx as usize] = to;
             if to != EMPTY {
                 self.meta[to as usize].refs += 1;
             }
@@ -369,7 +373,7 @@ impl PrefixIndex {
 
     /// One position fewer has state `id`.
     fn release(&mut self, id: u32) {
-        if id == EMPTY || id == DEAD {
+        if id == EMPTY {
             return;
         }
         let m = &mut self.meta[id as usize];
@@ -385,56 +389,33 @@ impl PrefixIndex {
         }
     }
 
-    /// Drops the pending block from the index: nothing stored it back.
+    /// Takes the pending block out of the index: nothing stored it back.
     fn finish_pending(&mut self) {
         if let Some((hash, loc)) = self.pending.take() {
-            self.map.remove(hash);
-            self.kill(loc);
-            self.tidy(loc.seg);
-        }
-    }
-
-    /// Marks a position dead (its block is already out of the map).
-    fn kill(&mut self, loc: Loc) {
-        let seg = &mut self.segments[loc.seg as usize];
-        let state = std::mem::replace(&mut seg.states[loc.idx as usize], DEAD);
-        seg.dead += 1;
-        self.release(state);
-    }
-
-    /// Drops dead positions from the end of segment `s`, frees it when nothing is left, and
-    /// compacts it when most of it is dead.
-    fn tidy(&mut self, s: u32) {
-        let seg = &mut self.segments[s as usize];
-        while seg.states.last() == Some(&DEAD) {
-            seg.states.pop();
-            seg.hashes.pop();
-            seg.dead -= 1;
-        }
-        if seg.hashes.is_empty() {
-            *seg = Segment::default();
-            self.free_segments.push(s);
-        } else if seg.dead >= COMPACT_MIN_DEAD && seg.dead as usize * 2 >= seg.hashes.len() {
-            let mut w = 0;
-            for r in 0..seg.hashes.len() {
-                if seg.states[r] == DEAD {
-                    continue;
-                }
-                seg.hashes[w] = seg.hashes[r];
-                seg.states[w] = seg.states[r];
-                self.map.set(seg.hashes[w], Loc { seg: s, idx: w as u32 });
-                w += 1;
+            let page = &mut self.pages[loc.slot as usize];
+            debug_assert_eq!(page.hashes[loc.idx as usize], hash);
+            let state = page.remove(loc.idx as usize);
+            debug_assert_eq!(state, EMPTY);
+            self.blocks -= 1;
+            if page.len() == 0 {
+                self.free_page(loc.slot);
             }
-            seg.hashes.truncate(w);
-            seg.states.truncate(w);
-            seg.hashes.shrink_to_fit();
-            seg.states.shrink_to_fit();
-            seg.dead = 0;
+        }
+    }
+
+    /// Frees the slot of a page left empty.
+    fn free_page(&mut self, slot: u32) {
+        let page = &mut self.pages[slot as usize];
+        self.slots.remove(page.name);
+        page.clear(self.page_blocks as usize);
+        self.free_pages.push(slot);
+        if self.last.is_some_and(|(_, loc)| loc.slot == slot) {
+            self.last = None;
         }
     }
 
     /// Forgets everything `instance` held in its own tiers (it went down or was cleared).
-    /// Holder sets change in place, so this costs O(states), plus one pass over the segments
+    /// Holder sets change in place, so this costs O(states), plus one pass over the pages
     /// when some blocks were held by the instance alone.
     pub fn remove_instance(&mut self, instance: InstanceId) {
         self.finish_pending();
@@ -462,55 +443,58 @@ impl PrefixIndex {
         if !any_emptied {
             return;
         }
-        for s in 0..self.segments.len() {
-            let mut killed = false;
-            for idx in 0..self.segments[s].hashes.len() {
-                let state = self.segments[s].states[idx];
-                if state != DEAD && emptied[state as usize] {
-                    let hash = self.segments[s].hashes[idx];
-                    self.map.remove(hash);
-                    self.kill(Loc { seg: s as u32, idx: idx as u32 });
-                    killed = true;
-                }
+        self.last = None;
+        let mut dropped = vec![0u32; self.states.len()];
+        for slot in 0..self.pages.len() as u32 {
+            let page = &mut self.pages[slot as usize];
+            if page.len() == 0 {
+                continue;
             }
-            if killed {
-                self.tidy(s as u32);
+            let before = page.len();
+            page.retain(|_, state| {
+                let gone = emptied[state as usize];
+                dropped[state as usize] += u32::from(gone);
+                !gone
+            });
+            self.blocks -= before - page.len();
+            if page.len() == 0 {
+                self.free_page(slot);
+            }
+        }
+        for (id, &n) in dropped.iter().enumerate() {
+            for _ in 0..n {
+                self.release(id as u32);
             }
         }
     }
 
-    /// Checks the structure: every map entry at a live position with its hash and every live
-    /// position in the map, reference counts equal to positions, dead counts, interned
-    /// states live with their fingerprint. For tests; O(blocks).
+    /// Checks the structure: every named page in its slot and holding blocks, free slots
+    /// empty, every block in one place, reference counts equal to blocks, interned states
+    /// live with their fingerprint. For tests; O(blocks).
     pub fn check_invariants(&self) {
         let mut refs = vec![0u32; self.states.len()];
-        let mut live = 0;
-        for (s, seg) in self.segments.iter().enumerate() {
-            assert_eq!(seg.hashes.len(), seg.states.len());
-            assert!(self.free_segments.contains(&(s as u32)) == seg.hashes.is_empty(), "segment {s} freed iff empty");
-            assert_ne!(seg.states.last(), Some(&DEAD), "segment {s} ends in a dead position");
-            let mut dead = 0;
-            for (idx, (&h, &state)) in seg.hashes.iter().zip(&seg.states).enumerate() {
-                if state == DEAD {
-                    dead += 1;
-                    continue;
-                }
-                live += 1;
+        let mut seen = std::collections::HashSet::new();
+        assert_eq!(self.slots.len() + self.free_pages.len(), self.pages.len(), "every slot is named or free");
+        for &slot in &self.free_pages {
+            assert_eq!(self.pages[slot as usize].len(), 0, "free slot {slot} is empty");
+        }
+        for (name, slot) in self.slots.iter() {
+            let page = &self.pages[slot as usize];
+            assert_eq!(page.name, name, "slot {slot} holds the page its name maps to");
+            assert!(page.len() > 0, "named page {name:?} holds blocks");
+            page.check_invariants();
+            for (idx, (&h, &state)) in page.hashes.iter().zip(&page.states).enumerate() {
+                assert!(seen.insert(h), "{h:?} indexed twice");
                 refs[state as usize] += 1;
-                assert_eq!(self.map.get(h), Some(Loc { seg: s as u32, idx: idx as u32 }), "{h:?} not in the map");
-                let pending = self.pending.is_some_and(|(p, _)| p == h);
+                let pending = self.pending.is_some_and(|(p, loc)| p == h && loc == Loc { slot, idx: idx as u32 });
                 assert_eq!(state == EMPTY, pending, "{h:?}: only the pending block has the empty state");
                 assert!(
                     !self.states[state as usize].is_empty() || state == EMPTY,
                     "{h:?}: a non-empty id holds nothing"
                 );
             }
-            assert_eq!(seg.dead, dead, "segment {s} dead count");
         }
-        assert_eq!(live, self.map.len(), "live positions and map entries");
-        for (h, loc) in self.map.iter() {
-            assert!(self.is_at(h, loc), "{h:?}: the map points at a position without it");
-        }
+        assert_eq!(seen.len(), self.blocks, "block count");
         for (id, s) in self.states.iter().enumerate().skip(1) {
             assert_eq!(self.meta[id].refs, refs[id], "state {id} reference count");
             assert!(s.holders.windows(2).all(|w| w[0] < w[1]), "state {id} holders sorted");

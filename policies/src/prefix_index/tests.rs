@@ -1,10 +1,18 @@
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashSet;
+use std::ops::Range;
 
 const A: InstanceId = InstanceId(0);
 const B: InstanceId = InstanceId(1);
 const C: InstanceId = InstanceId(2);
+
+/// Blocks a page spans in these tests: small, so that short prompts cross pages.
+const PAGE: usize = 4;
+
+fn new_index() -> PrefixIndex {
+    PrefixIndex::with_page_blocks(PAGE as u32)
+}
 
 /// A chain of `n` block hashes after `parent`.
 fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
@@ -17,17 +25,25 @@ fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
         .collect()
 }
 
-fn store(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, hashes: &[BlockHash]) {
-    for (k, &hash) in hashes.iter().enumerate() {
-        let parent = k.checked_sub(1).map(|k| hashes[k]);
-        index.apply(instance, &KvEvent::Stored { tier, hash, parent });
+/// The event storing block `k` of the chain `path` (from the root), with its page.
+fn stored(tier: Tier, path: &[BlockHash], k: usize) -> KvEvent {
+    KvEvent::Stored { tier, hash: path[k], page: path[k / PAGE * PAGE], parent: k.checked_sub(1).map(|p| path[p]) }
+}
+
+fn removed(tier: Tier, path: &[BlockHash], k: usize) -> KvEvent {
+    KvEvent::Removed { tier, hash: path[k], page: path[k / PAGE * PAGE] }
+}
+
+fn store(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, path: &[BlockHash], blocks: Range<usize>) {
+    for k in blocks {
+        index.apply(instance, &stored(tier, path, k));
         index.check_invariants();
     }
 }
 
-fn remove(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, hashes: &[BlockHash]) {
-    for &hash in hashes {
-        index.apply(instance, &KvEvent::Removed { tier, hash });
+fn remove(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, path: &[BlockHash], blocks: Range<usize>) {
+    for k in blocks {
+        index.apply(instance, &removed(tier, path, k));
         index.check_invariants();
     }
 }
@@ -48,12 +64,12 @@ fn check(index: &PrefixIndex, hashes: &[BlockHash], expected: &[(InstanceId, Tie
 #[test]
 fn blocks_count_in_the_best_tier_the_instance_has_them_in() {
     let h = chain(BlockHash::ROOT, 1, 6);
-    let mut index = PrefixIndex::new();
-    store(&mut index, A, Tier::L1, &h[..2]);
-    store(&mut index, A, Tier::L2, &h[2..4]);
-    store(&mut index, A, Tier::L3, &h[1..5]);
+    let mut index = new_index();
+    store(&mut index, A, Tier::L1, &h, 0..2);
+    store(&mut index, A, Tier::L2, &h, 2..4);
+    store(&mut index, A, Tier::L3, &h, 1..5);
     // Held by A in L1 and L2 at once (between two events of a move): L1 wins.
-    store(&mut index, A, Tier::L1, &h[3..4]);
+    store(&mut index, A, Tier::L1, &h, 3..4);
     check(&index, &h, &[(A, tm(3, 1, 1)), (B, tm(0, 0, 0))]);
     assert_eq!(index.blocks(), 5);
 }
@@ -61,9 +77,9 @@ fn blocks_count_in_the_best_tier_the_instance_has_them_in() {
 #[test]
 fn the_shared_store_alone_gives_every_instance_a_prefix() {
     let h = chain(BlockHash::ROOT, 2, 5);
-    let mut index = PrefixIndex::new();
-    store(&mut index, C, Tier::L3, &h[..3]);
-    store(&mut index, B, Tier::L1, &h[..4]);
+    let mut index = new_index();
+    store(&mut index, C, Tier::L3, &h, 0..3);
+    store(&mut index, B, Tier::L1, &h, 0..4);
     let mut m = PrefixMatches::default();
     index.match_prefix(&h, &mut m);
     assert_eq!(m.get(A), tm(0, 0, 3), "an instance that never published anything");
@@ -77,31 +93,30 @@ fn the_shared_store_alone_gives_every_instance_a_prefix() {
 #[test]
 fn a_prefix_continues_across_holes_filled_by_another_tier() {
     let h = chain(BlockHash::ROOT, 3, 6);
-    let mut index = PrefixIndex::new();
-    store(&mut index, A, Tier::L1, &h[..2]);
-    store(&mut index, B, Tier::L3, &h[2..3]);
-    store(&mut index, A, Tier::L2, &h[3..4]);
-    store(&mut index, B, Tier::L3, &h[4..5]);
+    let mut index = new_index();
+    store(&mut index, A, Tier::L1, &h, 0..2);
+    store(&mut index, B, Tier::L3, &h, 2..3);
+    store(&mut index, A, Tier::L2, &h, 3..4);
+    store(&mut index, B, Tier::L3, &h, 4..5);
     check(&index, &h, &[(A, tm(2, 1, 2)), (B, tm(0, 0, 0))]);
-    // A prompt that starts mid-chain, and one that is not a chain at all.
-    check(&index, &h[2..], &[(A, tm(0, 1, 2)), (B, tm(0, 0, 1))]);
-    check(&index, &[h[3], h[0], h[4], h[1]], &[(A, tm(2, 1, 1))]);
+    // Prompts are chains from the root: one that starts mid-chain names no page.
+    check(&index, &h[2..], &[(A, tm(0, 0, 0)), (B, tm(0, 0, 0))]);
 }
 
 #[test]
 fn removing_a_block_ends_the_prefix_there() {
     let h = chain(BlockHash::ROOT, 4, 6);
-    let mut index = PrefixIndex::new();
-    store(&mut index, A, Tier::L1, &h);
-    store(&mut index, B, Tier::L1, &h[..4]);
-    remove(&mut index, A, Tier::L1, &h[2..3]);
+    let mut index = new_index();
+    store(&mut index, A, Tier::L1, &h, 0..h.len());
+    store(&mut index, B, Tier::L1, &h, 0..4);
+    remove(&mut index, A, Tier::L1, &h, 2..3);
     check(&index, &h, &[(A, tm(2, 0, 0)), (B, tm(4, 0, 0))]);
     assert_eq!(index.blocks(), 6, "B still holds the removed block");
-    remove(&mut index, A, Tier::L1, &h[4..]);
+    remove(&mut index, A, Tier::L1, &h, 4..h.len());
     assert_eq!(index.blocks(), 4);
     // Removing what is not there changes nothing.
-    remove(&mut index, C, Tier::L2, &h);
-    remove(&mut index, A, Tier::L3, &h);
+    remove(&mut index, C, Tier::L2, &h, 0..h.len());
+    remove(&mut index, A, Tier::L3, &h, 0..h.len());
     check(&index, &h, &[(A, tm(2, 0, 0)), (B, tm(4, 0, 0))]);
 }
 
@@ -109,30 +124,31 @@ fn removing_a_block_ends_the_prefix_there() {
 fn demotion_keeps_blocks_in_place() {
     // What an engine publishes when L1 evicts a leaf: removed from L1, stored in L2.
     let h = chain(BlockHash::ROOT, 5, 8);
-    let mut index = PrefixIndex::new();
-    store(&mut index, A, Tier::L1, &h);
+    let mut index = new_index();
+    store(&mut index, A, Tier::L1, &h, 0..h.len());
     for k in (4..8).rev() {
-        remove(&mut index, A, Tier::L1, &h[k..=k]);
-        index.apply(A, &KvEvent::Stored { tier: Tier::L2, hash: h[k], parent: Some(h[k - 1]) });
+        remove(&mut index, A, Tier::L1, &h, k..k + 1);
+        index.apply(A, &stored(Tier::L2, &h, k));
         index.check_invariants();
     }
     // And when L2 evicts one: removed from L2, stored in L3 (without its parent).
-    remove(&mut index, A, Tier::L2, &h[7..]);
-    index.apply(A, &KvEvent::Stored { tier: Tier::L3, hash: h[7], parent: None });
+    remove(&mut index, A, Tier::L2, &h, 7..h.len());
+    index.apply(A, &KvEvent::Stored { tier: Tier::L3, hash: h[7], page: h[4], parent: None });
     index.check_invariants();
     check(&index, &h, &[(A, tm(4, 3, 1)), (B, tm(0, 0, 0))]);
-    assert_eq!(index.segments.len() - index.free_segments.len(), 1, "still one run of positions");
+    let slot = index.slots.get(h[4]).expect("the second page");
+    assert_eq!(index.pages[slot as usize].hashes, h[4..], "the page keeps its blocks in chain order");
 }
 
 #[test]
 fn remove_instance_and_cleared_forget_only_that_instances_tiers() {
     let h = chain(BlockHash::ROOT, 6, 6);
-    let mut index = PrefixIndex::new();
-    store(&mut index, A, Tier::L1, &h[..4]);
-    store(&mut index, A, Tier::L2, &h[4..]);
-    store(&mut index, B, Tier::L1, &h[..2]);
-    store(&mut index, C, Tier::L2, &h[..3]);
-    store(&mut index, C, Tier::L3, &h[5..]);
+    let mut index = new_index();
+    store(&mut index, A, Tier::L1, &h, 0..4);
+    store(&mut index, A, Tier::L2, &h, 4..h.len());
+    store(&mut index, B, Tier::L1, &h, 0..2);
+    store(&mut index, C, Tier::L2, &h, 0..3);
+    store(&mut index, C, Tier::L3, &h, 5..h.len());
     index.remove_instance(A);
     index.check_invariants();
     check(&index, &h, &[(A, tm(0, 0, 0)), (B, tm(2, 0, 0)), (C, tm(0, 3, 0))]);
@@ -142,19 +158,19 @@ fn remove_instance_and_cleared_forget_only_that_instances_tiers() {
     check(&index, &h, &[(B, tm(2, 0, 0)), (C, tm(0, 0, 0))]);
     assert_eq!(index.blocks(), 3, "h[2] goes with C, h[5] stays in L3");
     // The instance comes back.
-    store(&mut index, A, Tier::L1, &h);
+    store(&mut index, A, Tier::L1, &h, 0..h.len());
     check(&index, &h, &[(A, tm(6, 0, 0)), (B, tm(2, 0, 0))]);
 }
 
 #[test]
 fn a_fleet_wide_prefix_is_matched_for_every_instance() {
     let h = chain(BlockHash::ROOT, 7, 10);
-    let mut index = PrefixIndex::new();
+    let mut index = new_index();
     for i in 0..300 {
-        store(&mut index, InstanceId(i), Tier::L1, &h[..4]);
+        store(&mut index, InstanceId(i), Tier::L1, &h, 0..4);
     }
-    store(&mut index, InstanceId(5), Tier::L1, &h[4..8]);
-    store(&mut index, InstanceId(299), Tier::L2, &h[4..6]);
+    store(&mut index, InstanceId(5), Tier::L1, &h, 4..8);
+    store(&mut index, InstanceId(299), Tier::L2, &h, 4..6);
     let mut m = PrefixMatches::default();
     index.match_prefix(&h, &mut m);
     assert_eq!(m.get(InstanceId(5)), tm(8, 0, 0));
@@ -178,13 +194,13 @@ impl Model {
             KvEvent::Stored { tier: Tier::L3, hash, .. } => {
                 self.l3.insert(hash);
             }
-            KvEvent::Removed { tier: Tier::L3, hash } => {
+            KvEvent::Removed { tier: Tier::L3, hash, .. } => {
                 self.l3.remove(&hash);
             }
             KvEvent::Stored { tier, hash, .. } => {
                 self.own.insert((instance.0, tier, hash));
             }
-            KvEvent::Removed { tier, hash } => {
+            KvEvent::Removed { tier, hash, .. } => {
                 self.own.remove(&(instance.0, tier, hash));
             }
             KvEvent::Cleared => self.own.retain(|&(i, _, _)| i != instance.0),
@@ -214,27 +230,44 @@ impl Model {
     }
 }
 
-/// The block universe of the property test: a small tree of chained hashes, each with its
-/// parent, plus the hash 0 (which the map keeps aside).
-fn universe() -> Vec<(BlockHash, Option<BlockHash>)> {
+/// A block of the property test's universe: its hash, parent and page.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    hash: BlockHash,
+    parent: Option<BlockHash>,
+    page: BlockHash,
+}
+
+/// The block universe of the property test: a small tree of chained hashes over several
+/// pages, with a page of many continuations (looked up, not scanned), plus the hash 0 (which
+/// the map keeps aside). Returns the blocks and every root-to-block path.
+fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
     let trunk = chain(BlockHash::ROOT, 10, 8);
-    let branch = chain(trunk[3], 11, 6);
-    let other = chain(BlockHash::ROOT, 12, 5);
-    let twig = chain(branch[1], 13, 3);
-    let mut u = Vec::new();
-    for c in [&trunk, &branch, &other, &twig] {
-        for (k, &h) in c.iter().enumerate() {
-            let parent = match k {
-                0 if c == &branch => Some(trunk[3]),
-                0 if c == &twig => Some(branch[1]),
-                0 => None,
-                _ => Some(c[k - 1]),
-            };
-            u.push((h, parent));
+    let mut paths: Vec<Vec<BlockHash>> = vec![trunk.clone()];
+    let branch = [&trunk[..4], &chain(trunk[3], 11, 6)].concat();
+    let twig = [&branch[..6], &chain(branch[5], 13, 3)].concat();
+    paths.push(branch);
+    paths.push(twig);
+    paths.push(chain(BlockHash::ROOT, 12, 5));
+    // Continuations of trunk[5] in its page (depths 6 and 7): more than the scan limit.
+    for k in 0..8 {
+        paths.push([&trunk[..6], &chain(trunk[5], 20 + k, 2)].concat());
+    }
+    let other = paths[3].clone();
+    paths.push([&other[..], &[BlockHash(0)]].concat());
+    let mut u: Vec<Block> = Vec::new();
+    let mut all = Vec::new();
+    for path in &paths {
+        for k in 0..path.len() {
+            if !u.iter().any(|b| b.hash == path[k]) {
+                u.push(Block { hash: path[k], parent: k.checked_sub(1).map(|p| path[p]), page: path[k / PAGE * PAGE] });
+            }
+            all.push(path[..=k].to_vec());
         }
     }
-    u.push((BlockHash(0), Some(other[4])));
-    u
+    all.sort();
+    all.dedup();
+    (u, all)
 }
 
 #[derive(Clone, Debug)]
@@ -273,7 +306,7 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let n = universe().len();
+    let n = universe().0.len();
     prop_oneof![
         4 => (0u32..4, 0u8..3, 0..n, 1usize..8, any::<bool>())
             .prop_map(|(instance, tier, from, len, with_parent)| Op::StoreRun { instance, tier, from, len, with_parent }),
@@ -290,51 +323,38 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Every instance's match, the shared match, the matched instances and the block
-    /// count equal the model's after every operation, for chain prompts and arbitrary ones.
+    /// count equal the model's after every operation, for every chain prompt.
     #[test]
-    fn matches_equal_a_walk_over_per_tier_sets(
-        ops in proptest::collection::vec(op(), 1..60),
-        prompts in proptest::collection::vec(proptest::collection::vec(0usize..30, 0..12), 1..4),
-    ) {
-        let u = universe();
-        let mut index = PrefixIndex::new();
+    fn matches_equal_a_walk_over_per_tier_sets(ops in proptest::collection::vec(op(), 1..60)) {
+        let (u, chains) = universe();
+        let mut index = new_index();
         let mut model = Model::default();
         let tiers = [Tier::L1, Tier::L2, Tier::L3];
         let mut events = Vec::new();
-        let mut chains: Vec<Vec<BlockHash>> = Vec::new();
-        // Chain prompts: every root-to-block path of the universe.
-        for k in 0..u.len() {
-            let mut path = vec![u[k].0];
-            let mut p = u[k].1;
-            while let Some(h) = p {
-                path.push(h);
-                p = u.iter().find(|(x, _)| *x == h).and_then(|&(_, q)| q);
-            }
-            path.reverse();
-            chains.push(path);
-        }
-        chains.extend(prompts.iter().map(|p| p.iter().map(|&k| u[k % u.len()].0).collect()));
         for op in ops {
             events.clear();
             match op {
                 Op::StoreRun { instance, tier, from, len, with_parent } => {
-                    for &(hash, parent) in &u[from..(from + len).min(u.len())] {
-                        let parent = if with_parent { parent } else { None };
-                        events.push((instance, KvEvent::Stored { tier: tiers[tier as usize], hash, parent }));
+                    for b in &u[from..(from + len).min(u.len())] {
+                        let parent = if with_parent { b.parent } else { None };
+                        let tier = tiers[tier as usize];
+                        events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page, parent }));
                     }
                 }
                 Op::Store { instance, tier, block, with_parent } => {
-                    let (hash, parent) = u[block];
-                    let parent = if with_parent { parent } else { None };
-                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize], hash, parent }));
+                    let b = u[block];
+                    let parent = if with_parent { b.parent } else { None };
+                    let tier = tiers[tier as usize];
+                    events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page, parent }));
                 }
                 Op::Remove { instance, tier, block } => {
-                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: u[block].0 }));
+                    let b = u[block];
+                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
                 }
                 Op::Move { instance, tier, block } => {
-                    let (hash, parent) = u[block];
-                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash }));
-                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, parent }));
+                    let Block { hash, parent, page } = u[block];
+                    events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash, page }));
+                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, page, parent }));
                 }
                 Op::Cleared { instance } => events.push((instance, KvEvent::Cleared)),
                 Op::RemoveInstance { instance } => {

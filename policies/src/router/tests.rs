@@ -248,11 +248,12 @@ fn request_of(hashes: &[BlockHash]) -> Request {
     Request { block_hashes: hashes.to_vec(), ..request(prompt, 10) }
 }
 
-/// `instance` tells the controller it now caches `hashes` in `tier`.
+/// `instance` tells the controller it now caches `hashes` (a chain from the root) in `tier`.
 fn store(c: &mut Controller, instance: u32, tier: Tier, hashes: &[BlockHash]) {
     let mut parent = None;
-    for &hash in hashes {
-        let event = KvEvent::Stored { tier, hash, parent };
+    for (k, &hash) in hashes.iter().enumerate() {
+        let page = engine::kv::PageKey::at(hashes, k).page;
+        let event = KvEvent::Stored { tier, hash, page, parent };
         c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), events: vec![event] });
         parent = Some(hash);
     }

@@ -3,7 +3,7 @@
 //! its parent and its tokens, exactly what the gateway computes from a prompt's token ids.
 
 use super::kv_events::{EngineEvent, EngineHash};
-use engine::kv::{KvEvent, Tier};
+use engine::kv::{KvEvent, Tier, PAGE_BLOCKS};
 use engine::BlockHash;
 use std::collections::HashMap;
 
@@ -18,6 +18,9 @@ pub struct BlockMap {
 #[derive(Clone, Copy, Debug)]
 struct Mapped {
     ours: BlockHash,
+    /// Our page of the block (`engine::kv::PageKey`), from its depth in the chain.
+    page: BlockHash,
+    depth: u32,
     /// Bit `t` set: tier `t` holds the block.
     tiers: u8,
 }
@@ -40,10 +43,11 @@ impl BlockMap {
                 if *size != block_size {
                     return Err(format!("blocks of {size} tokens stored; the engine registered {block_size}"));
                 }
-                let mut parent_ours = match parent {
+                // Our hash, page and depth of the block before the next one.
+                let mut before = match parent {
                     None => None,
                     Some(p) => match self.blocks.get(p) {
-                        Some(m) => Some(m.ours),
+                        Some(m) => Some((m.ours, m.page, m.depth)),
                         None => {
                             self.unmapped += hashes.len() as u64;
                             return Ok(());
@@ -51,12 +55,18 @@ impl BlockMap {
                     },
                 };
                 for (hash, tokens) in hashes.iter().zip(token_ids.chunks_exact(*size as usize)) {
+                    let parent_ours = before.map(|(ours, _, _)| ours);
                     let ours = parent_ours.unwrap_or(BlockHash::ROOT).chain(BlockHash::content_of_tokens(tokens));
-                    let m = self.blocks.entry(hash.clone()).or_insert(Mapped { ours, tiers: 0 });
-                    m.ours = ours;
+                    let depth = before.map_or(0, |(_, _, d)| d + 1);
+                    let page = match before {
+                        Some((_, page, _)) if !depth.is_multiple_of(PAGE_BLOCKS as u32) => page,
+                        _ => ours,
+                    };
+                    let m = self.blocks.entry(hash.clone()).or_insert(Mapped { ours, page, depth, tiers: 0 });
+                    (m.ours, m.page, m.depth) = (ours, page, depth);
                     m.tiers |= bit(*tier);
-                    out.push(KvEvent::Stored { tier: *tier, hash: ours, parent: parent_ours });
-                    parent_ours = Some(ours);
+                    out.push(KvEvent::Stored { tier: *tier, hash: ours, page, parent: parent_ours });
+                    before = Some((ours, page, depth));
                 }
             }
             EngineEvent::Removed { hashes, tier } => {
@@ -65,7 +75,7 @@ impl BlockMap {
                     if m.tiers & bit(*tier) == 0 {
                         continue;
                     }
-                    out.push(KvEvent::Removed { tier: *tier, hash: m.ours });
+                    out.push(KvEvent::Removed { tier: *tier, hash: m.ours, page: m.page });
                     m.tiers &= !bit(*tier);
                     if m.tiers == 0 {
                         self.blocks.remove(hash);
@@ -129,6 +139,35 @@ mod tests {
     }
 
     #[test]
+    fn our_pages_follow_the_depth_in_the_chain_across_events() {
+        let tokens: Vec<u32> = (0..70).collect();
+        let ours = engine::block_hashes(&tokens, 2);
+        let mut map = BlockMap::default();
+        let mut out = Vec::new();
+        let engine_hashes: Vec<EngineHash> = (0..35).map(|k| h(1000 + k)).collect();
+        for (range, parent) in [(0..20, None), (20..35, Some(h(1019)))] {
+            let e = EngineEvent::Stored {
+                hashes: engine_hashes[range.clone()].to_vec(),
+                parent,
+                token_ids: tokens[range.start * 2..range.end * 2].to_vec(),
+                block_size: 2,
+                tier: Tier::L1,
+            };
+            map.translate(&e, 2, &mut out).expect("same block size");
+        }
+        let pages: Vec<BlockHash> = out
+            .iter()
+            .map(|e| match e {
+                KvEvent::Stored { page, .. } => *page,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want: Vec<BlockHash> = (0..35).map(|k| engine::kv::PageKey::at(&ours, k).page).collect();
+        assert_eq!(pages, want);
+        assert_eq!(pages[32], ours[32], "the 33rd block starts a page");
+    }
+
+    #[test]
     fn a_block_leaves_the_map_when_no_tier_holds_it() {
         let mut map = BlockMap::default();
         let mut out = Vec::new();
@@ -140,7 +179,7 @@ mod tests {
         let ours = engine::block_hashes(&[7, 8], 2)[0];
         out.clear();
         map.translate(&EngineEvent::Removed { hashes: vec![h(1)], tier: Tier::L1 }, 2, &mut out).expect("ok");
-        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::L1, hash: ours }]);
+        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::L1, hash: ours, page: ours }]);
         assert_eq!(map.len(), 1, "L2 still holds it");
         // Removing it again from L1, or a block never seen, says nothing.
         out.clear();

@@ -1,0 +1,128 @@
+//! Pages: the blocks of one page of chains (depths `32k..32k+31` after one prefix), side by
+//! side, in the order they were stored.
+
+use engine::block_map::BlockMap;
+use engine::BlockHash;
+
+/// Pages with more blocks than this many times the page size get a lookup map (the many
+/// continuations of a prefix shared mid-page); smaller ones are scanned.
+const SCAN_PAGES: usize = 3;
+
+/// The blocks of one page and their holder-set ids. Small pages keep the order blocks were
+/// stored in, which for a chain stored as a run is its order, so a query reads a run of a
+/// prompt's blocks in sequence; a block leaving shifts the ones after it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Page {
+    /// The page's name (its first position's hash), while it holds blocks.
+    pub(super) name: BlockHash,
+    pub(super) hashes: Vec<BlockHash>,
+    /// State id of each block.
+    pub(super) states: Vec<u32>,
+    /// Positions by hash, for a page past the scan limit (then a block leaving swaps the last
+    /// one into its place).
+    lookup: Option<Box<BlockMap<u32>>>,
+}
+
+impl Page {
+    pub(super) fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Where `hash` is, trying position `near` and its neighbours first: a run's next block
+    /// follows the block before it when stored, and precedes it when evicted (leaf first), and
+    /// a demotion names the same block twice.
+    #[inline]
+    pub(super) fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
+        for i in [near, near + 1, near.wrapping_sub(1)] {
+            if self.hashes.get(i) == Some(&hash) {
+                return Some(i);
+            }
+        }
+        match &self.lookup {
+            Some(lookup) => lookup.get(hash).map(|i| i as usize),
+            None => self.hashes.iter().position(|&h| h == hash),
+        }
+    }
+
+    /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
+    pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
+        let i = self.hashes.len();
+        self.hashes.push(hash);
+        self.states.push(state);
+        match &mut self.lookup {
+            Some(lookup) => lookup.insert(hash, i as u32),
+            None if i >= SCAN_PAGES * page_blocks => {
+                let mut lookup = Box::<BlockMap<u32>>::default();
+                for (j, &h) in self.hashes.iter().enumerate() {
+                    lookup.insert(h, j as u32);
+                }
+                self.lookup = Some(lookup);
+            }
+            None => {}
+        }
+        i
+    }
+
+    /// Takes out the block at `i`; returns its state.
+    pub(super) fn remove(&mut self, i: usize) -> u32 {
+        match &mut self.lookup {
+            None => {
+                self.hashes.remove(i);
+                self.states.remove(i)
+            }
+            Some(lookup) => {
+                let hash = self.hashes.swap_remove(i);
+                lookup.remove(hash);
+                if let Some(&moved) = self.hashes.get(i) {
+                    lookup.set(moved, i as u32);
+                }
+                self.states.swap_remove(i)
+            }
+        }
+    }
+
+    /// Keeps the blocks `keep` says yes to (the lookup rebuilt if any).
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(BlockHash, u32) -> bool) {
+        let mut w = 0;
+        for r in 0..self.hashes.len() {
+            if keep(self.hashes[r], self.states[r]) {
+                self.hashes[w] = self.hashes[r];
+                self.states[w] = self.states[r];
+                w += 1;
+            }
+        }
+        self.hashes.truncate(w);
+        self.states.truncate(w);
+        if let Some(lookup) = &mut self.lookup {
+            **lookup = BlockMap::default();
+            for (j, &h) in self.hashes.iter().enumerate() {
+                lookup.insert(h, j as u32);
+            }
+        }
+    }
+
+    /// Empties the page for reuse, keeping small buffers.
+    pub(super) fn clear(&mut self, page_blocks: usize) {
+        if self.hashes.capacity() > 2 * page_blocks || self.lookup.is_some() {
+            *self = Page::default();
+        } else {
+            self.hashes.clear();
+            self.states.clear();
+        }
+    }
+
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.hashes.capacity() * 8 + self.states.capacity() * 4 + self.lookup.as_ref().map_or(0, |l| l.bytes())
+    }
+
+    /// Checks the lookup map against the positions.
+    pub(super) fn check_invariants(&self) {
+        assert_eq!(self.hashes.len(), self.states.len());
+        if let Some(lookup) = &self.lookup {
+            assert_eq!(lookup.len(), self.hashes.len(), "page {:?}: lookup size", self.name);
+            for (i, &h) in self.hashes.iter().enumerate() {
+                assert_eq!(lookup.get(h), Some(i as u32), "page {:?}: lookup of {h:?}", self.name);
+            }
+        }
+    }
+}
