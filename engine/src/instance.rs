@@ -305,7 +305,8 @@ impl Instance {
         self.kv.record_events();
     }
 
-    /// Moves the KV events recorded since the last call into `out`.
+    /// Moves the KV events recorded since the last call into `out` (an empty `out` trades
+    /// buffers with the cache, copying nothing).
     pub fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) {
         self.kv.drain_events(out);
     }

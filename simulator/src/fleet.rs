@@ -93,7 +93,8 @@ pub struct SimFleet {
     /// KV events on their way to the controller, in order of delivery time.
     /// KV events on their way: each instance's batch, due at a time.
     kv_in_flight: VecDeque<(Time, InstanceId, Vec<KvEvent>)>,
-    kv_scratch: Vec<KvEvent>,
+    /// Event buffers the driver gave back ([`SimFleet::recycle`]), for the engines to record into.
+    kv_spare: Vec<Vec<KvEvent>>,
     /// Instance settings and the shared L3 store, for instances started later.
     config: InstanceConfig,
     l3: Option<SharedStore>,
@@ -187,7 +188,7 @@ impl SimFleet {
             evicted_scratch: Vec::new(),
             kv,
             kv_in_flight: VecDeque::new(),
-            kv_scratch: Vec::new(),
+            kv_spare: Vec::new(),
             config: config.clone(),
             l3: kv.l3_blocks.map(SharedStore::new),
             pools: None,
@@ -426,12 +427,15 @@ impl SimFleet {
         if !self.kv.publish_events {
             return;
         }
-        self.instances[id.0 as usize].engine.drain_kv_events(&mut self.kv_scratch);
-        if self.kv_scratch.is_empty() {
+        // A spare buffer (the controller's last one) trades places with the engine's.
+        let mut events = self.kv_spare.pop().unwrap_or_default();
+        events.clear();
+        self.instances[id.0 as usize].engine.drain_kv_events(&mut events);
+        if events.is_empty() {
+            self.kv_spare.push(events);
             return;
         }
         let at = now + self.kv.event_delay;
-        let events = std::mem::take(&mut self.kv_scratch);
         if at == now {
             self.events.push(FleetEvent::Kv { instance: id, events });
         } else {
@@ -621,6 +625,20 @@ impl Fleet for SimFleet {
         out.append(&mut self.events);
     }
 }
+
+impl SimFleet {
+    /// Takes back the buffer of a KV event the controller has applied, for an engine to
+    /// record into next (no buffer is allocated and grown again per step).
+    pub fn recycle(&mut self, events: Vec<KvEvent>) {
+        if self.kv_spare.len() < MAX_SPARE_BUFFERS {
+            self.kv_spare.push(events);
+        }
+    }
+}
+
+/// Event buffers kept for reuse at most (one per instance publishing between two settles
+/// is the most a run needs at once).
+const MAX_SPARE_BUFFERS: usize = 1024;
 
 #[cfg(test)]
 mod tests {

@@ -394,7 +394,13 @@ impl<'c> Run<'c> {
         for e in self.events.drain(..) {
             self.transfers += u64::from(matches!(e, FleetEvent::TransferDone { .. }));
             self.controller.on_event(now, &e);
-            watch.lap(if matches!(e, FleetEvent::Kv { .. }) { Phase::Index } else { Phase::Controller });
+            match e {
+                FleetEvent::Kv { events, .. } => {
+                    self.fleet.recycle(events);
+                    watch.lap(Phase::Index);
+                }
+                _ => watch.lap(Phase::Controller),
+            }
         }
         if let Some(tl) = self.timeline.as_mut().filter(|tl| tl.due(now)) {
             let sizes = Sizes::from_counts(&self.fleet.pool_counts(), self.fleet.holding(), self.gpus_per_instance);

@@ -81,9 +81,6 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Events of every tier in the order they happened, when recording: L1's are moved here
-    /// from the tree before each event of a lower tier.
-    events: Option<Vec<KvEvent>>,
     /// Scratch: the blocks an allocation is about to evict.
     evicting: Vec<PageKey>,
 }
@@ -104,7 +101,6 @@ impl KvCache {
             block_size,
             l2: BlockLru::new(l2_blocks),
             l3,
-            events: None,
             evicting: Vec::new(),
         }
     }
@@ -112,18 +108,12 @@ impl KvCache {
     /// Starts recording [`KvEvent`]s of every tier; collect them with [`KvCache::drain_events`].
     pub fn record_events(&mut self) {
         self.tree.record_events();
-        self.events.get_or_insert_with(Vec::new);
     }
 
-    /// Moves the recorded events into `out`, in the order they happened across tiers.
+    /// Moves the recorded events into `out`, in the order they happened across tiers. An
+    /// empty `out` trades buffers with the cache: pass a spare one to keep its capacity.
     pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
-        match &mut self.events {
-            Some(ev) => {
-                self.tree.drain_events(ev);
-                out.append(ev);
-            }
-            None => self.tree.drain_events(out),
-        }
+        self.tree.drain_events(out);
     }
 
     /// Blocks held in host memory (L2).
@@ -171,10 +161,7 @@ impl KvCache {
     /// and keep the block where it is; L1's events first, then the lower tiers', made it
     /// drop and re-add every block demoted.
     fn emit(&mut self, event: KvEvent) {
-        if let Some(ev) = &mut self.events {
-            self.tree.drain_events(ev);
-            ev.push(event);
-        }
+        self.tree.record(event);
     }
 
     /// Extends the sequence's cached prefix from its cursor along `hashes`, taking at most

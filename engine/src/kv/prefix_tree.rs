@@ -182,9 +182,23 @@ impl PrefixTree {
         self.events.get_or_insert_with(Vec::new);
     }
 
+    /// Moves the recorded events into `out`: an empty `out` trades buffers with the tree
+    /// (nothing copied; the tree records into `out`'s old buffer next).
     pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
         if let Some(ev) = &mut self.events {
-            out.append(ev);
+            if out.is_empty() {
+                std::mem::swap(out, ev);
+            } else {
+                out.append(ev);
+            }
+        }
+    }
+
+    /// Records an event of another tier, after the tree's own so far: one stream in the order
+    /// things happened.
+    pub fn record(&mut self, event: KvEvent) {
+        if let Some(ev) = &mut self.events {
+            ev.push(event);
         }
     }
 

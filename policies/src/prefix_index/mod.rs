@@ -126,9 +126,13 @@ pub struct PrefixIndex {
     /// unless that event stores it again (an engine demotes a block by removing it from one
     /// tier, then storing it in the next).
     pending: Option<(BlockHash, Loc)>,
-    /// The page of the last event and the block's place there: the next event is usually on
-    /// the same page, at the next position.
-    last: Option<(BlockHash, Loc)>,
+    /// For each stream of events (stored or removed, by tier), the page of its last event and
+    /// the block's place there: the next event of a stream is usually on the same page, next
+    /// to it. An engine's events interleave streams (evicting one block from L1 stores it in
+    /// L2 and L3 and pushes other blocks out of both), each running along its own pages.
+    cursors: [Option<(BlockHash, Loc)>; 6],
+    /// The stream of the last event (a demotion's next event names the same block).
+    last_stream: usize,
     /// Scratch for forming holder sets.
     scratch: Vec<u32>,
     /// One more than the largest instance id ever stored as a holder: the size of a query's
@@ -163,7 +167,8 @@ impl PrefixIndex {
             intern: FxHashMap::default(),
             transitions: vec![NO_TRANSITION; 1 << TRANSITION_BITS].into_boxed_slice(),
             pending: None,
-            last: None,
+            cursors: [None; 6],
+            last_stream: 0,
             scratch: Vec::new(),
             instances: 0,
         }
@@ -196,8 +201,12 @@ impl PrefixIndex {
     /// whichever instance published them.
     pub fn apply(&mut self, instance: InstanceId, event: &KvEvent) {
         match *event {
-            KvEvent::Stored { tier, hash, page, .. } => self.store(hash, page, Change::stored(instance, tier)),
-            KvEvent::Removed { tier, hash, page } => self.unstore(hash, page, Change::removed(instance, tier)),
+            KvEvent::Stored { tier, hash, page, .. } => {
+                self.store(hash, page, tier.index(), Change::stored(instance, tier))
+            }
+            KvEvent::Removed { tier, hash, page } => {
+                self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
+            }
             KvEvent::Cleared => self.remove_instance(instance),
         }
     }
@@ -209,7 +218,7 @@ impl PrefixIndex {
         }
     }
 
-    fn store(&mut self, hash: BlockHash, page: BlockHash, change: Change) {
+    fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) {
         let loc = match self.pending {
             Some((h, loc)) if h == hash => {
                 self.pending = None;
@@ -217,44 +226,49 @@ impl PrefixIndex {
             }
             _ => {
                 self.finish_pending();
-                self.find_or_add(hash, page)
+                self.find_or_add(hash, page, stream)
             }
         };
         self.change_at(loc, change);
-        self.last = Some((page, loc));
+        self.cursors[stream] = Some((page, loc));
+        self.last_stream = stream;
     }
 
-    fn unstore(&mut self, hash: BlockHash, page: BlockHash, change: Change) {
+    fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) {
         if self.pending.is_some_and(|(h, _)| h == hash) {
             return;
         }
         self.finish_pending();
-        let Some(loc) = self.find(hash, page) else { return };
+        let Some(loc) = self.find(hash, page, stream) else { return };
         let (from, to) = self.change_at(loc, change);
         if to == EMPTY && from != EMPTY {
             self.pending = Some((hash, loc));
         }
-        self.last = Some((page, loc));
+        self.cursors[stream] = Some((page, loc));
+        self.last_stream = stream;
     }
 
-    /// The slot of `page` and where in it the last event was (0 if not there), without a map
-    /// probe when the last event was on the same page.
-    fn page_slot(&self, page: BlockHash) -> Option<(u32, usize)> {
-        match self.last {
-            Some((p, loc)) if p == page => Some((loc.slot, loc.idx as usize)),
-            _ => self.slots.get(page).map(|slot| (slot, 0)),
+    /// The slot of `page` and a position near the block (0 if nothing says where), without a
+    /// map probe when the stream's last event, or the last event, was on the same page.
+    fn page_slot(&self, page: BlockHash, stream: usize) -> Option<(u32, usize)> {
+        for cursor in [self.cursors[stream], self.cursors[self.last_stream]] {
+            if let Some((p, loc)) = cursor.filter(|&(p, _)| p == page) {
+                debug_assert_eq!(self.pages[loc.slot as usize].name, p);
+                return Some((loc.slot, loc.idx as usize));
+            }
         }
+        self.slots.get(page).map(|slot| (slot, 0))
     }
 
-    fn find(&self, hash: BlockHash, page: BlockHash) -> Option<Loc> {
-        let (slot, hint) = self.page_slot(page)?;
-        let idx = self.pages[slot as usize].find(hash, hint)?;
+    fn find(&self, hash: BlockHash, page: BlockHash, stream: usize) -> Option<Loc> {
+        let (slot, near) = self.page_slot(page, stream)?;
+        let idx = self.pages[slot as usize].find(hash, near)?;
         Some(Loc { slot, idx: idx as u32 })
     }
 
     /// Where `hash` is, added (nobody holding it yet) at the end of its page if new.
-    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash) -> Loc {
-        let (slot, hint) = match self.page_slot(page) {
+    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Loc {
+        let (slot, hint) = match self.page_slot(page, stream) {
             Some(found) => found,
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
@@ -409,8 +423,10 @@ impl PrefixIndex {
         self.slots.remove(page.name);
         page.clear(self.page_blocks as usize);
         self.free_pages.push(slot);
-        if self.last.is_some_and(|(_, loc)| loc.slot == slot) {
-            self.last = None;
+        for cursor in &mut self.cursors {
+            if cursor.is_some_and(|(_, loc)| loc.slot == slot) {
+                *cursor = None;
+            }
         }
     }
 
@@ -443,7 +459,7 @@ impl PrefixIndex {
         if !any_emptied {
             return;
         }
-        self.last = None;
+        self.cursors = [None; 6];
         let mut dropped = vec![0u32; self.states.len()];
         for slot in 0..self.pages.len() as u32 {
             let page = &mut self.pages[slot as usize];
