@@ -195,6 +195,31 @@ impl<V> Default for BlockMap<V> {
     }
 }
 
+/// Which hashes a small set (a page of blocks) may hold: 256 bits, one per hash's top byte.
+/// A lookup of a hash not in the set usually ends here instead of scanning the set; a bit is
+/// never cleared while the set lives, so removals only cost false positives, never a wrong
+/// answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HashFilter([u64; 4]);
+
+impl HashFilter {
+    fn bit(hash: BlockHash) -> (usize, u64) {
+        let b = (hash.0 >> 56) as usize;
+        (b / 64, 1 << (b % 64))
+    }
+
+    pub fn add(&mut self, hash: BlockHash) {
+        let (w, m) = HashFilter::bit(hash);
+        self.0[w] |= m;
+    }
+
+    /// False: `hash` was never added.
+    pub fn may_hold(&self, hash: BlockHash) -> bool {
+        let (w, m) = HashFilter::bit(hash);
+        self.0[w] & m != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

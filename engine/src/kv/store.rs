@@ -20,7 +20,7 @@
 //! first, are the exact LRU order, block by block. Stale entries are skipped when they reach
 //! the front, and dropped all at once when they outnumber half the live ones.
 
-use crate::block_map::{BlockMap, Probe};
+use crate::block_map::{BlockMap, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +62,9 @@ struct Page {
     /// Positions in `blocks`, for the rare page with many blocks (the continuations of a
     /// prefix many prompts share end to end): looked up instead of scanned.
     lookup: Option<BlockMap<u32>>,
+    /// The hashes ever pushed since the page was emptied: most lookups of a block the page
+    /// lacks (every new block's) end here.
+    filter: HashFilter,
 }
 
 /// Pages with more blocks than this are looked up, not scanned.
@@ -69,6 +72,9 @@ const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
 impl Page {
     fn find(&self, hash: BlockHash) -> Option<usize> {
+        if !self.filter.may_hold(hash) {
+            return None;
+        }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
             None => self.blocks.iter().position(|&(h, _)| h == hash),
@@ -82,6 +88,7 @@ impl Page {
     fn push(&mut self, hash: BlockHash, stamp: u64) {
         let i = self.blocks.len();
         self.blocks.push((hash, stamp));
+        self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
             None if i >= SCAN_BLOCKS => {
@@ -257,6 +264,8 @@ impl BlockLru {
             let name = p.name;
             if p.blocks.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
                 *p = Page::default();
+            } else {
+                p.filter = HashFilter::default();
             }
             self.slots.remove(name);
             self.free.push(slot);

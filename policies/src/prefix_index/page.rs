@@ -1,7 +1,7 @@
 //! Pages: the blocks of one page of chains (depths `32k..32k+31` after one prefix), side by
 //! side, in the order they were stored.
 
-use engine::block_map::BlockMap;
+use engine::block_map::{BlockMap, HashFilter};
 use engine::BlockHash;
 
 /// Pages with more blocks than this many times the page size get a lookup map (the many
@@ -21,6 +21,9 @@ pub(super) struct Page {
     /// Positions by hash, for a page past the scan limit (then a block leaving swaps the last
     /// one into its place).
     lookup: Option<Box<BlockMap<u32>>>,
+    /// The hashes ever pushed since the page was emptied: a lookup of a block the page lacks
+    /// (every new block's) usually ends here.
+    filter: HashFilter,
 }
 
 impl Page {
@@ -38,6 +41,9 @@ impl Page {
                 return Some(i);
             }
         }
+        if !self.filter.may_hold(hash) {
+            return None;
+        }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
             None => self.hashes.iter().position(|&h| h == hash),
@@ -49,6 +55,7 @@ impl Page {
         let i = self.hashes.len();
         self.hashes.push(hash);
         self.states.push(state);
+        self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
             None if i >= SCAN_PAGES * page_blocks => {
@@ -108,6 +115,7 @@ impl Page {
         } else {
             self.hashes.clear();
             self.states.clear();
+            self.filter = HashFilter::default();
         }
     }
 
