@@ -190,13 +190,16 @@ impl KvCache {
         if n > self.available_blocks() {
             return false;
         }
-        self.prefetch_demotions(n.saturating_sub(self.pool.free_count()));
+        // The shared store is locked once for all the demotions, not once a block.
+        let shared = self.l3.clone();
+        let mut l3 = shared.as_ref().map(SharedStore::lock);
+        self.prefetch_demotions(n.saturating_sub(self.pool.free_count()), l3.as_deref());
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
                 None => {
                     let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
-                    self.demote(PageKey { hash: e.hash, page: e.page }, e.parent);
+                    self.demote(PageKey { hash: e.hash, page: e.page }, e.parent, l3.as_deref_mut());
                     e.block
                 }
             };
@@ -208,8 +211,8 @@ impl KvCache {
     /// Loads the L2 and L3 map entries that demoting the next `evictions` blocks will probe,
     /// all at once: in stores of millions of blocks each probe is a cache miss, and loads
     /// issued back to back wait for memory together instead of one after another.
-    fn prefetch_demotions(&mut self, evictions: u32) {
-        if evictions < 2 || (self.l2.capacity() == 0 && self.l3.is_none()) {
+    fn prefetch_demotions(&mut self, evictions: u32, l3: Option<&BlockLru>) {
+        if evictions < 2 || (self.l2.capacity() == 0 && l3.is_none()) {
             return;
         }
         self.evicting.clear();
@@ -219,8 +222,8 @@ impl KvCache {
         if self.l2.capacity() > 0 {
             sink ^= self.l2.prefetch(&self.evicting);
         }
-        if let Some(l3) = &self.l3 {
-            sink ^= l3.lock().prefetch(&self.evicting);
+        if let Some(l3) = l3 {
+            sink ^= l3.prefetch(&self.evicting);
         }
         std::hint::black_box(sink);
     }
@@ -228,7 +231,7 @@ impl KvCache {
     /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it
     /// through to the shared store (L3), so that every instance can find it there at once,
     /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
-    fn demote(&mut self, key: PageKey, parent: Option<BlockHash>) {
+    fn demote(&mut self, key: PageKey, parent: Option<BlockHash>, l3: Option<&mut BlockLru>) {
         let PageKey { hash, page } = key;
         if self.l2.capacity() > 0 {
             self.emit(KvEvent::Stored { tier: Tier::L2, hash, page, parent });
@@ -236,14 +239,8 @@ impl KvCache {
                 self.emit(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
             }
         }
-        self.store_l3(key, parent);
-    }
-
-    fn store_l3(&mut self, key: PageKey, parent: Option<BlockHash>) {
-        let PageKey { hash, page } = key;
-        let Some(l3) = &self.l3 else { return };
-        let put = l3.lock().put(key);
-        if let Put::Added { evicted } = put {
+        let Some(l3) = l3 else { return };
+        if let Put::Added { evicted } = l3.put(key) {
             if evicted == Some(key) {
                 return; // a store of no capacity
             }
@@ -294,12 +291,15 @@ impl KvCache {
         }
         let from = seq.tree_blocks as usize;
         // Out of L2 first, so that the demotions `allocate` causes cannot push them out.
-        let l3 = self.l3.clone();
-        for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
-            if self.l2.remove(key) {
-                self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
-            } else if let Some(l3) = &l3 {
-                l3.lock().touch(key);
+        {
+            let shared = self.l3.clone();
+            let mut l3 = shared.as_ref().map(SharedStore::lock);
+            for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
+                if self.l2.remove(key) {
+                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
+                } else if let Some(l3) = &mut l3 {
+                    l3.touch(key);
+                }
             }
         }
         let ok = self.allocate(seq, n);
