@@ -18,7 +18,9 @@
 //! Each use stamps the block with the next number and appends (block, stamp) to a queue; a
 //! queue entry is live while its stamp is the block's latest, so the live entries, oldest
 //! first, are the exact LRU order, block by block. Stale entries are skipped when they reach
-//! the front, and dropped all at once when they outnumber half the live ones.
+//! the front, and dropped all at once when they outnumber half the live ones. Stamps are
+//! compared only for equality, so 32 bits wrapping around suffice: a stale entry is dropped
+//! within half a store's capacity of uses, long before its stamp comes round again.
 
 use crate::block_map::{BlockMap, HashFilter, Probe};
 use crate::ids::BlockHash;
@@ -58,7 +60,7 @@ pub enum Put {
 struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     name: BlockHash,
-    blocks: Vec<(BlockHash, u64)>,
+    blocks: Vec<(BlockHash, u32)>,
     /// Positions in `blocks`, for the rare page with many blocks (the continuations of a
     /// prefix many prompts share end to end): looked up instead of scanned.
     lookup: Option<BlockMap<u32>>,
@@ -81,11 +83,11 @@ impl Page {
         }
     }
 
-    fn stamp(&self, hash: BlockHash) -> Option<u64> {
+    fn stamp(&self, hash: BlockHash) -> Option<u32> {
         self.find(hash).map(|i| self.blocks[i].1)
     }
 
-    fn push(&mut self, hash: BlockHash, stamp: u64) {
+    fn push(&mut self, hash: BlockHash, stamp: u32) {
         let i = self.blocks.len();
         self.blocks.push((hash, stamp));
         self.filter.add(hash);
@@ -117,7 +119,7 @@ impl Page {
 #[derive(Clone, Copy, Debug)]
 struct Use {
     hash: BlockHash,
-    stamp: u64,
+    stamp: u32,
     slot: u32,
 }
 
@@ -135,7 +137,7 @@ pub struct BlockLru {
     /// Uses, oldest first.
     order: VecDeque<Use>,
     /// The next use's stamp.
-    next_stamp: u64,
+    next_stamp: u32,
 }
 
 /// Stale queue entries tolerated besides the live ones before a compaction (a half of
@@ -239,7 +241,7 @@ impl BlockLru {
         }
         let mut last = None;
         for u in self.order.iter().take(keys.len()).filter(|u| last.replace(u.slot) != Some(u.slot)) {
-            sink ^= self.pages[u.slot as usize].blocks.first().map_or(0, |b| b.1);
+            sink ^= self.pages[u.slot as usize].blocks.first().map_or(0, |b| u64::from(b.1));
         }
         sink
     }
@@ -278,8 +280,8 @@ impl BlockLru {
     }
 
     /// Records a use of `hash` (in the page at `slot`) stamped `stamp`.
-    fn used(&mut self, hash: BlockHash, slot: u32, stamp: u64) {
-        self.next_stamp = stamp + 1;
+    fn used(&mut self, hash: BlockHash, slot: u32, stamp: u32) {
+        self.next_stamp = stamp.wrapping_add(1);
         let len = self.order.len();
         if len == self.order.capacity() {
             // Doubling a full store's queue would leave a quarter of it unused forever: it never
@@ -326,10 +328,13 @@ impl BlockLru {
             "named pages hold blocks"
         );
         assert!(
-            self.order.iter().zip(self.order.iter().skip(1)).all(|(a, b)| a.stamp < b.stamp),
+            self.order.iter().zip(self.order.iter().skip(1)).all(|(a, b)| b.stamp.wrapping_sub(a.stamp) < 1 << 31),
             "queue stamps increase"
         );
-        assert!(self.order.iter().all(|u| u.stamp < self.next_stamp), "queue stamps were handed out");
+        assert!(
+            self.order.iter().all(|u| self.next_stamp.wrapping_sub(u.stamp).wrapping_sub(1) < 1 << 31),
+            "queue stamps were handed out"
+        );
         assert_eq!(self.iter().count(), self.len as usize, "one live queue entry per held block");
         let live = self.len as usize;
         assert!(self.order.len() <= live + live / 2 + STALE_SLACK, "stale entries compacted");
