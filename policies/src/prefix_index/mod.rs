@@ -248,27 +248,27 @@ impl PrefixIndex {
         self.last_stream = stream;
     }
 
-    /// The slot of `page` and a position near the block (0 if nothing says where), without a
-    /// map probe when the stream's last event, or the last event, was on the same page.
-    fn page_slot(&self, page: BlockHash, stream: usize) -> Option<(u32, usize)> {
+    /// The slot of `page` and the position of the block an event of the same page was on,
+    /// when the stream's last event, or the last event, was on it: no map probe needed.
+    fn cursor(&self, page: BlockHash, stream: usize) -> Option<(u32, usize)> {
         for cursor in [self.cursors[stream], self.cursors[self.last_stream]] {
             if let Some((p, loc)) = cursor.filter(|&(p, _)| p == page) {
                 debug_assert_eq!(self.pages[loc.slot as usize].name, p);
                 return Some((loc.slot, loc.idx as usize));
             }
         }
-        self.slots.get(page).map(|slot| (slot, 0))
+        None
     }
 
     fn find(&self, hash: BlockHash, page: BlockHash, stream: usize) -> Option<Loc> {
-        let (slot, near) = self.page_slot(page, stream)?;
+        let (slot, near) = self.cursor(page, stream).or_else(|| self.slots.get(page).map(|slot| (slot, 0)))?;
         let idx = self.pages[slot as usize].find(hash, near)?;
         Some(Loc { slot, idx: idx as u32 })
     }
 
     /// Where `hash` is, added (nobody holding it yet) at the end of its page if new.
     fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Loc {
-        let (slot, hint) = match self.page_slot(page, stream) {
+        let (slot, hint) = match self.cursor(page, stream) {
             Some(found) => found,
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
