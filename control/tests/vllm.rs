@@ -8,6 +8,9 @@
 //! return to the engine whose KV events show their prefix; bad engine URLs and unreachable
 //! event endpoints are named; an engine killed mid-stream (the stream resumes on the other
 //! engine after the tokens its client had), is taken out, and serves again once restarted.
+//! Then, behind a second control plane, an engine started with `--scheduling-policy
+//! priority` and registered as such serves an interactive request ahead of a batch backlog
+//! when class priority is in force, and in order of arrival when it is not.
 //!
 //! The vLLM venv and the tiny model: `common::vllm`.
 
@@ -31,7 +34,7 @@ struct Vllm {
 }
 
 impl Vllm {
-    fn start(python: &Path, model: &Path, log: PathBuf, ports: Option<(u16, u16, u16)>) -> Vllm {
+    fn start(python: &Path, model: &Path, log: PathBuf, ports: Option<(u16, u16, u16)>, extra: &[&str]) -> Vllm {
         use std::os::unix::process::CommandExt;
         let (port, kv, replay) = ports.unwrap_or_else(|| (free_port(), free_port(), free_port()));
         let events = json!({
@@ -47,6 +50,7 @@ impl Vllm {
             .arg(model)
             .args(vllm::FLAGS)
             .args(["--port", &port.to_string(), "--kv-events-config", &events.to_string()])
+            .args(extra)
             .envs(vllm::ENV)
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
@@ -124,8 +128,8 @@ fn vllm_engines_behind_fleetplane() {
     std::fs::create_dir_all(&dir).expect("test folder");
     let model = vllm::tiny_model(&python, &dir);
 
-    let mut a = Vllm::start(&python, &model, dir.join("a.log"), None);
-    let mut b = Vllm::start(&python, &model, dir.join("b.log"), None);
+    let mut a = Vllm::start(&python, &model, dir.join("a.log"), None, &[]);
+    let mut b = Vllm::start(&python, &model, dir.join("b.log"), None, &[]);
     a.wait_healthy(600);
     b.wait_healthy(600);
 
@@ -279,12 +283,76 @@ fn vllm_engines_behind_fleetplane() {
     }
 
     // Restarted on the same ports, it serves again (with an empty cache).
-    let mut b = Vllm::start(&python, &model, dir.join("b2.log"), Some((b.port, b.kv, b.replay)));
+    let mut b = Vllm::start(&python, &model, dir.join("b2.log"), Some((b.port, b.kv, b.replay)), &[]);
     b.wait_healthy(600);
     eventually(15, "the restarted engine serves again", || {
         let (_, v) = get(&format!("{}/api/engines", s.http), Some(ADMIN));
         v["engines"].as_array().is_some_and(|e| e.iter().all(|e| e["healthy"] == true))
     });
+    drop(s);
+    b.kill();
+
+    // Class priority on an engine that schedules by it (vLLM's `--scheduling-policy
+    // priority`), behind a second control plane.
+    let db = Db::fresh("vllmprio");
+    let s = serve(&db, &[]);
+    let register = |body: Value| post(&format!("{}/api/engines", s.http), Some(ADMIN), &body);
+    a.kill();
+    // C runs one sequence at a time, so the order it serves its queue in is the order requests
+    // finish in.
+    let extra = ["--scheduling-policy", "priority", "--max-num-seqs", "1"];
+    let mut c = Vllm::start(&python, &model, dir.join("c.log"), None, &extra);
+    c.wait_healthy(600);
+    let (status, v) = register(json!({"kind": "vllm", "url": c.url(), "scheduling_policy": "priority"}));
+    assert_eq!(status, 201, "{v}");
+    // No flow control at the controller (every request goes to the engine at once): the
+    // engine alone orders them. One batch request holds its one sequence, three more queue
+    // behind it, then an interactive one arrives last.
+    let round = |class_priority: bool| -> Vec<&'static str> {
+        let url = format!("{}/api/policies", s.http);
+        let policy = json!({"router": "least-outstanding", "flow": "none", "class_priority": class_priority});
+        let (status, v) = send(reqwest::Method::PUT, &url, Some(ADMIN), &policy);
+        assert_eq!(status, 200, "{v}");
+        let finished = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let job = |name: &'static str, class: &'static str, max_tokens: u32| {
+            let (http, finished) = (s.http.clone(), finished.clone());
+            std::thread::spawn(move || {
+                let body = json!({"model": MODEL_NAME, "prompt": format!("{name} job"), "max_tokens": max_tokens, "ignore_eos": true});
+                let r = client()
+                    .post(format!("{http}/v1/completions"))
+                    .bearer_auth(ADMIN)
+                    .header("x-fleetplane-class", class)
+                    .json(&body)
+                    .send()
+                    .expect("completion");
+                assert_eq!(r.status().as_u16(), 200, "{name}");
+                finished.lock().expect("order").push(name);
+            })
+        };
+        let mut jobs = vec![job("running", "batch", 300)];
+        std::thread::sleep(Duration::from_millis(500));
+        for name in ["queued-1", "queued-2", "queued-3"] {
+            jobs.push(job(name, "batch", 60));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        jobs.push(job("interactive", "interactive", 4));
+        for j in jobs {
+            j.join().expect("joins");
+        }
+        let order = finished.lock().expect("order").clone();
+        order
+    };
+    // Without class priority every request is the engine's priority 0: in order of arrival.
+    let order = round(false);
+    assert_eq!(order.last(), Some(&"interactive"), "FCFS: the interactive request finishes last: {order:?}");
+    // With it, the interactive request goes ahead of the queued batch ones.
+    let order = round(true);
+    let at = |name: &str| order.iter().position(|n| *n == name);
+    assert!(
+        ["queued-1", "queued-2", "queued-3"].iter().all(|q| at("interactive") < at(q)),
+        "the interactive request overtakes the queued batch ones on the engine: finish order {order:?}\n{}",
+        s.proc.output()
+    );
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

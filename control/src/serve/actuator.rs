@@ -136,6 +136,15 @@ impl EngineCommand {
             role: role.name().to_string(),
             tokenizer: None,
             actuated: true,
+            // The engine it starts schedules by priority when its command line says so.
+            scheduling_policy: if ["--scheduling-policy priority", "--scheduling-policy=priority"]
+                .iter()
+                .any(|flag| line.contains(flag))
+            {
+                vllm::SchedulingPolicy::Priority
+            } else {
+                vllm::SchedulingPolicy::Fcfs
+            },
         };
         Ok((line, spec))
     }

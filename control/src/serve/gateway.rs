@@ -398,6 +398,7 @@ async fn serve(
             attempts: 0,
             first_token_us: None,
             call,
+            class_priority: false,
         };
         let admitted = match hub.admit(request, payload) {
             Ok(a) => a,

@@ -449,13 +449,14 @@ impl Fleet for LiveFleet {
         &mut self,
         _now: Time,
         request: Request,
-        payload: Payload,
+        mut payload: Payload,
         route: &Route,
     ) -> Result<(), (DispatchError, Request, Payload)> {
         let instance = route.prefill;
         let Some(m) = self.members.get(&instance).filter(|m| m.state == MemberState::Serving) else {
             return Err((DispatchError::NotServing { instance }, request, payload));
         };
+        payload.class_priority = self.scheduling.as_ref().is_some_and(|s| s.class_priority == Some(true));
         match &m.link {
             Link::Grpc(client, lost) => {
                 let lost = lost.watch();

@@ -135,14 +135,15 @@ pub struct Args {
     pub tokenizer: Vec<String>,
 
     /// An engine that is not ours, as KIND=URL[,kv-events=ENDPOINT][,replay=ENDPOINT]
-    /// [,tokenizer=PATH] (KIND: vllm or sglang; ENDPOINT: the tcp://host:port of the engine's
-    /// --kv-events-config endpoint, which serve binds, and replay_endpoint); repeat for
-    /// several. Stored, and registered again at every start until removed.
+    /// [,tokenizer=PATH][,role=ROLE][,scheduling-policy=priority] (KIND: vllm or sglang;
+    /// ENDPOINT: the tcp://host:port of the engine's --kv-events-config endpoint, which serve
+    /// binds, and replay_endpoint; scheduling-policy=priority for an engine started with
+    /// --scheduling-policy priority: it is sent each request's class); repeat for several. Stored, and registered again at every start until removed.
     #[arg(long = "engine", value_name = "KIND=URL,...")]
     pub engines: Vec<String>,
 
     /// A TOML file of such engines: `[[engine]]` tables with kind, url, kv_events, replay,
-    /// role, tokenizer.
+    /// role, tokenizer, scheduling_policy.
     #[arg(long = "engines", value_name = "FILE")]
     pub engines_file: Option<std::path::PathBuf>,
 

@@ -67,6 +67,9 @@ pub struct Payload {
     pub first_token_us: Option<NonZeroU64>,
     /// The client's OpenAI request, for engines with their own API (vLLM, SGLang).
     pub call: Option<Box<OpenAiCall>>,
+    /// Whether the policy in force when it was dispatched orders engines' work by class:
+    /// engines with their own API that schedule by priority are sent its class as one.
+    pub class_priority: bool,
 }
 
 impl Payload {

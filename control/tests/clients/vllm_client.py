@@ -49,11 +49,16 @@ def kv_messages():
 
 def wait_for_kv_events(before, secs=10):
     """Waits until the engine's KV events of a request reached the control plane: a next turn
-    sent sooner races them (the index only knows what the events said)."""
+    sent sooner races them (the index only knows what the events said). Events of an earlier
+    request can still be arriving when `before` was read, so the count must also settle."""
     deadline = time.time() + secs
-    while kv_messages() <= before:
-        assert time.time() < deadline, f"no KV event reached the control plane in {secs} s"
+    last, quiet_since = kv_messages(), time.time()
+    while last <= before or time.time() - quiet_since < 0.5:
+        assert time.time() < deadline, f"KV events did not reach the control plane and settle in {secs} s"
         time.sleep(0.05)
+        now = kv_messages()
+        if now != last:
+            last, quiet_since = now, time.time()
 
 
 # A conversation's long system prompt is cached on the engine that served it first: the

@@ -66,6 +66,30 @@ pub struct EngineSpec {
     /// again at a restart, since its process went with the control plane that started it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub actuated: bool,
+    /// How the engine orders its waiting requests (its `--scheduling-policy`). With
+    /// `priority`, and class priority in the policy in force, each request is sent its class
+    /// as vLLM's `priority` (interactive 0, standard 1, batch 2: lower goes first). Not
+    /// checked: vLLM 0.32 takes the field and ignores it when it schedules FCFS.
+    #[serde(default)]
+    pub scheduling_policy: SchedulingPolicy,
+}
+
+/// An engine's `--scheduling-policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// In order of arrival (vLLM's default).
+    #[default]
+    Fcfs,
+    /// By the request's `priority`, then arrival.
+    Priority,
+}
+
+impl SchedulingPolicy {
+    /// The `priority` an engine scheduling by it is sent for a request of `class`.
+    pub fn priority(self, class: engine::Class) -> Option<u32> {
+        (self == SchedulingPolicy::Priority).then_some(class.index() as u32)
+    }
 }
 
 fn colocated() -> String {
@@ -75,7 +99,7 @@ fn colocated() -> String {
 impl std::str::FromStr for EngineSpec {
     type Err = String;
 
-    /// `KIND=URL[,kv-events=ENDPOINT][,replay=ENDPOINT][,role=ROLE][,tokenizer=PATH]`.
+    /// `KIND=URL[,kv-events=ENDPOINT][,replay=ENDPOINT][,role=ROLE][,tokenizer=PATH][,scheduling-policy=POLICY]`.
     fn from_str(arg: &str) -> Result<EngineSpec, String> {
         let mut parts = arg.split(',');
         let head = parts.next().unwrap_or_default();
@@ -97,6 +121,7 @@ impl std::str::FromStr for EngineSpec {
             role: colocated(),
             tokenizer: None,
             actuated: false,
+            scheduling_policy: SchedulingPolicy::Fcfs,
         };
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| format!("`{part}` in `{arg}` is not KEY=VALUE"))?;
@@ -105,8 +130,17 @@ impl std::str::FromStr for EngineSpec {
                 "replay" => spec.replay = Some(value.to_string()),
                 "role" => spec.role = value.to_string(),
                 "tokenizer" => spec.tokenizer = Some(PathBuf::from(value)),
+                "scheduling-policy" => {
+                    spec.scheduling_policy = match value {
+                        "fcfs" => SchedulingPolicy::Fcfs,
+                        "priority" => SchedulingPolicy::Priority,
+                        _ => return Err(format!("scheduling-policy: `{value}` is not fcfs or priority")),
+                    }
+                }
                 other => {
-                    return Err(format!("unknown engine option `{other}` (valid: kv-events, replay, role, tokenizer)"))
+                    return Err(format!(
+                        "unknown engine option `{other}` (valid: kv-events, replay, role, tokenizer, scheduling-policy)"
+                    ))
                 }
             }
         }
@@ -433,6 +467,11 @@ mod tests {
         assert_eq!(s.kv_events.as_deref(), Some("tcp://127.0.0.1:5557"));
         assert_eq!(s.replay.as_deref(), Some("tcp://127.0.0.1:5558"));
         assert_eq!(s.tokenizer, Some(PathBuf::from("/m")));
+        assert_eq!(s.scheduling_policy, SchedulingPolicy::Fcfs);
+        let s: EngineSpec = "vllm=http://x:1,scheduling-policy=priority".parse().unwrap();
+        assert_eq!(s.scheduling_policy.priority(engine::Class::Batch), Some(2));
+        assert_eq!(s.scheduling_policy.priority(engine::Class::Interactive), Some(0));
+        assert_eq!(SchedulingPolicy::Fcfs.priority(engine::Class::Batch), None);
         for (arg, says) in [
             ("vllm", "is not KIND=URL"),
             ("tgi=http://x:1", "unknown engine kind `tgi`"),
@@ -443,6 +482,7 @@ mod tests {
             ("vllm=http://x:1,replay=tcp://x:2", "needs kv_events"),
             ("vllm=http://x:1,colour=blue", "unknown engine option `colour`"),
             ("vllm=http://x:1,role=mixed", "role: `mixed` is not colocated, prefill or decode"),
+            ("vllm=http://x:1,scheduling-policy=lifo", "scheduling-policy: `lifo` is not fcfs or priority"),
         ] {
             let e = arg.parse::<EngineSpec>().unwrap_err();
             assert!(e.contains(says), "{arg}: {e}");

@@ -123,6 +123,17 @@ impl Call {
     }
 
     fn new(engine: &Engine, request: &Request, payload: &Payload) -> Call {
+        let mut call = Call::of(engine, request, payload);
+        // The class as the engine's priority: ours overrides a client's own `priority`.
+        if let Some(p) =
+            engine.spec.scheduling_policy.priority(request.service.class).filter(|_| payload.class_priority)
+        {
+            call.body.insert("priority".into(), json!(p));
+        }
+        call
+    }
+
+    fn of(engine: &Engine, request: &Request, payload: &Payload) -> Call {
         match (&payload.call, payload.generated.is_empty()) {
             (Some(call), true) => {
                 let mut body = call.body.clone();
