@@ -52,7 +52,8 @@ impl FlowRule for LlmDFlow {
         "llm-d"
     }
 
-    fn has_room(&self, view: &FleetView, request: &Request) -> bool {
+    /// llm-d's detector does not tell tenants apart.
+    fn has_room(&self, view: &FleetView, request: &Request, _over_share: bool) -> bool {
         view.candidates(request).any(|v| {
             let l = &v.load;
             let util =

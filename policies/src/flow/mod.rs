@@ -8,6 +8,7 @@
 //! | `queue.rs` | [`Flow`]: the bands, the tenants' queues within a band, shedding by time |
 //! | `slo.rs` | `slo`: room from predicted queue delay, decode step and KV against the SLO; least attained service; least slack first |
 //! | `llm_d.rs` | `llm-d`: llm-d's flow control (queue depth and KV utilisation thresholds, round robin, FCFS) |
+//! | `usage.rs` | tenants' recent service (decayed weighted tokens): least attained service, over-share |
 //!
 //! What every rule shares (in [`Flow`]): strict priority between bands (a band is served
 //! only when every higher band's queue is empty or its head has no room); within a band,
@@ -23,6 +24,7 @@ mod llm_d;
 pub mod programs;
 mod queue;
 mod slo;
+mod usage;
 
 pub use llm_d::LlmDFlowConfig;
 pub use queue::{Flow, Offer};
@@ -48,9 +50,9 @@ pub struct Targets {
 pub enum Fairness {
     /// The tenant with the least attained service goes next, service counted in weighted
     /// tokens: prompt tokens plus `output_weight` × output tokens of the requests it was
-    /// given (virtual token counting). A tenant that starts waiting starts level with the
-    /// least served tenant waiting, so idle time is not banked.
-    LeastAttained { output_weight: f64 },
+    /// given (virtual token counting), decayed with `half_life` (see [`usage`]): what a
+    /// tenant had long ago does not count against it, nor idle time for it.
+    LeastAttained { output_weight: f64, half_life: Dur },
     /// Tenants in turn, one request each.
     RoundRobin,
 }
@@ -60,7 +62,9 @@ pub trait FlowRule: Send + fmt::Debug {
     fn name(&self) -> &'static str;
 
     /// Whether the fleet has room for `request` now; if not, it waits in its band.
-    fn has_room(&self, view: &FleetView, request: &Request) -> bool;
+    /// `over_share`: its tenant had more than an equal share of the recent service (with
+    /// least attained service).
+    fn has_room(&self, view: &FleetView, request: &Request, over_share: bool) -> bool;
 
     /// Its place in its tenant's queue: lower goes first.
     fn order(&self, request: &Request) -> i64;

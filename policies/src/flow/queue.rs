@@ -3,6 +3,7 @@
 //! fleet's reply stream), which waits with its request.
 
 use super::programs::Programs;
+use super::usage::Usage;
 use super::{retry_after, Fairness, FlowConfig, FlowRule, Shed, ShedReason, Targets};
 use crate::router::CostHints;
 use crate::view::FleetView;
@@ -34,6 +35,8 @@ pub struct Flow<P> {
     prefill_tokens_per_s: f64,
     /// The programs in progress, with admission by program.
     programs: Option<Programs>,
+    /// Tenants' recent service, with least attained service.
+    usage: Option<Usage>,
 }
 
 /// Later turns of programs in progress go ahead of every first turn in their band.
@@ -59,8 +62,6 @@ struct Band {
 
 #[derive(Debug, Default)]
 struct TenantQueue {
-    /// Weighted tokens given to it (least attained service).
-    attained: f64,
     /// (order, seq, slot) of its requests still on time.
     on_time: BinaryHeap<Reverse<(i64, u64, u32)>>,
     /// Those found late at the head, in the order found.
@@ -71,7 +72,12 @@ struct TenantQueue {
 impl<P> Flow<P> {
     pub fn new(config: &FlowConfig, hints: &CostHints, targets: [Targets; 3]) -> Flow<P> {
         let rule = config.build(hints, targets);
+        let usage = match rule.as_ref().map(|r| r.fairness()) {
+            Some(Fairness::LeastAttained { half_life, .. }) => Some(Usage::new(half_life)),
+            _ => None,
+        };
         Flow {
+            usage,
             programs: rule.as_ref().and_then(|r| r.program_admission()).map(|(share, idle)| Programs::new(share, idle)),
             rule,
             entries: Vec::new(),
@@ -113,10 +119,14 @@ impl<P> Flow<P> {
         };
         let class = request.service.class;
         let b = class.index();
-        // A later turn of a program in progress goes ahead of its band's queue (see `order`).
+        // A later turn of a program in progress goes ahead of its band's queue (see `order`),
+        // and so does the request of a tenant that would be served before every tenant waiting.
         let continues = self.programs.as_ref().is_some_and(|p| p.continues(&request));
-        let ahead = self.bands[..b + usize::from(!continues)].iter().any(|band| band.len > 0);
-        let room = !ahead && rule.has_room(view, &request) && self.program_room(view, &request);
+        let ahead = self.bands[..b].iter().any(|band| band.len > 0)
+            || (self.bands[b].len > 0 && !continues && !self.goes_first(now, b, request.service.tenant));
+        let room = !ahead
+            && rule.has_room(view, &request, self.over_share(now, &request))
+            && self.program_room(view, &request);
         if room {
             self.placed(now, &request);
             return Offer::Place(request, payload);
@@ -140,11 +150,7 @@ impl<P> Flow<P> {
         let prompt = u64::from(request.prompt_tokens);
         let slot = engine::slots::place(&mut self.entries, &mut self.free, Some(Entry { seq, request, payload }));
         let band = &mut self.bands[b];
-        let floor = band.tenants.values().map(|t| t.attained).fold(f64::INFINITY, f64::min);
-        let queue = band.tenants.entry(tenant).or_insert_with(|| TenantQueue {
-            attained: if floor.is_finite() { floor } else { 0.0 },
-            ..TenantQueue::default()
-        });
+        let queue = band.tenants.entry(tenant).or_default();
         queue.on_time.push(Reverse((order, seq, slot)));
         queue.len += 1;
         band.len += 1;
@@ -160,20 +166,16 @@ impl<P> Flow<P> {
     pub fn next(&mut self, now: Time, view: &FleetView) -> Option<(Request, P)> {
         let fairness = self.rule.as_ref()?.fairness();
         let b = self.bands.iter().position(|band| band.len > 0)?;
-        let tenant = self.pick_tenant(b, fairness)?;
+        let tenant = self.pick_tenant(b, fairness, now)?;
         let slot = self.head(b, tenant, now)?;
         let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
-        if !self.rule.as_ref()?.has_room(view, &entry.request) || !self.program_room(view, &entry.request) {
+        let over_share = self.over_share(now, &entry.request);
+        if !self.rule.as_ref()?.has_room(view, &entry.request, over_share) || !self.program_room(view, &entry.request) {
             return None;
         }
         let entry = self.remove(slot);
         self.placed(now, &entry.request);
-        let band = &mut self.bands[b];
-        band.last = Some(tenant);
-        if let (Fairness::LeastAttained { output_weight }, Some(q)) = (fairness, band.tenants.get_mut(&tenant)) {
-            let r = &entry.request;
-            q.attained += f64::from(r.prompt_tokens) + output_weight * f64::from(r.max_output_tokens);
-        }
+        self.bands[b].last = Some(tenant);
         Some((entry.request, entry.payload))
     }
 
@@ -218,6 +220,26 @@ impl<P> Flow<P> {
         if let Some(p) = &mut self.programs {
             p.placed(now, request);
         }
+        if let (Some(u), Some(Fairness::LeastAttained { output_weight, .. })) =
+            (&mut self.usage, self.rule.as_ref().map(|r| r.fairness()))
+        {
+            let tokens = f64::from(request.prompt_tokens) + output_weight * f64::from(request.max_output_tokens);
+            u.add(now, request.service.tenant, tokens);
+        }
+    }
+
+    /// Whether the request's tenant had more than an equal share of the recent service
+    /// (with least attained service; see [`Usage::over_share`]).
+    fn over_share(&self, now: Time, request: &Request) -> bool {
+        self.usage.as_ref().is_some_and(|u| u.over_share(now, request.service.tenant))
+    }
+
+    /// Whether a request of `tenant`, which has none waiting in band `b`, would be served
+    /// before every tenant waiting there (least attained service: it has had less).
+    fn goes_first(&self, now: Time, b: usize, tenant: TenantId) -> bool {
+        let Some(u) = &self.usage else { return false };
+        let band = &self.bands[b];
+        !band.tenants.contains_key(&tenant) && band.tenants.keys().all(|&t| u.of(now, tenant) < u.of(now, t))
     }
 
     /// Takes out every queued request whose payload `gone` says is no longer wanted (its
@@ -239,19 +261,20 @@ impl<P> Flow<P> {
         self.entries.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| e.seq == seq)
     }
 
-    fn pick_tenant(&self, b: usize, fairness: Fairness) -> Option<TenantId> {
+    fn pick_tenant(&self, b: usize, fairness: Fairness, now: Time) -> Option<TenantId> {
         let band = &self.bands[b];
-        match fairness {
-            Fairness::LeastAttained { .. } => {
-                let mut best: Option<(&TenantId, &TenantQueue)> = None;
-                for (id, q) in &band.tenants {
-                    if best.is_none_or(|(_, b)| q.attained < b.attained) {
-                        best = Some((id, q));
+        match (fairness, &self.usage) {
+            (Fairness::LeastAttained { .. }, Some(u)) => {
+                let mut best: Option<(TenantId, f64)> = None;
+                for &id in band.tenants.keys() {
+                    let used = u.of(now, id);
+                    if best.is_none_or(|(_, b)| used < b) {
+                        best = Some((id, used));
                     }
                 }
-                best.map(|(id, _)| *id)
+                best.map(|(id, _)| id)
             }
-            Fairness::RoundRobin => {
+            _ => {
                 let after = band.last.and_then(|last| band.tenants.range(TenantId(last.0.saturating_add(1))..).next());
                 after.or_else(|| band.tenants.iter().next()).map(|(id, _)| *id)
             }

@@ -27,8 +27,13 @@
 //! served in time (serving the late ones first would make every request late under a
 //! sustained overload).
 //!
-//! **Fairness.** Least attained service over weighted tokens between the tenants of a band
-//! (see [`Fairness::LeastAttained`]).
+//! **Fairness.** Least attained service over weighted tokens, decayed with
+//! `usage_half_life`, between the tenants of a band (see [`Fairness::LeastAttained`]); a
+//! request of a tenant that has had less than every tenant waiting in its band does not
+//! wait behind them. A tenant over an equal share of the recent service fills only
+//! `over_share_queue` of the queue limit above and `over_share_batch` of the KV and step
+//! limits, which keeps queues and steps short for the others: a light tenant's requests are
+//! placed at once onto short queues although a heavy one keeps the fleet busy.
 //!
 //! **Shedding.** Sheddable (batch) requests wait at most `batch_max_wait_s`, and not past
 //! their deadline's latest start; then they are shed with a retry-after.
@@ -54,6 +59,12 @@ pub struct SloFlowConfig {
     pub batch_max_wait: Dur,
     /// An output token's weight against a prompt token in a tenant's attained service.
     pub output_weight: f64,
+    /// Half-life of a tenant's attained service.
+    pub usage_half_life: Dur,
+    /// The share of the queue limit a tenant over its share of the recent service may fill.
+    pub over_share_queue: f64,
+    /// The share of the KV and decode step limits it may fill.
+    pub over_share_batch: f64,
     /// Requests one band's queue holds at most.
     pub queue_limit: u32,
     /// While an interactive request decodes, an engine computes at most this share of the
@@ -78,6 +89,9 @@ impl Default for SloFlowConfig {
             batch_headroom: 0.7,
             batch_max_wait: Dur::from_secs_f64(60.0),
             output_weight: 4.0,
+            usage_half_life: Dur::from_secs_f64(10.0),
+            over_share_queue: 0.5,
+            over_share_batch: 0.7,
             queue_limit: 100_000,
             lower_chunk_share: 0.5,
             program_kv_share: 0.0,
@@ -94,6 +108,9 @@ crate::params!(SloFlowConfig, "slo", {
     batch_headroom: float above 0.0 ..= 1.0, "share of those limits batch requests may fill";
     batch_max_wait: seconds from 0.0 ..= 86400.0, "longest a batch request waits for room before it is shed";
     output_weight: float from 0.0 ..= 64.0, "an output token's weight against a prompt token in a tenant's attained service";
+    usage_half_life: seconds above 0.0 ..= 86400.0, "half-life of a tenant's attained service (what it had long ago stops counting)";
+    over_share_queue: float above 0.0 ..= 1.0, "share of the queue limit a tenant over an equal share of the recent service may fill";
+    over_share_batch: float above 0.0 ..= 1.0, "share of the KV and decode step limits a tenant over an equal share of the recent service may fill";
     queue_limit: integer from 1.0 ..= 10000000.0, "requests one band's queue holds at most";
     lower_chunk_share: float above 0.0 ..= 100.0, "while an interactive request decodes, lower classes' prompt tokens per engine step: this share of the interactive TPOT target at the prefill rate";
     program_kv_share: float from 0.0 ..= 4.0, "share of the GPU KV the contexts of agent sessions in progress may fill before a new session waits (0: off)";
@@ -153,12 +170,16 @@ impl FlowRule for SloFlow {
         "slo"
     }
 
-    fn has_room(&self, view: &FleetView, request: &Request) -> bool {
+    fn has_room(&self, view: &FleetView, request: &Request, over_share: bool) -> bool {
         let (c, h) = (&self.config, &self.hints);
         let share = self.headroom(request.service.class);
-        let queue_limit_s = share * c.queue_share * self.ttft_s;
-        let step_limit_us = share * c.step_share * self.tpot_s * 1e6;
-        let kv_limit = share * c.kv_share;
+        // A tenant over its share leaves room to the others: queue room (their requests find
+        // short queues) and, less of it, KV and decode room (their prompts' steps carry
+        // fewer of its sequences; fewer also means smaller batches, so less throughput).
+        let (queue_scale, batch_scale) = if over_share { (c.over_share_queue, c.over_share_batch) } else { (1.0, 1.0) };
+        let queue_limit_s = share * queue_scale * c.queue_share * self.ttft_s;
+        let step_limit_us = share * batch_scale * c.step_share * self.tpot_s * 1e6;
+        let kv_limit = share * batch_scale * c.kv_share;
         let bs = u64::from(h.block_size);
         view.candidates(request).any(|v| {
             if v.in_flight == 0 {
@@ -211,7 +232,7 @@ impl FlowRule for SloFlow {
     }
 
     fn fairness(&self) -> Fairness {
-        Fairness::LeastAttained { output_weight: self.config.output_weight }
+        Fairness::LeastAttained { output_weight: self.config.output_weight, half_life: self.config.usage_half_life }
     }
 
     fn queue_limit(&self) -> usize {

@@ -181,6 +181,37 @@ fn a_light_tenant_is_not_stuck_behind_a_heavy_one() {
     assert!(light <= 1, "the light tenant's request came {light}th: {order:?}");
 }
 
+/// A tenant that had more than its share of the recent service leaves queue room to the
+/// others: with 30 ms of prefill queued (the standard limit is 45 ms: 90% of 5% of the 1 s
+/// target), a heavy tenant's request waits (its limit is half) and a light tenant's is placed
+/// at once, ahead of the heavy one waiting.
+#[test]
+fn a_tenant_over_its_share_leaves_room_to_the_others() {
+    // The light tenant (2) was served once, the heavy one (1) ten times as much; then 30 ms
+    // of prefill is queued and the heavy tenant offers one more request.
+    let heavy_then_queue = |config: SloFlowConfig| {
+        let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+        for (id, tenant) in [(100, 2)].into_iter().chain((0..10).map(|id| (id, 1))) {
+            let r = c.offer(&mut flow, &mut fleet, Time::from_millis(id), request(id, id, Class::Standard, tenant), ());
+            assert!(matches!(r, Released::Placed { .. }), "room at first: {r:?}");
+            report(&mut c, false);
+        }
+        let load = Load { prefill_tokens_left: 1_200, waiting: 3, kv_total_blocks: 10_000, ..Load::default() };
+        c.on_event(Time::ZERO, &FleetEvent::Load { instance: InstanceId(0), load });
+        let heavy = c.offer(&mut flow, &mut fleet, Time::from_millis(20), request(20, 20, Class::Standard, 1), ());
+        (c, flow, fleet, heavy)
+    };
+    let (mut c, mut flow, mut fleet, heavy) = heavy_then_queue(SloFlowConfig::default());
+    assert!(matches!(heavy, Released::Queued), "the heavy tenant is over its share: {heavy:?}");
+    let light = c.offer(&mut flow, &mut fleet, Time::from_millis(21), request(21, 21, Class::Standard, 2), ());
+    assert!(matches!(light, Released::Placed { .. }), "the light tenant goes first, at once: {light:?}");
+    assert_eq!(fleet.placed.last(), Some(&21));
+    // With the over-share limits at 1, the same heavy request finds room.
+    let config = SloFlowConfig { over_share_queue: 1.0, over_share_batch: 1.0, ..SloFlowConfig::default() };
+    let (.., heavy) = heavy_then_queue(config);
+    assert!(matches!(heavy, Released::Placed { .. }), "without the over-share limit: {heavy:?}");
+}
+
 proptest! {
     /// Whatever arrives and whenever room comes, every request offered ends exactly once:
     /// placed or shed; the queues end empty once the fleet has room for good.

@@ -1,0 +1,92 @@
+//! Tenants' recent service: the weighted tokens flow control gave each tenant, decayed with a
+//! half-life. Least attained service orders tenants by it, and a tenant over an equal share
+//! of it gets less room (`slo`: it leaves room to the others, so that their requests find
+//! short queues and short steps).
+//!
+//! Decay rather than a running total: a tenant that was idle for a few half-lives counts as
+//! new, one that keeps the fleet busy stays ahead of the others however long it has been
+//! sending, and nothing grows with the length of the run.
+
+use engine::{Dur, TenantId, Time};
+use std::collections::BTreeMap;
+
+/// Tenants whose decayed service falls below this share of the total are forgotten.
+const FORGET_SHARE: f64 = 1e-9;
+/// Tenants below this share of the recent total do not count as active when equal shares
+/// are worked out (a tenant that sent one request an hour ago does not halve the others').
+const ACTIVE_SHARE: f64 = 0.01;
+
+#[derive(Clone, Copy, Debug)]
+struct Decayed {
+    value: f64,
+    at: Time,
+}
+
+#[derive(Debug)]
+pub struct Usage {
+    half_life_s: f64,
+    tenants: BTreeMap<TenantId, Decayed>,
+}
+
+impl Usage {
+    pub fn new(half_life: Dur) -> Usage {
+        Usage { half_life_s: half_life.as_secs_f64().max(1e-6), tenants: BTreeMap::new() }
+    }
+
+    fn decayed(&self, d: Decayed, now: Time) -> f64 {
+        d.value * 0.5f64.powf(now.since(d.at).as_secs_f64() / self.half_life_s)
+    }
+
+    /// `tenant`'s recent service at `now`.
+    pub fn of(&self, now: Time, tenant: TenantId) -> f64 {
+        self.tenants.get(&tenant).map_or(0.0, |&d| self.decayed(d, now))
+    }
+
+    /// Counts `tokens` of service given to `tenant` at `now`.
+    pub fn add(&mut self, now: Time, tenant: TenantId, tokens: f64) {
+        let value = self.of(now, tenant) + tokens;
+        self.tenants.insert(tenant, Decayed { value, at: now });
+        let total = self.total(now);
+        let forget = FORGET_SHARE * total;
+        self.tenants.retain(|_, d| d.value * 0.5f64.powf(now.since(d.at).as_secs_f64() / self.half_life_s) >= forget);
+    }
+
+    fn total(&self, now: Time) -> f64 {
+        self.tenants.values().map(|&d| self.decayed(d, now)).sum()
+    }
+
+    /// Whether `tenant` had more than an equal share of the recent service among the active
+    /// tenants, itself counted as one (never when no other tenant is active).
+    pub fn over_share(&self, now: Time, tenant: TenantId) -> bool {
+        let mine = self.of(now, tenant);
+        let total = self.total(now);
+        let others =
+            self.tenants.iter().filter(|&(&t, &d)| t != tenant && self.decayed(d, now) >= ACTIVE_SHARE * total).count();
+        others > 0 && mine * (others + 1) as f64 > total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_halves_every_half_life_and_shares_are_among_active_tenants() {
+        let mut u = Usage::new(Dur::from_secs_f64(10.0));
+        let (heavy, light, idle) = (TenantId(1), TenantId(2), TenantId(3));
+        u.add(Time::ZERO, idle, 1.0);
+        u.add(Time::from_millis(100_000), heavy, 1000.0);
+        assert!((u.of(Time::from_millis(110_000), heavy) - 500.0).abs() < 1e-9);
+        // Alone (the idle tenant's 2^-10 is under 1% of the total): not over.
+        let now = Time::from_millis(100_000);
+        assert!(!u.over_share(now, heavy));
+        assert!(!u.over_share(now, TenantId(9)), "a new tenant");
+        u.add(now, light, 100.0);
+        assert!(u.over_share(now, heavy));
+        assert!(!u.over_share(now, light));
+        // Long idle, a tenant is forgotten.
+        u.add(Time::from_millis(2_000_000), light, 1.0);
+        assert_eq!(u.of(Time::from_millis(2_000_000), idle), 0.0);
+        assert!(u.tenants.len() <= 2);
+    }
+}
