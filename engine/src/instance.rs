@@ -290,7 +290,7 @@ impl Instance {
         self.config.lower_class_step_tokens = lower_class_step_tokens;
         if on {
             let mut waiting: Vec<u32> = self.waiting.drain(..).collect();
-            waiting.sort_by_key(|&s| self.seq(s).request.service.class);
+            waiting.sort_by_key(|&s| self.seq(s).request.service.engine_class());
             self.waiting = waiting.into();
         }
         self.debug_check();
@@ -355,8 +355,8 @@ impl Instance {
         if !self.config.class_priority {
             return if preempted { 0 } else { self.waiting.len() };
         }
-        let class = self.seq(s).request.service.class;
-        let class_of = |&w: &u32| self.seq(w).request.service.class;
+        let class = self.seq(s).request.service.engine_class();
+        let class_of = |&w: &u32| self.seq(w).request.service.engine_class();
         if preempted {
             self.waiting.iter().position(|w| class_of(w) >= class).unwrap_or(self.waiting.len())
         } else {

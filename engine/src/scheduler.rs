@@ -74,7 +74,7 @@ impl Filter {
         match self {
             Filter::Any => true,
             Filter::AtMost(n) => seq.prefill_left() <= n,
-            Filter::Of(class) => seq.request.service.class == class,
+            Filter::Of(class) => seq.request.service.engine_class() == class,
         }
     }
 }
@@ -126,7 +126,7 @@ impl Instance {
     fn interactive_decoding(&self) -> bool {
         self.running.iter().any(|&s| {
             let seq = self.seq(s);
-            seq.is_decoding() && seq.request.service.class == crate::Class::Interactive
+            seq.is_decoding() && seq.request.service.engine_class() == crate::Class::Interactive
         })
     }
 
@@ -401,9 +401,9 @@ impl Instance {
         if !self.config.class_priority {
             return last;
         }
-        let lowest = self.running.iter().map(|&r| self.seq(r).request.service.class).max();
+        let lowest = self.running.iter().map(|&r| self.seq(r).request.service.engine_class()).max();
         let lowest = lowest.expect("a running sequence needs blocks");
-        *self.running.iter().rev().find(|&&r| self.seq(r).request.service.class == lowest).unwrap_or(&last)
+        *self.running.iter().rev().find(|&&r| self.seq(r).request.service.engine_class() == lowest).unwrap_or(&last)
     }
 
     fn preempt(&mut self, now: Time, s: u32, budget: &mut Budget) {

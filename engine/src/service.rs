@@ -95,9 +95,23 @@ pub struct Service {
     /// met). See [`Service::deadline`].
     pub deadline_ms: Option<std::num::NonZeroU32>,
     pub session: Option<SessionId>,
+    /// Set by flow control for a request of a tenant under an equal share of the recent
+    /// service: an engine with class priority serves it as one class higher (metrics still
+    /// count it in its own class).
+    pub lift: bool,
 }
 
 impl Service {
+    /// The class an engine with class priority serves it in: its own, or one higher when
+    /// lifted.
+    pub fn engine_class(&self) -> Class {
+        match (self.lift, self.class) {
+            (true, Class::Batch) => Class::Standard,
+            (true, _) => Class::Interactive,
+            (false, class) => class,
+        }
+    }
+
     /// When its first token is due at the latest, for a request that arrived at `arrival`.
     pub fn deadline(&self, arrival: Time) -> Option<Time> {
         self.deadline_ms.map(|ms| arrival + crate::Dur::from_millis(u64::from(ms.get())))

@@ -162,24 +162,37 @@ fn of_class(mut r: Request, class: Class) -> Request {
     r
 }
 
+/// The order in which requests of 16-token prompts (one a step), each of a class and lifted
+/// or not, get their first tokens on an instance with class priority `priority`.
+fn first_token_order(priority: bool, requests: &[(u64, Class, bool)]) -> Vec<u64> {
+    let mut inst = Instance::new(InstanceConfig { class_priority: priority, ..config(64, 16) });
+    for &(id, class, lift) in requests {
+        let mut r = of_class(req(id, 16, 2, &[]), class);
+        r.service.lift = lift;
+        inst.enqueue(Time::ZERO, r).unwrap();
+    }
+    let (mut done, _, _) = run(&mut inst, Time::ZERO);
+    done.sort_by_key(|f| f.first_token_at);
+    done.iter().map(|f| f.request.id.0).collect()
+}
+
 /// With class priority an interactive request is admitted ahead of batch requests queued
 /// before it; without, FCFS.
 #[test]
 fn class_priority_admits_a_higher_class_first() {
-    for (priority, first) in [(true, 3), (false, 1)] {
-        // One 16-token prompt per step.
-        let mut inst = Instance::new(InstanceConfig { class_priority: priority, ..config(64, 16) });
-        inst.enqueue(Time::ZERO, of_class(req(1, 16, 2, &[]), Class::Batch)).unwrap();
-        inst.enqueue(Time::ZERO, of_class(req(2, 16, 2, &[]), Class::Standard)).unwrap();
-        inst.enqueue(Time::ZERO, of_class(req(3, 16, 2, &[]), Class::Interactive)).unwrap();
-        let (mut done, _, _) = run(&mut inst, Time::ZERO);
-        done.sort_by_key(|f| f.first_token_at);
-        let order: Vec<u64> = done.iter().map(|f| f.request.id.0).collect();
-        assert_eq!(order[0], first, "class priority {priority}: {order:?}");
-        if priority {
-            assert_eq!(order, [3, 2, 1]);
-        }
-    }
+    let requests = [(1, Class::Batch, false), (2, Class::Standard, false), (3, Class::Interactive, false)];
+    assert_eq!(first_token_order(true, &requests), [3, 2, 1]);
+    assert_eq!(first_token_order(false, &requests), [1, 2, 3]);
+}
+
+/// A lifted request (flow control's mark for a tenant under its share) is served one class
+/// higher: a lifted standard one as interactive, a lifted batch one as standard (FCFS with
+/// the standard one queued before it).
+#[test]
+fn a_lifted_request_is_served_one_class_higher() {
+    let requests =
+        [(1, Class::Batch, false), (2, Class::Standard, false), (3, Class::Batch, true), (4, Class::Standard, true)];
+    assert_eq!(first_token_order(true, &requests), [4, 2, 3, 1]);
 }
 
 /// With class priority an interactive prompt arriving while a long batch prompt is being

@@ -371,6 +371,7 @@ async fn serve(
             tenant: hub.tenant(&asked.tenant),
             deadline_ms: asked.deadline_ms,
             session: asked.session,
+            lift: false,
         };
         let request = Request {
             id,

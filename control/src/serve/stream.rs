@@ -191,7 +191,7 @@ pub(super) async fn stream_request(
         top_p: payload.sampling.top_p,
         seed: payload.sampling.seed,
         generated: payload.generated.clone(),
-        class: proto::wire_class(request.service.class).into(),
+        class: proto::wire_class(request.service.engine_class()).into(),
     };
     let answer = tokio::select! {
         answer = client.generate(wire) => Some(answer),

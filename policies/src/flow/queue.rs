@@ -128,7 +128,7 @@ impl<P> Flow<P> {
             && rule.has_room(view, &request, self.over_share(now, &request))
             && self.program_room(view, &request);
         if room {
-            self.placed(now, &request);
+            let request = self.placed(now, request);
             return Offer::Place(request, payload);
         }
         let reason = if class.sheddable() && rule.shed_when_full() {
@@ -174,9 +174,9 @@ impl<P> Flow<P> {
             return None;
         }
         let entry = self.remove(slot);
-        self.placed(now, &entry.request);
+        let request = self.placed(now, entry.request);
         self.bands[b].last = Some(tenant);
-        Some((entry.request, entry.payload))
+        Some((request, entry.payload))
     }
 
     /// Sheds every queued request whose time to be shed has come.
@@ -216,16 +216,21 @@ impl<P> Flow<P> {
         p.admits(request, view.candidates(request).map(|v| v.capacity_tokens).sum())
     }
 
-    fn placed(&mut self, now: Time, request: &Request) {
+    /// Counts a request placed; lifts it when its tenant is under its share (see
+    /// [`engine::Service::lift`]).
+    fn placed(&mut self, now: Time, mut request: Request) -> Request {
         if let Some(p) = &mut self.programs {
-            p.placed(now, request);
+            p.placed(now, &request);
         }
         if let (Some(u), Some(Fairness::LeastAttained { output_weight, .. })) =
             (&mut self.usage, self.rule.as_ref().map(|r| r.fairness()))
         {
+            let tenant = request.service.tenant;
+            request.service.lift = u.under_share(now, tenant);
             let tokens = f64::from(request.prompt_tokens) + output_weight * f64::from(request.max_output_tokens);
-            u.add(now, request.service.tenant, tokens);
+            u.add(now, tenant, tokens);
         }
+        request
     }
 
     /// Whether the request's tenant had more than an equal share of the recent service

@@ -30,10 +30,12 @@
 //! **Fairness.** Least attained service over weighted tokens, decayed with
 //! `usage_half_life`, between the tenants of a band (see [`Fairness::LeastAttained`]); a
 //! request of a tenant that has had less than every tenant waiting in its band does not
-//! wait behind them. A tenant over an equal share of the recent service fills only
-//! `over_share_queue` of the queue limit above and `over_share_batch` of the KV and step
-//! limits, which keeps queues and steps short for the others: a light tenant's requests are
-//! placed at once onto short queues although a heavy one keeps the fleet busy.
+//! wait behind them. A tenant clearly over an equal share of the recent service fills only
+//! `over_share_queue` of the queue limit above (and `over_share_batch` of the KV and step
+//! limits), which keeps queues short for the others: a light tenant's requests are placed
+//! at once onto short queues although a heavy one keeps the fleet busy. A tenant clearly
+//! under its share has its requests lifted (`engine::Service::lift`): engines with class
+//! priority serve them one class higher, so their prompts go first in the steps.
 //!
 //! **Shedding.** Sheddable (batch) requests wait at most `batch_max_wait_s`, and not past
 //! their deadline's latest start; then they are shed with a retry-after.
@@ -90,8 +92,8 @@ impl Default for SloFlowConfig {
             batch_max_wait: Dur::from_secs_f64(60.0),
             output_weight: 4.0,
             usage_half_life: Dur::from_secs_f64(10.0),
-            over_share_queue: 0.5,
-            over_share_batch: 0.7,
+            over_share_queue: 0.3,
+            over_share_batch: 1.0,
             queue_limit: 100_000,
             lower_chunk_share: 0.5,
             program_kv_share: 0.0,

@@ -11,6 +11,8 @@ use proptest::prelude::*;
 #[derive(Default)]
 struct Recording {
     placed: Vec<u64>,
+    /// Those placed lifted (their tenant under its share).
+    lifted: Vec<u64>,
 }
 
 impl Fleet for Recording {
@@ -18,6 +20,9 @@ impl Fleet for Recording {
 
     fn dispatch(&mut self, _: Time, r: Request, _: (), _: &Route) -> Result<(), (DispatchError, Request, ())> {
         self.placed.push(r.id.0);
+        if r.service.lift {
+            self.lifted.push(r.id.0);
+        }
         Ok(())
     }
 
@@ -183,8 +188,8 @@ fn a_light_tenant_is_not_stuck_behind_a_heavy_one() {
 
 /// A tenant that had more than its share of the recent service leaves queue room to the
 /// others: with 30 ms of prefill queued (the standard limit is 45 ms: 90% of 5% of the 1 s
-/// target), a heavy tenant's request waits (its limit is half) and a light tenant's is placed
-/// at once, ahead of the heavy one waiting.
+/// target), a heavy tenant's request waits (its limit is 30% of that) and a light tenant's is
+/// placed at once, ahead of the heavy one waiting, and lifted for the engine.
 #[test]
 fn a_tenant_over_its_share_leaves_room_to_the_others() {
     // The light tenant (2) was served once, the heavy one (1) ten times as much; then 30 ms
@@ -206,6 +211,9 @@ fn a_tenant_over_its_share_leaves_room_to_the_others() {
     let light = c.offer(&mut flow, &mut fleet, Time::from_millis(21), request(21, 21, Class::Standard, 2), ());
     assert!(matches!(light, Released::Placed { .. }), "the light tenant goes first, at once: {light:?}");
     assert_eq!(fleet.placed.last(), Some(&21));
+    // Lifted: requests of a tenant under its share when placed: the heavy tenant's first (the
+    // light one had had more by then) and the light one's last.
+    assert_eq!(fleet.lifted, [0, 21]);
     // With the over-share limits at 1, the same heavy request finds room.
     let config = SloFlowConfig { over_share_queue: 1.0, over_share_batch: 1.0, ..SloFlowConfig::default() };
     let (.., heavy) = heavy_then_queue(config);

@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 
 /// Tenants whose decayed service falls below this share of the total are forgotten.
 const FORGET_SHARE: f64 = 1e-9;
+/// How far from an equal share a tenant must be to count as over or under it: tenants
+/// with about equal loads are treated alike, not in turns as their shares cross.
+const SHARE_MARGIN: f64 = 1.5;
 /// Tenants below this share of the recent total do not count as active when equal shares
 /// are worked out (a tenant that sent one request an hour ago does not halve the others').
 const ACTIVE_SHARE: f64 = 0.01;
@@ -55,14 +58,25 @@ impl Usage {
         self.tenants.values().map(|&d| self.decayed(d, now)).sum()
     }
 
-    /// Whether `tenant` had more than an equal share of the recent service among the active
-    /// tenants, itself counted as one (never when no other tenant is active).
-    pub fn over_share(&self, now: Time, tenant: TenantId) -> bool {
-        let mine = self.of(now, tenant);
+    /// `tenant`'s recent service over an equal share of it among the active tenants (itself
+    /// counted as one); `None` when no other tenant is active.
+    fn share_ratio(&self, now: Time, tenant: TenantId) -> Option<f64> {
         let total = self.total(now);
         let others =
             self.tenants.iter().filter(|&(&t, &d)| t != tenant && self.decayed(d, now) >= ACTIVE_SHARE * total).count();
-        others > 0 && mine * (others + 1) as f64 > total
+        (others > 0).then(|| self.of(now, tenant) * (others + 1) as f64 / total)
+    }
+
+    /// Whether `tenant` had clearly more than an equal share of the recent service
+    /// ([`SHARE_MARGIN`] times it).
+    pub fn over_share(&self, now: Time, tenant: TenantId) -> bool {
+        self.share_ratio(now, tenant).is_some_and(|r| r > SHARE_MARGIN)
+    }
+
+    /// Whether `tenant` had clearly less than an equal share of it, another tenant being
+    /// active.
+    pub fn under_share(&self, now: Time, tenant: TenantId) -> bool {
+        self.share_ratio(now, tenant).is_some_and(|r| r < 1.0 / SHARE_MARGIN)
     }
 }
 
@@ -84,6 +98,10 @@ mod tests {
         u.add(now, light, 100.0);
         assert!(u.over_share(now, heavy));
         assert!(!u.over_share(now, light));
+        assert!(u.under_share(now, light) && !u.under_share(now, heavy));
+        // About equal: neither.
+        u.add(now, light, 800.0);
+        assert!(!u.over_share(now, heavy) && !u.under_share(now, light));
         // Long idle, a tenant is forgotten.
         u.add(Time::from_millis(2_000_000), light, 1.0);
         assert_eq!(u.of(Time::from_millis(2_000_000), idle), 0.0);

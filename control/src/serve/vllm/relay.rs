@@ -126,7 +126,7 @@ impl Call {
         let mut call = Call::of(engine, request, payload);
         // The class as the engine's priority: ours overrides a client's own `priority`.
         if let Some(p) =
-            engine.spec.scheduling_policy.priority(request.service.class).filter(|_| payload.class_priority)
+            engine.spec.scheduling_policy.priority(request.service.engine_class()).filter(|_| payload.class_priority)
         {
             call.body.insert("priority".into(), json!(p));
         }
