@@ -162,21 +162,29 @@ impl<P> Flow<P> {
     }
 
     /// The next request to place, if the fleet has room for it: the highest band with
-    /// requests waiting, its tenant by the rule's fairness, that tenant's first request.
+    /// requests waiting, its tenant by the rule's fairness, that tenant's first request. A
+    /// tenant whose first request is a program's first turn waiting for programs in progress
+    /// to end (admission by program) lets the next tenant go: the room it waits for is not
+    /// the fleet's.
     pub fn next(&mut self, now: Time, view: &FleetView) -> Option<(Request, P)> {
         let fairness = self.rule.as_ref()?.fairness();
         let b = self.bands.iter().position(|band| band.len > 0)?;
-        let tenant = self.pick_tenant(b, fairness, now)?;
-        let slot = self.head(b, tenant, now)?;
-        let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
-        let over_share = self.over_share(now, &entry.request);
-        if !self.rule.as_ref()?.has_room(view, &entry.request, over_share) || !self.program_room(view, &entry.request) {
-            return None;
+        for tenant in self.tenant_order(b, fairness, now) {
+            let Some(slot) = self.head(b, tenant, now) else { continue };
+            let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
+            let over_share = self.over_share(now, &entry.request);
+            if !self.rule.as_ref()?.has_room(view, &entry.request, over_share) {
+                return None;
+            }
+            if !self.program_room(view, &entry.request) {
+                continue;
+            }
+            let entry = self.remove(slot);
+            let request = self.placed(now, entry.request);
+            self.bands[b].last = Some(tenant);
+            return Some((request, entry.payload));
         }
-        let entry = self.remove(slot);
-        let request = self.placed(now, entry.request);
-        self.bands[b].last = Some(tenant);
-        Some((request, entry.payload))
+        None
     }
 
     /// Sheds every queued request whose time to be shed has come.
@@ -266,24 +274,23 @@ impl<P> Flow<P> {
         self.entries.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| e.seq == seq)
     }
 
-    fn pick_tenant(&self, b: usize, fairness: Fairness, now: Time) -> Option<TenantId> {
+    /// The tenants waiting in band `b`, in the order the rule's fairness serves them: least
+    /// attained service first (ties by id), or round robin from the one after the last served.
+    fn tenant_order(&self, b: usize, fairness: Fairness, now: Time) -> Vec<TenantId> {
         let band = &self.bands[b];
+        let mut order: Vec<TenantId> = band.tenants.keys().copied().collect();
         match (fairness, &self.usage) {
             (Fairness::LeastAttained { .. }, Some(u)) => {
-                let mut best: Option<(TenantId, f64)> = None;
-                for &id in band.tenants.keys() {
-                    let used = u.of(now, id);
-                    if best.is_none_or(|(_, b)| used < b) {
-                        best = Some((id, used));
-                    }
-                }
-                best.map(|(id, _)| id)
+                let mut used: Vec<(f64, TenantId)> = order.iter().map(|&t| (u.of(now, t), t)).collect();
+                used.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                order = used.into_iter().map(|(_, t)| t).collect();
             }
             _ => {
-                let after = band.last.and_then(|last| band.tenants.range(TenantId(last.0.saturating_add(1))..).next());
-                after.or_else(|| band.tenants.iter().next()).map(|(id, _)| *id)
+                let after = band.last.map_or(0, |last| order.partition_point(|&t| t <= last));
+                order.rotate_left(after);
             }
         }
+        order
     }
 
     /// The slot of `tenant`'s first request in band `b`: its first on-time one (moving those

@@ -306,3 +306,31 @@ fn new_programs_wait_for_room_in_the_kv_and_later_turns_go_first() {
     assert_eq!(placed(&out), [1], "session 2 starts once session 1 is idle");
     assert!(flow.is_empty());
 }
+
+/// A first turn waiting for programs in progress to end does not hold the other tenants of
+/// its band: the room it waits for is not the fleet's.
+#[test]
+fn a_first_turn_waiting_for_programs_lets_other_tenants_go() {
+    let config = SloFlowConfig { program_kv_share: 0.1, ..Default::default() };
+    let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+    let turn = |id: u64, session: u64, tenant: u32| {
+        let mut r = request(id, 0, Class::Standard, tenant);
+        r.prompt_tokens = 59_000;
+        r.max_output_tokens = 1_000;
+        r.service.session = engine::SessionId::new(session);
+        r
+    };
+    let r = c.offer(&mut flow, &mut fleet, Time::ZERO, turn(0, 1, 0), ());
+    assert!(matches!(r, Released::Placed { .. }), "{r:?}");
+    report(&mut c, true);
+    // Tenant 1's new session waits for session 1; tenant 2's request queues behind it.
+    let r = c.offer(&mut flow, &mut fleet, Time::from_millis(1), turn(1, 2, 1), ());
+    assert!(matches!(r, Released::Queued), "{r:?}");
+    let r = c.offer(&mut flow, &mut fleet, Time::from_millis(2), request(2, 2, Class::Standard, 2), ());
+    assert!(matches!(r, Released::Queued), "{r:?}");
+    report(&mut c, false);
+    let mut out = Vec::new();
+    c.release(&mut flow, &mut fleet, Time::from_millis(3), &mut out);
+    assert_eq!(placed(&out), [2], "tenant 2 goes; tenant 1's first turn still waits for session 1");
+    assert_eq!(flow.len(), 1);
+}
