@@ -269,6 +269,15 @@ proptest! {
     }
 }
 
+/// A turn of agent session `session` with a context of 60K tokens.
+fn turn(id: u64, session: u64, at_ms: u64, tenant: u32) -> Request {
+    let mut r = request(id, at_ms, Class::Standard, tenant);
+    r.prompt_tokens = 59_000;
+    r.max_output_tokens = 1_000;
+    r.service.session = engine::SessionId::new(session);
+    r
+}
+
 /// With admission by program, a new session waits while those in progress fill the KV
 /// share; a later turn of one in progress goes at once, ahead of it; a session that goes
 /// idle lets the waiting one start.
@@ -278,13 +287,7 @@ fn new_programs_wait_for_room_in_the_kv_and_later_turns_go_first() {
     let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
     // One instance of 1M tokens: 100K for programs; each turn's context 60K. The instance
     // reports itself idle before each step, so that only admission by program holds work.
-    let turn = |id: u64, session: u64, at_ms: u64| {
-        let mut r = request(id, at_ms, Class::Standard, 0);
-        r.prompt_tokens = 59_000;
-        r.max_output_tokens = 1_000;
-        r.service.session = engine::SessionId::new(session);
-        r
-    };
+    let turn = |id: u64, session: u64, at_ms: u64| turn(id, session, at_ms, 0);
     let r = c.offer(&mut flow, &mut fleet, Time::ZERO, turn(0, 1, 0), ());
     assert!(matches!(r, Released::Placed { .. }), "the first program starts: {r:?}");
     report(&mut c, false);
@@ -313,13 +316,7 @@ fn new_programs_wait_for_room_in_the_kv_and_later_turns_go_first() {
 fn a_first_turn_waiting_for_programs_lets_other_tenants_go() {
     let config = SloFlowConfig { program_kv_share: 0.1, ..Default::default() };
     let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
-    let turn = |id: u64, session: u64, tenant: u32| {
-        let mut r = request(id, 0, Class::Standard, tenant);
-        r.prompt_tokens = 59_000;
-        r.max_output_tokens = 1_000;
-        r.service.session = engine::SessionId::new(session);
-        r
-    };
+    let turn = |id: u64, session: u64, tenant: u32| turn(id, session, 0, tenant);
     let r = c.offer(&mut flow, &mut fleet, Time::ZERO, turn(0, 1, 0), ());
     assert!(matches!(r, Released::Placed { .. }), "{r:?}");
     report(&mut c, true);
