@@ -202,12 +202,8 @@ async fn run_fleet(
     println!();
     println!("replaying the workload through the gateway ...");
     let opts = replay::Options {
-        gateway: gateway.clone(),
-        token: admin.to_string(),
-        model: args.model.clone(),
-        block_size: settings.instance.block_size,
         max_requests: args.requests.or(settings.max_requests),
-        vocab: replay::DEFAULT_VOCAB,
+        ..replay::Options::new(settings, &gateway, admin, &args.model, replay::DEFAULT_VOCAB)
     };
     let workload = settings.open_workload(settings.rate_scale)?;
     let mut summary = replay::replay(opts, workload, crate::shutdown_signal()).await?;

@@ -27,6 +27,59 @@ pub struct Options {
     pub max_requests: Option<u64>,
     /// Prompts use token ids below this (the served model's vocabulary).
     pub vocab: u32,
+    /// Tenants' names by [`engine::TenantId`], sent as `x-fleetplane-tenant` (nothing for a
+    /// workload of one unnamed tenant).
+    pub tenants: Vec<String>,
+}
+
+impl Options {
+    /// What replaying `settings`' workload through `gateway` takes.
+    pub fn new(
+        settings: &simulator::scenario::Settings,
+        gateway: &str,
+        token: &str,
+        model: &str,
+        vocab: u32,
+    ) -> Options {
+        Options {
+            gateway: gateway.to_string(),
+            token: token.to_string(),
+            model: model.to_string(),
+            block_size: settings.instance.block_size,
+            max_requests: settings.max_requests,
+            vocab,
+            tenants: settings
+                .classes
+                .as_ref()
+                .map(|c| c.tenants.iter().map(|t| t.name.clone()).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The headers that give the gateway `service` as the workload drew it: its class (when
+    /// not standard), tenant, deadline and session (docs/FLOW.md).
+    fn service_headers(&self, service: &engine::Service) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        if service.class != engine::Class::Standard {
+            headers.push(("x-fleetplane-class", service.class.name().to_string()));
+        }
+        if let Some(name) = self.tenants.get(service.tenant.0 as usize) {
+            headers.push(("x-fleetplane-tenant", name.clone()));
+        }
+        if let Some(ms) = service.deadline_ms {
+            headers.push(("x-fleetplane-deadline-ms", ms.to_string()));
+        }
+        if let Some(session) = service.session {
+            headers.push(("x-fleetplane-session", session.0.to_string()));
+        }
+        headers
+    }
+
+    /// The rows a request's outcome counts in besides the whole: its class and tenant.
+    fn groups(&self, service: &engine::Service) -> [String; 2] {
+        let tenant = self.tenants.get(service.tenant.0 as usize).map_or("default", String::as_str);
+        [format!("class {}", service.class.name()), format!("tenant {tenant}")]
+    }
 }
 
 /// One request's outcome as the client saw it.
@@ -38,6 +91,8 @@ pub(crate) struct Outcome {
     tpot: Option<Duration>,
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// The rows it counts in besides the whole (its class and tenant).
+    groups: [String; 2],
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +109,8 @@ pub struct Summary {
     tpot_ms: Vec<f64>,
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// TTFTs (ms) of the requests that succeeded, by class and by tenant.
+    groups: std::collections::BTreeMap<String, Vec<f64>>,
 }
 
 impl Summary {
@@ -64,16 +121,19 @@ impl Summary {
             json!({"p50": quantile(v, 0.5), "p90": quantile(v, 0.9), "p99": quantile(v, 0.99),
                 "mean": if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }})
         };
+        let groups: serde_json::Map<String, Value> =
+            self.groups.iter_mut().map(|(k, v)| (k.clone(), json!({"ok": v.len(), "ttft_ms": pct(v)}))).collect();
         json!({
             "sent": self.sent, "ok": self.ok, "failed": self.failed, "first_error": self.first_error,
             "ttft_ms": pct(&mut self.ttft_ms), "tpot_ms": pct(&mut self.tpot_ms), "hit_rate": hit,
+            "groups": groups,
         })
     }
 
     pub fn table(&mut self) -> String {
         let hit = if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 };
         let (t, p) = (&mut self.ttft_ms, &mut self.tpot_ms);
-        format!(
+        let mut text = format!(
             "requests sent {}  ok {}  failed {}{}\n\
              TTFT ms  p50 {:.0}  p90 {:.0}  p99 {:.0}\n\
              TPOT ms  p50 {:.1}  p90 {:.1}  p99 {:.1}\n\
@@ -89,7 +149,18 @@ impl Summary {
             quantile(p, 0.9),
             quantile(p, 0.99),
             100.0 * hit
-        )
+        );
+        // Rows by class and tenant, where the workload has more than one of either.
+        for kind in ["class ", "tenant "] {
+            let rows: Vec<_> = self.groups.iter_mut().filter(|(k, _)| k.starts_with(kind)).collect();
+            if rows.len() > 1 {
+                for (k, v) in rows {
+                    let (n, p50, p99) = (v.len(), quantile(v, 0.5), quantile(v, 0.99));
+                    text.push_str(&format!("  {k}: ok {n}  TTFT ms p50 {p50:.0}  p99 {p99:.0}\n"));
+                }
+            }
+        }
+        text
     }
 }
 
@@ -147,10 +218,13 @@ pub async fn replay(
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        let request = client.post(format!("{}/v1/completions", opts.gateway)).bearer_auth(&opts.token).json(&body);
-        let tx = tx.clone();
+        let mut request = client.post(format!("{}/v1/completions", opts.gateway)).bearer_auth(&opts.token).json(&body);
+        for (name, value) in opts.service_headers(&a.service) {
+            request = request.header(name, value);
+        }
+        let (tx, groups) = (tx.clone(), opts.groups(&a.service));
         in_flight.spawn(async move {
-            let _ = tx.send(one(request).await);
+            let _ = tx.send(Outcome { groups, ..one(request).await });
         });
         summary.sent += 1;
         while let Ok(o) = rx.try_recv() {
@@ -187,6 +261,9 @@ impl Summary {
         if o.ok {
             self.ok += 1;
             self.ttft_ms.extend(o.ttft.map(|d| d.as_secs_f64() * 1e3));
+            for g in o.groups {
+                self.groups.entry(g).or_default().extend(o.ttft.map(|d| d.as_secs_f64() * 1e3));
+            }
             self.tpot_ms.extend(o.tpot.map(|d| d.as_secs_f64() * 1e3));
             self.prompt_tokens += o.prompt_tokens;
             self.cached_tokens += o.cached_tokens;
@@ -266,6 +343,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_request_carries_its_class_tenant_deadline_and_session_as_the_gateway_reads_them() {
+        let opts = Options {
+            gateway: String::new(),
+            token: String::new(),
+            model: String::new(),
+            block_size: 16,
+            max_requests: None,
+            vocab: DEFAULT_VOCAB,
+            tenants: vec!["heavy".into(), "light".into()],
+        };
+        let service = engine::Service {
+            class: engine::Class::Interactive,
+            tenant: engine::TenantId(1),
+            deadline_ms: std::num::NonZeroU32::new(500),
+            session: engine::SessionId::new(7),
+            lift: false,
+        };
+        let headers = opts.service_headers(&service);
+        let expected = [
+            ("x-fleetplane-class", "interactive"),
+            ("x-fleetplane-tenant", "light"),
+            ("x-fleetplane-deadline-ms", "500"),
+            ("x-fleetplane-session", "7"),
+        ];
+        assert_eq!(headers.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>(), expected);
+        assert_eq!(opts.groups(&service), ["class interactive", "tenant light"]);
+        // A standard request of a workload without tenants sends nothing.
+        let plain = Options { tenants: Vec::new(), ..opts };
+        assert!(plain.service_headers(&engine::Service::default()).is_empty());
+    }
+
+    #[test]
     fn shared_blocks_give_shared_tokens() {
         let a = [BlockHash(1), BlockHash(2)];
         let b = [BlockHash(1), BlockHash(3)];
@@ -338,14 +447,8 @@ pub fn run(args: Args) -> Result<(), crate::Failure> {
     use crate::Failure;
     let settings = args.flags.settings()?;
     println!("{}", crate::cli::describe(&settings));
-    let opts = Options {
-        gateway: args.gateway.base_url().to_string(),
-        token: args.gateway.token.clone(),
-        model: args.gateway.model(settings.cost.model().name),
-        block_size: settings.instance.block_size,
-        max_requests: settings.max_requests,
-        vocab: args.gateway.vocab,
-    };
+    let model = args.gateway.model(settings.cost.model().name);
+    let opts = Options::new(&settings, args.gateway.base_url(), &args.gateway.token, &model, args.gateway.vocab);
     let workload = settings.open_workload(settings.rate_scale).map_err(|e| Failure::Input(e.into()))?;
     let mut summary =
         crate::runtime()?.block_on(replay(opts, workload, crate::shutdown_signal())).map_err(Failure::Run)?;
