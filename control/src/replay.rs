@@ -11,7 +11,8 @@ use engine::BlockHash;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use simulator::report::write_json;
-use simulator::workload::Workload;
+use simulator::slo::Slo;
+use simulator::workload::{Arrival, TurnEnd, Workload};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -30,6 +31,9 @@ pub struct Options {
     /// Tenants' names by [`engine::TenantId`], sent as `x-fleetplane-tenant` (nothing for a
     /// workload of one unnamed tenant).
     pub tenants: Vec<String>,
+    /// Each class's SLO (by [`engine::Class::index`]): a closed-loop workload hears whether
+    /// each of its turns met it.
+    pub slos: [Slo; 3],
 }
 
 impl Options {
@@ -53,7 +57,18 @@ impl Options {
                 .as_ref()
                 .map(|c| c.tenants.iter().map(|t| t.name.clone()).collect())
                 .unwrap_or_default(),
+            slos: settings.class_slos().unwrap_or([settings.slo; 3]),
         }
+    }
+
+    /// How a request of a closed-loop workload's session ended, `elapsed` into the replay.
+    fn turn_end(&self, o: &Outcome, elapsed: Duration) -> Option<TurnEnd> {
+        let session = o.service.session?;
+        let slo = self.slos[o.service.class.index()];
+        let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let within_slo = o.ok && ms(o.ttft) <= slo.ttft_ms && ms(o.tpot) <= slo.tpot_ms;
+        let at = engine::Time(elapsed.as_micros() as u64);
+        Some(TurnEnd { session, at, finished: o.ok, within_slo })
     }
 
     /// The headers that give the gateway `service` as the workload drew it: its class (when
@@ -93,6 +108,7 @@ pub(crate) struct Outcome {
     cached_tokens: u64,
     /// The rows it counts in besides the whole (its class and tenant).
     groups: [String; 2],
+    service: engine::Service,
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +127,8 @@ pub struct Summary {
     cached_tokens: u64,
     /// TTFTs (ms) of the requests that succeeded, by class and by tenant.
     groups: std::collections::BTreeMap<String, Vec<f64>>,
+    /// A closed-loop workload's sessions, as it counted them.
+    sessions: Option<simulator::workload::SessionStats>,
 }
 
 impl Summary {
@@ -127,6 +145,10 @@ impl Summary {
             "sent": self.sent, "ok": self.ok, "failed": self.failed, "first_error": self.first_error,
             "ttft_ms": pct(&mut self.ttft_ms), "tpot_ms": pct(&mut self.tpot_ms), "hit_rate": hit,
             "groups": groups,
+            "sessions": self.sessions.map(|s| json!({
+                "started": s.started, "completed": s.completed, "completed_within_slo": s.completed_within_slo,
+                "failed": s.failed, "turns": s.turns,
+            })),
         })
     }
 
@@ -150,6 +172,12 @@ impl Summary {
             quantile(p, 0.99),
             100.0 * hit
         );
+        if let Some(s) = self.sessions {
+            text.push_str(&format!(
+                "sessions started {}  completed {} ({} within the SLO)  failed {}  turns {}\n",
+                s.started, s.completed, s.completed_within_slo, s.failed, s.turns
+            ));
+        }
         // Rows by class and tenant, where the workload has more than one of either.
         for kind in ["class ", "tenant "] {
             let rows: Vec<_> = self.groups.iter_mut().filter(|(k, _)| k.starts_with(kind)).collect();
@@ -182,7 +210,10 @@ pub fn prompt_tokens(hashes: &[BlockHash], prompt_tokens: u32, block_size: u32, 
 }
 
 /// Replays `workload` until it ends, `max_requests` are sent, or `stop` resolves; a stop cuts
-/// off the requests in flight instead of waiting for them.
+/// off the requests in flight instead of waiting for them. A closed-loop workload (agent
+/// sessions) hears each of its requests end, as in the simulator, and its later turns come
+/// from that: an end heard while the next arrival waits for its time may bring a turn
+/// before it.
 pub async fn replay(
     opts: Options,
     mut workload: Box<dyn Workload>,
@@ -193,15 +224,41 @@ pub async fn replay(
     let start = Instant::now();
     let mut summary = Summary::default();
     let mut in_flight = tokio::task::JoinSet::new();
+    let closed = workload.closed_loop();
+    let record = |summary: &mut Summary, workload: &mut Box<dyn Workload>, o: Outcome| {
+        if let Some(end) = opts.turn_end(&o, start.elapsed()).filter(|_| closed) {
+            workload.ended(end);
+        }
+        summary.add(o);
+    };
     tokio::pin!(stop);
     loop {
         if opts.max_requests.is_some_and(|m| summary.sent >= m) {
             break;
         }
-        let Some(a) = workload.next_arrival(Vec::new())? else { break };
+        let a: Arrival = match workload.next_arrival(Vec::new())? {
+            Some(a) => a,
+            // Sessions still running: their next turns come as their turns end.
+            None if closed && summary.sent > summary.ok + summary.failed => {
+                tokio::select! {
+                    Some(o) = rx.recv() => record(&mut summary, &mut workload, o),
+                    _ = &mut stop => {
+                        summary.stopped = true;
+                        break;
+                    }
+                }
+                continue;
+            }
+            None => break,
+        };
         let at = start + Duration::from_micros(a.at.0);
         tokio::select! {
             _ = tokio::time::sleep_until(at.into()) => {}
+            Some(o) = rx.recv(), if closed => {
+                record(&mut summary, &mut workload, o);
+                workload.put_back(a);
+                continue;
+            }
             _ = &mut stop => {
                 summary.stopped = true;
                 break;
@@ -222,13 +279,13 @@ pub async fn replay(
         for (name, value) in opts.service_headers(&a.service) {
             request = request.header(name, value);
         }
-        let (tx, groups) = (tx.clone(), opts.groups(&a.service));
+        let (tx, groups, service) = (tx.clone(), opts.groups(&a.service), a.service);
         in_flight.spawn(async move {
-            let _ = tx.send(Outcome { groups, ..one(request).await });
+            let _ = tx.send(Outcome { groups, service, ..one(request).await });
         });
         summary.sent += 1;
         while let Ok(o) = rx.try_recv() {
-            summary.add(o);
+            record(&mut summary, &mut workload, o);
         }
         while in_flight.try_join_next().is_some() {}
     }
@@ -253,6 +310,7 @@ pub async fn replay(
         summary.add(o);
     }
     summary.interrupted = summary.sent - summary.ok - summary.failed;
+    summary.sessions = workload.sessions();
     Ok(summary)
 }
 
@@ -352,6 +410,7 @@ mod tests {
             max_requests: None,
             vocab: DEFAULT_VOCAB,
             tenants: vec!["heavy".into(), "light".into()],
+            slos: [Slo { ttft_ms: 500.0, tpot_ms: 50.0 }; 3],
         };
         let service = engine::Service {
             class: engine::Class::Interactive,
@@ -369,6 +428,15 @@ mod tests {
         ];
         assert_eq!(headers.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>(), expected);
         assert_eq!(opts.groups(&service), ["class interactive", "tenant light"]);
+        // Its session hears it ended, and whether within its class's SLO.
+        let o = Outcome { ok: true, ttft: Some(Duration::from_millis(400)), service, ..Outcome::default() };
+        let end = opts.turn_end(&o, Duration::from_secs(3)).expect("a session's turn");
+        assert_eq!(
+            (end.session, end.at, end.finished, end.within_slo),
+            (service.session.unwrap(), engine::Time(3_000_000), true, true)
+        );
+        let late = Outcome { ttft: Some(Duration::from_millis(600)), ..o };
+        assert!(!opts.turn_end(&late, Duration::ZERO).expect("a turn").within_slo);
         // A standard request of a workload without tenants sends nothing.
         let plain = Options { tenants: Vec::new(), ..opts };
         assert!(plain.service_headers(&engine::Service::default()).is_empty());
