@@ -73,7 +73,7 @@ impl<P> Flow<P> {
     pub fn new(config: &FlowConfig, hints: &CostHints, targets: [Targets; 3]) -> Flow<P> {
         let rule = config.build(hints, targets);
         let usage = match rule.as_ref().map(|r| r.fairness()) {
-            Some(Fairness::LeastAttained { half_life, .. }) => Some(Usage::new(half_life)),
+            Some(Fairness::LeastAttained { half_life, output_weight }) => Some(Usage::new(half_life, output_weight)),
             _ => None,
         };
         Flow {
@@ -230,13 +230,9 @@ impl<P> Flow<P> {
         if let Some(p) = &mut self.programs {
             p.placed(now, &request);
         }
-        if let (Some(u), Some(Fairness::LeastAttained { output_weight, .. })) =
-            (&mut self.usage, self.rule.as_ref().map(|r| r.fairness()))
-        {
-            let tenant = request.service.tenant;
-            request.service.lift = u.under_share(now, tenant);
-            let tokens = f64::from(request.prompt_tokens) + output_weight * f64::from(request.max_output_tokens);
-            u.add(now, tenant, tokens);
+        if let Some(u) = &mut self.usage {
+            request.service.lift = u.under_share(now, request.service.tenant);
+            u.add_request(now, &request);
         }
         request
     }
@@ -280,11 +276,8 @@ impl<P> Flow<P> {
         let band = &self.bands[b];
         let mut order: Vec<TenantId> = band.tenants.keys().copied().collect();
         match (fairness, &self.usage) {
-            (Fairness::LeastAttained { .. }, Some(u)) => {
-                let mut used: Vec<(f64, TenantId)> = order.iter().map(|&t| (u.of(now, t), t)).collect();
-                used.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                order = used.into_iter().map(|(_, t)| t).collect();
-            }
+            // Stable: equal service keeps id order.
+            (Fairness::LeastAttained { .. }, Some(u)) => order.sort_by(|&a, &b| u.of(now, a).total_cmp(&u.of(now, b))),
             _ => {
                 let after = band.last.map_or(0, |last| order.partition_point(|&t| t <= last));
                 order.rotate_left(after);

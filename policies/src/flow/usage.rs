@@ -7,7 +7,7 @@
 //! new, one that keeps the fleet busy stays ahead of the others however long it has been
 //! sending, and nothing grows with the length of the run.
 
-use engine::{Dur, TenantId, Time};
+use engine::{Dur, Request, TenantId, Time};
 use std::collections::BTreeMap;
 
 /// Tenants whose decayed service falls below this share of the total are forgotten.
@@ -25,19 +25,27 @@ struct Decayed {
     at: Time,
 }
 
+impl Decayed {
+    fn at(self, now: Time, half_life_s: f64) -> f64 {
+        self.value * 0.5f64.powf(now.since(self.at).as_secs_f64() / half_life_s)
+    }
+}
+
 #[derive(Debug)]
 pub struct Usage {
     half_life_s: f64,
+    /// An output token's weight against a prompt token.
+    output_weight: f64,
     tenants: BTreeMap<TenantId, Decayed>,
 }
 
 impl Usage {
-    pub fn new(half_life: Dur) -> Usage {
-        Usage { half_life_s: half_life.as_secs_f64().max(1e-6), tenants: BTreeMap::new() }
+    pub fn new(half_life: Dur, output_weight: f64) -> Usage {
+        Usage { half_life_s: half_life.as_secs_f64().max(1e-6), output_weight, tenants: BTreeMap::new() }
     }
 
     fn decayed(&self, d: Decayed, now: Time) -> f64 {
-        d.value * 0.5f64.powf(now.since(d.at).as_secs_f64() / self.half_life_s)
+        d.at(now, self.half_life_s)
     }
 
     /// `tenant`'s recent service at `now`.
@@ -45,13 +53,20 @@ impl Usage {
         self.tenants.get(&tenant).map_or(0.0, |&d| self.decayed(d, now))
     }
 
+    /// Counts `request`, given to its tenant at `now`: its prompt tokens plus its output
+    /// tokens at their weight.
+    pub fn add_request(&mut self, now: Time, request: &Request) {
+        let tokens = f64::from(request.prompt_tokens) + self.output_weight * f64::from(request.max_output_tokens);
+        self.add(now, request.service.tenant, tokens);
+    }
+
     /// Counts `tokens` of service given to `tenant` at `now`.
     pub fn add(&mut self, now: Time, tenant: TenantId, tokens: f64) {
         let value = self.of(now, tenant) + tokens;
         self.tenants.insert(tenant, Decayed { value, at: now });
-        let total = self.total(now);
-        let forget = FORGET_SHARE * total;
-        self.tenants.retain(|_, d| d.value * 0.5f64.powf(now.since(d.at).as_secs_f64() / self.half_life_s) >= forget);
+        let forget = FORGET_SHARE * self.total(now);
+        let half_life_s = self.half_life_s;
+        self.tenants.retain(|_, d| d.at(now, half_life_s) >= forget);
     }
 
     fn total(&self, now: Time) -> f64 {
@@ -86,7 +101,7 @@ mod tests {
 
     #[test]
     fn service_halves_every_half_life_and_shares_are_among_active_tenants() {
-        let mut u = Usage::new(Dur::from_secs_f64(10.0));
+        let mut u = Usage::new(Dur::from_secs_f64(10.0), 4.0);
         let (heavy, light, idle) = (TenantId(1), TenantId(2), TenantId(3));
         u.add(Time::ZERO, idle, 1.0);
         u.add(Time::from_millis(100_000), heavy, 1000.0);
