@@ -40,6 +40,7 @@ use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::ids::{BlockId, RequestId};
 use crate::kv::{KvCache, KvEvent, SharedStore};
+use crate::programs::{Hold, Holds, ProgramHold};
 use crate::request::{CutShort, Evicted, Finished, Request};
 use crate::sequence::Seq;
 use crate::time::{Dur, Time};
@@ -74,6 +75,9 @@ pub struct InstanceConfig {
     /// of lower classes in one iteration, at most (so that its steps stay short: its TPOT);
     /// `None`: no cap.
     pub lower_class_step_tokens: Option<u32>,
+    /// Keep agent sessions' KV in GPU memory through their tool calls (see
+    /// [`crate::programs`]); `None`: finished turns' blocks are left to LRU.
+    pub program_hold: Option<ProgramHold>,
 }
 
 /// Admission hysteresis on KV use, and what to do with runaway requests under pressure.
@@ -155,6 +159,7 @@ impl Default for InstanceConfig {
             kv_protection: None,
             class_priority: false,
             lower_class_step_tokens: None,
+            program_hold: None,
         }
     }
 }
@@ -227,6 +232,8 @@ pub struct Instance {
     paused_since: Option<Time>,
     /// Length of the pauses that have ended.
     paused_total: Dur,
+    /// Sessions' paths kept through their tool calls ([`InstanceConfig::program_hold`]).
+    pub(crate) holds: Holds,
 }
 
 impl Instance {
@@ -257,6 +264,7 @@ impl Instance {
             next_turn: 0,
             paused_since: None,
             paused_total: Dur::ZERO,
+            holds: Holds::default(),
         }
     }
 
@@ -381,13 +389,20 @@ impl Instance {
         Load {
             waiting: self.waiting.len() as u32,
             running: self.running.len() as u32,
-            kv_used_blocks: self.kv.used_blocks(),
+            kv_used_blocks: self.kv_used_blocks(),
             kv_total_blocks: self.kv.total_blocks(),
             kv_cached_blocks: self.kv.cached_blocks(),
             prefill_tokens_left: self.prefill_tokens_left,
             decode_tokens_left: self.decode_tokens_left,
             admission_paused: self.admission_paused(),
         }
+    }
+
+    /// Blocks held by requests: what sessions' holds alone keep is reclaimable on demand, as
+    /// cached blocks are, so it does not count.
+    pub fn kv_used_blocks(&self) -> u32 {
+        let held: u32 = self.holds.nodes().map(|n| self.kv.sole_blocks(n)).sum();
+        self.kv.used_blocks() - held
     }
 
     /// Whether admission is paused by the KV high-water protection.
@@ -404,7 +419,7 @@ impl Instance {
     /// back at the low-water mark (or nothing runs); returns whether it is paused.
     pub(crate) fn update_admission(&mut self, now: Time) -> bool {
         let Some(p) = self.config.kv_protection else { return false };
-        let used = f64::from(self.kv.used_blocks());
+        let used = f64::from(self.kv_used_blocks());
         let total = f64::from(self.kv.total_blocks());
         match self.paused_since {
             None if used >= p.high_water * total && !self.running.is_empty() => self.paused_since = Some(now),
@@ -468,6 +483,9 @@ impl Instance {
     /// Forms the next batch and runs it. Returns `Ok(None)` when there is nothing to run.
     pub fn begin_step(&mut self, now: Time, exec: &mut dyn Executor) -> Result<Option<Dur>, ExecutorError> {
         assert!(!self.stepping, "begin_step called during a step");
+        if !self.holds.is_empty() {
+            self.expire_holds(now);
+        }
         self.form_batch(now, exec.needs_block_tables(), exec.draft_tokens());
         if self.batch.is_empty() {
             return Ok(None);
@@ -557,11 +575,11 @@ impl Instance {
         evicted: &mut Vec<Evicted>,
     ) {
         let total = f64::from(self.kv.total_blocks());
-        if f64::from(self.kv.used_blocks()) < p.high_water * total {
+        if f64::from(self.kv_used_blocks()) < p.high_water * total {
             return;
         }
         // Each pass evicts one request or stops: bounded by the running queue's length.
-        while f64::from(self.kv.used_blocks()) > p.low_water * total {
+        while f64::from(self.kv_used_blocks()) > p.low_water * total {
             // Ties go to the most recently admitted (the last in the queue).
             let Some(pos) = (0..self.running.len())
                 .filter(|&i| {
@@ -610,13 +628,64 @@ impl Instance {
                 continue;
             }
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
-            self.kv.release(now, &mut seq.kv);
+            self.release_finished(now, &mut seq);
             let (done, table) = seq.into_finished(now, None);
             self.spare_tables.push(table);
             self.free_slots.push(s);
             finished.push(done);
         }
         self.running.truncate(kept);
+    }
+
+    /// Releases a finished turn's KV, or keeps its path for its session's next turn (see
+    /// [`crate::programs`]).
+    fn release_finished(&mut self, now: Time, seq: &mut Seq) {
+        let (Some(config), Some(session)) = (self.config.program_hold, seq.request.service.session) else {
+            self.kv.release(now, &mut seq.kv);
+            return;
+        };
+        if let Some(old) = self.holds.take(session) {
+            self.kv.release_path(now, old.node);
+        }
+        if !Holds::worth_holding(&config, seq.last_pause) {
+            self.kv.release(now, &mut seq.kv);
+            return;
+        }
+        if let Some((node, blocks)) = self.kv.release_keeping_path(now, &mut seq.kv) {
+            self.holds.add(Hold { session, node, blocks, since: now });
+            let cap = (config.share * f64::from(self.kv.total_blocks())) as u32;
+            while self.holds.blocks() > cap && self.drop_hold(now, None) {}
+        }
+    }
+
+    /// Drops the hold of the shortest program, `last`'s only when no other is left (a turn
+    /// of `last` waiting for room has matched most of its session's path: dropping that hold
+    /// frees little); false when none is left.
+    pub(crate) fn drop_hold(&mut self, now: Time, last: Option<crate::SessionId>) -> bool {
+        match self.holds.take_shortest(last).or_else(|| self.holds.take_shortest(None)) {
+            Some(h) => {
+                self.kv.release_path(now, h.node);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the holds older than the longest pause held.
+    fn expire_holds(&mut self, now: Time) {
+        let Some(config) = self.config.program_hold else { return };
+        while let Some(h) = self.holds.take_expired(now, config.max_pause) {
+            self.kv.release_path(now, h.node);
+        }
+    }
+
+    /// A turn of a held session was admitted: it holds the path itself now.
+    pub(crate) fn resume_program(&mut self, now: Time, s: u32) {
+        let Some(session) = self.seq(s).request.service.session else { return };
+        if let Some(h) = self.holds.take(session) {
+            self.seq_mut(s).last_pause = Some(now.since(h.since));
+            self.kv.release_path(now, h.node);
+        }
     }
 
     pub(crate) fn seq_mut(&mut self, slot: u32) -> &mut Seq {
@@ -667,6 +736,7 @@ impl Instance {
         }
         assert_eq!(prefill, self.prefill_tokens_left, "prefill tokens left");
         assert_eq!(decode, self.decode_tokens_left, "decode tokens left");
+        self.holds.check_invariants();
         self.kv.check_invariants(private);
     }
 }

@@ -280,6 +280,9 @@ impl Instance {
             let available = self.kv.available_blocks();
             if at_least > available || (at_least + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);
+                if self.drop_hold(now, self.seq(s).request.service.session) {
+                    continue;
+                }
                 return false;
             }
             let hit = self.peek_lower(s);
@@ -290,6 +293,9 @@ impl Instance {
             let available = self.kv.available_blocks();
             if need > available || (need + watermark > available && !self.running.is_empty()) {
                 self.unmatch(now, s);
+                if self.drop_hold(now, self.seq(s).request.service.session) {
+                    continue;
+                }
                 return false;
             }
             self.load_lower(now, s, hit);
@@ -303,6 +309,7 @@ impl Instance {
             seq.turn = self.next_turn;
             self.waiting.remove(at);
             self.running.push(s);
+            self.resume_program(now, s);
             self.push_entry(s, chunk, true);
             budget.take(chunk);
         }
@@ -385,6 +392,10 @@ impl Instance {
             let need = self.kv.blocks_for(tokens) - seq.kv.blocks.len() as u32;
             if self.kv.allocate(&mut seq.kv, need) {
                 return true;
+            }
+            // Held sessions' KV goes before any running request is preempted.
+            if self.drop_hold(now, None) {
+                continue;
             }
             let victim = self.victim();
             self.preempt(now, victim, budget);

@@ -43,6 +43,9 @@ pub(crate) struct Seq {
     /// Out of the queues while its KV travels to or from another instance (see
     /// `crate::handoff`).
     pub parked: Option<Parked>,
+    /// Its session's last pause on this instance (from the end of the turn before to this
+    /// one's admission), when it resumed from a hold (`crate::programs`).
+    pub last_pause: Option<Dur>,
 }
 
 /// Why a sequence waits outside the queues, holding its blocks.
@@ -87,6 +90,7 @@ impl Seq {
             evictions: resume.map_or(0, |r| r.evictions),
             handoff: false,
             parked: None,
+            last_pause: None,
         }
     }
 

@@ -54,6 +54,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         kv_protection: None,
         class_priority: false,
         lower_class_step_tokens: None,
+        program_hold: None,
     }
 }
 
@@ -536,6 +537,7 @@ proptest! {
         fair_prefill in proptest::option::of((1u32..64, 0.0f64..0.2, 1u32..16)),
         kv_protection in proptest::option::of((0.2f64..=1.0, 0.05f64..0.95, proptest::option::of(0u32..20), any::<bool>())),
         speculation in proptest::option::of((1u32..8, any::<u64>())),
+        program_hold in proptest::option::of((1u64..20_000, 0.05f64..=1.0)),
     ) {
         let mut exec: Box<dyn Executor> = match speculation {
             None => Box::new(Fixed),
@@ -549,12 +551,14 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share)| ProgramHold { max_pause: Dur(pause), share }) };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class))| {
             let shared = [g, g + 10, g + 20];
             let mut r = req(i as u64, p, o, &shared);
             r.service.class = Class::ALL[class];
+            // Requests of one shared prefix group are turns of one session.
+            r.service.session = SessionId::new(g + 1);
             r.arrival = Time(t);
             (Time(t), r)
         }).collect();
@@ -602,6 +606,10 @@ proptest! {
         }
         prop_assert_eq!(done.iter().map(|f| f.evictions).sum::<u32>(), evictions);
         prop_assert!(!inst.admission_paused(), "an idle instance admits");
+        // Sessions' holds last until their pause is over.
+        if let Some((pause, _)) = program_hold {
+            prop_assert!(inst.begin_step(now + Dur(pause + 1), exec.as_mut()).unwrap().is_none());
+        }
         prop_assert_eq!(inst.kv().available_blocks(), blocks);
     }
 }
@@ -711,4 +719,34 @@ fn changing_the_scheduling_mid_run_loses_no_request() {
     assert!(evicted.is_empty());
     assert!(!inst.admission_paused());
     assert_eq!(inst.kv().used_blocks(), 0);
+}
+
+/// A paused session's context outlives newer cached blocks with a hold, and is the first to
+/// go without one (plain LRU): the session's turn 1 finishes, a one-off request caches its
+/// prompt after it, a third request needs room, then the session's turn 2 arrives.
+#[test]
+fn a_held_session_keeps_its_context_through_other_traffic() {
+    let session_keys: Vec<u64> = (1..=24).collect();
+    let turn = |id, prompt| {
+        let mut r = req(id, prompt, 2, &session_keys);
+        r.service.session = SessionId::new(9);
+        r
+    };
+    let turn2_cached = |program_hold| {
+        let mut inst = Instance::new(InstanceConfig { program_hold, ..config(64, 64) });
+        let mut now = Time::ZERO;
+        for r in [turn(1, 96), req(2, 64, 2, &[]), req(3, 120, 2, &[])] {
+            inst.enqueue(now, r).unwrap();
+            now = run(&mut inst, now).2;
+        }
+        inst.enqueue(now, turn(4, 128)).unwrap();
+        let (done, _, now) = run(&mut inst, now);
+        // Turn 4's own hold lasts until its pause is over.
+        inst.begin_step(now + Dur::from_millis(60_000), &mut Fixed).unwrap();
+        assert_eq!(inst.kv().available_blocks(), 64, "every hold dropped once expired");
+        done[0].cached_total()
+    };
+    let hold = ProgramHold { max_pause: Dur::from_millis(10_000), share: 0.5 };
+    assert_eq!(turn2_cached(Some(hold)), 96, "the 24 blocks of turn 1 were held");
+    assert!(turn2_cached(None) < 96, "LRU took the session's blocks, older than the one-off's");
 }

@@ -347,6 +347,34 @@ impl KvCache {
         seq.node = None;
     }
 
+    /// Gives back the sequence's private blocks but keeps its references on its tree path
+    /// (a program's hold, `crate::programs`): returns the path's deepest node and its
+    /// blocks, or `None` when it held no tree blocks (everything is then released).
+    pub fn release_keeping_path(&mut self, now: Time, seq: &mut SeqKv) -> Option<(NodeId, u32)> {
+        let Some(node) = seq.node else {
+            self.release(now, seq);
+            return None;
+        };
+        let kept = (node, seq.tree_blocks);
+        for &b in &seq.blocks[seq.tree_blocks as usize..] {
+            self.pool.push(b);
+        }
+        seq.blocks.clear();
+        seq.tree_blocks = 0;
+        seq.node = None;
+        Some(kept)
+    }
+
+    /// Blocks that dropping the reference kept on `deepest` would make evictable.
+    pub fn sole_blocks(&self, deepest: NodeId) -> u32 {
+        self.tree.sole_blocks(deepest)
+    }
+
+    /// Drops a reference kept by [`KvCache::release_keeping_path`].
+    pub fn release_path(&mut self, now: Time, deepest: NodeId) {
+        self.tree.release_path(now, deepest);
+    }
+
     /// Checks that no block is leaked or double-counted, given the private blocks all
     /// sequences hold.
     pub fn check_invariants(&self, private_blocks: u32) {

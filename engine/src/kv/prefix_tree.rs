@@ -449,6 +449,19 @@ impl PrefixTree {
         id
     }
 
+    /// Blocks of the path ending at `deepest` that only one holder references: from `deepest`
+    /// up while a node has one reference (the rest is shared, and stays in use when that
+    /// holder lets go).
+    pub fn sole_blocks(&self, deepest: NodeId) -> u32 {
+        let mut n = deepest;
+        let mut blocks = 0;
+        while n != NodeId::ROOT && self.node(n).refs == 1 {
+            blocks += self.node(n).len();
+            n = self.node(n).parent;
+        }
+        blocks
+    }
+
     /// Drops one reference on every node from `deepest` up to the root.
     pub fn release_path(&mut self, now: Time, deepest: NodeId) {
         let mut n = deepest;

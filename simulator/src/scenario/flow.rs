@@ -7,12 +7,16 @@
 //! # parameters and `class_priority` (engines admit and preempt by class; default: on for
 //! # `slo`, off for `none` and `llm-d`).
 //! rules = ["none", "llm-d", "slo", { name = "slo", batch_headroom = 0.5 }, { name = "none", class_priority = true }]
+//! # Engines hold agent sessions' KV through tool calls (engine::programs): pauses up to
+//! # program_hold_s seconds, in at most program_hold_share of each engine's KV [default 0.5].
+//! rules = [{ name = "slo", program_kv_share = 0.9, program_hold_s = 10 }]
 //! ```
 //!
 //! Without `[flow]` every run places requests as they arrive, engines FCFS, and run names
 //! say nothing of flow control.
 
 use super::{invalid, param_error, ScenarioError};
+use engine::{Dur, ProgramHold};
 use policies::flow::FlowConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -37,6 +41,8 @@ pub struct FlowRun {
     pub flow: FlowConfig,
     /// Engines admit and preempt by class ([`engine::InstanceConfig::class_priority`]).
     pub class_priority: bool,
+    /// Engines hold sessions' KV through tool calls ([`engine::InstanceConfig::program_hold`]).
+    pub program_hold: Option<ProgramHold>,
     /// Added to the run's name (`None` without a `[flow]` section).
     pub label: Option<String>,
 }
@@ -70,8 +76,32 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
         name.parse().map_err(|e: policies::flow::UnknownFlow| invalid("flow.rules", e.to_string()))?;
     let default_priority = matches!(flow, FlowConfig::Slo(_));
     let mut class_priority = default_priority;
+    let (mut hold_s, mut hold_share) = (None, None);
     for (key, value) in table.into_iter().flatten().filter(|(k, _)| *k != "name") {
+        let number = match value {
+            toml::Value::Float(v) => Some(*v),
+            toml::Value::Integer(v) => Some(*v as f64),
+            _ => None,
+        };
         match (key.as_str(), value) {
+            ("program_hold_s", _) => match number.filter(|s| s.is_finite() && *s > 0.0) {
+                Some(s) => hold_s = Some(s),
+                None => {
+                    return Err(invalid(
+                        "flow.rules",
+                        format!("`program_hold_s` of `{name}` is {value}, not seconds > 0"),
+                    ))
+                }
+            },
+            ("program_hold_share", _) => match number.filter(|s| *s > 0.0 && *s <= 1.0) {
+                Some(s) => hold_share = Some(s),
+                None => {
+                    return Err(invalid(
+                        "flow.rules",
+                        format!("`program_hold_share` of `{name}` is {value}, not a share in (0, 1]"),
+                    ))
+                }
+            },
             ("class_priority", toml::Value::Boolean(b)) => class_priority = *b,
             ("class_priority", other) => {
                 return Err(invalid(
@@ -84,9 +114,24 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
             (_, other) => return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {other}, not a number"))),
         }
     }
+    let program_hold = match (hold_s, hold_share) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(invalid("flow.rules", format!("`program_hold_share` of `{name}` needs `program_hold_s`")))
+        }
+        (Some(s), share) => {
+            Some(ProgramHold { max_pause: Dur::from_secs_f64(s), share: share.unwrap_or(ProgramHold::default().share) })
+        }
+    };
     let mut label = format!("flow={}", flow.label());
     if class_priority != default_priority {
         label.push_str(if class_priority { "+class-priority" } else { "+fcfs-engines" });
     }
-    Ok(FlowRun { flow, class_priority, label: Some(label) })
+    if let Some(h) = &program_hold {
+        label.push_str(&format!("+hold={}s", h.max_pause.as_secs_f64()));
+        if hold_share.is_some() {
+            label.push_str(&format!("/{}", h.share));
+        }
+    }
+    Ok(FlowRun { flow, class_priority, program_hold, label: Some(label) })
 }

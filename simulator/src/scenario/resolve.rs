@@ -168,6 +168,7 @@ impl Scenario {
             kv_protection,
             class_priority: false,
             lower_class_step_tokens: None,
+            program_hold: None,
         };
         let w = &self.workload;
         let workload = w.source()?;

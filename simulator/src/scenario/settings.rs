@@ -130,6 +130,7 @@ impl Settings {
                 prefill: run.prefill,
                 kv_protection: run.kv_protection,
                 class_priority: run.flow.class_priority,
+                program_hold: run.flow.program_hold,
                 ..self.instance.clone()
             },
             cost: self.cost.clone(),
