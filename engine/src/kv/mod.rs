@@ -83,6 +83,8 @@ pub struct KvCache {
     l3: Option<SharedStore>,
     /// Scratch: the blocks an allocation is about to evict.
     evicting: Vec<PageKey>,
+    /// The events of an allocation's demotions, L2's then L3's (see [`KvCache::allocate`]).
+    demoted: [Vec<KvEvent>; 2],
 }
 
 impl KvCache {
@@ -102,6 +104,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             evicting: Vec::new(),
+            demoted: [Vec::new(), Vec::new()],
         }
     }
 
@@ -156,10 +159,9 @@ impl KvCache {
         &mut self.tree
     }
 
-    /// Records an event of L2 or L3 after L1's so far. One stream in the order things
-    /// happened lets an index see a demotion as "removed from L1, stored in L2" back to back
-    /// and keep the block where it is; L1's events first, then the lower tiers', made it
-    /// drop and re-add every block demoted.
+    /// Records an event of L2 or L3 after L1's so far: one stream in the order things
+    /// happened (all of L1's events first, then the lower tiers', made an index drop and
+    /// re-add every block demoted).
     fn emit(&mut self, event: KvEvent) {
         self.tree.record(event);
     }
@@ -194,6 +196,7 @@ impl KvCache {
         let shared = self.l3.clone();
         let mut l3 = shared.as_ref().map(SharedStore::lock);
         self.prefetch_demotions(n.saturating_sub(self.pool.free_count()), l3.as_deref());
+        let l1_removed_from = self.tree.recorded();
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
@@ -205,6 +208,11 @@ impl KvCache {
             };
             seq.blocks.push(b);
         }
+        // The demoted blocks are published as copied down, then freed: each tier's events in
+        // a run (L2's, L3's, then L1's removals), so that an index goes along each run once
+        // per tier and never sees a demoted block held by no one.
+        let [l2_events, l3_events] = &mut self.demoted;
+        self.tree.insert_recorded(l1_removed_from, l2_events.drain(..).chain(l3_events.drain(..)));
         true
     }
 
@@ -233,20 +241,25 @@ impl KvCache {
     /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
     fn demote(&mut self, key: PageKey, parent: Option<BlockHash>, l3: Option<&mut BlockLru>) {
         let PageKey { hash, page } = key;
+        let recording = self.tree.recording();
+        let [l2_events, l3_events] = &mut self.demoted;
         if self.l2.capacity() > 0 {
-            self.emit(KvEvent::Stored { tier: Tier::L2, hash, page, parent });
-            if let Some(out) = self.l2.insert(key) {
-                self.emit(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
+            let out = self.l2.insert(key);
+            if recording {
+                l2_events.push(KvEvent::Stored { tier: Tier::L2, hash, page, parent });
+                if let Some(out) = out {
+                    l2_events.push(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
+                }
             }
         }
         let Some(l3) = l3 else { return };
         if let Put::Added { evicted } = l3.put(key) {
-            if evicted == Some(key) {
-                return; // a store of no capacity
+            if evicted == Some(key) || !recording {
+                return; // a store of no capacity, or nobody listening
             }
-            self.emit(KvEvent::Stored { tier: Tier::L3, hash, page, parent });
+            l3_events.push(KvEvent::Stored { tier: Tier::L3, hash, page, parent });
             if let Some(out) = evicted {
-                self.emit(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
+                l3_events.push(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
             }
         }
     }

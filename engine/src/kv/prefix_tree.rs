@@ -202,6 +202,25 @@ impl PrefixTree {
         }
     }
 
+    /// Whether events are recorded.
+    pub fn recording(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Events recorded so far (0 when not recording): a position for
+    /// [`PrefixTree::insert_recorded`].
+    pub fn recorded(&self) -> usize {
+        self.events.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Records `events` at position `at` of those recorded (from [`PrefixTree::recorded`]),
+    /// ahead of the ones recorded since.
+    pub fn insert_recorded(&mut self, at: usize, events: impl Iterator<Item = KvEvent>) {
+        if let Some(ev) = &mut self.events {
+            ev.splice(at..at, events);
+        }
+    }
+
     /// Cached blocks.
     pub fn len(&self) -> u32 {
         self.cached
