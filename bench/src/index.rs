@@ -122,8 +122,8 @@ impl Fleet {
         group * GROUP_SIZE..((group + 1) * GROUP_SIZE).min(self.instances)
     }
 
-    fn stored(&mut self, instance: u32, tier: Tier, hash: BlockHash, page: BlockHash, parent: Option<BlockHash>) {
-        self.events.push((InstanceId(instance), KvEvent::Stored { tier, hash, page, parent }));
+    fn stored(&mut self, instance: u32, tier: Tier, hash: BlockHash, page: BlockHash) {
+        self.events.push((InstanceId(instance), KvEvent::Stored { tier, hash, page }));
     }
 
     fn removed(&mut self, instance: u32, tier: Tier, hash: BlockHash, page: BlockHash) {
@@ -134,16 +134,6 @@ impl Fleet {
     fn page(&self, c: usize, p: u32) -> BlockHash {
         let conv = &self.conversations[c];
         page_of(&self.prompts[conv.prompt].1, &conv.history, p)
-    }
-
-    /// Parent of history block `p` of conversation `c`.
-    fn parent(&self, c: usize, p: u32) -> BlockHash {
-        let conv = &self.conversations[c];
-        if p == 0 {
-            *self.prompts[conv.prompt].1.last().expect("prompts are not empty")
-        } else {
-            conv.history[p as usize - 1]
-        }
     }
 
     /// Fleet-wide prompts on every instance, then group prompts on their members.
@@ -159,8 +149,7 @@ impl Fleet {
             }
             for i in 0..self.instances {
                 for (k, &h) in chain.iter().enumerate() {
-                    let parent = k.checked_sub(1).map(|k| chain[k]);
-                    self.stored(i, Tier::L1, h, PageKey::at(&chain, k).page, parent);
+                    self.stored(i, Tier::L1, h, PageKey::at(&chain, k).page);
                 }
             }
             globals.push(chain);
@@ -176,7 +165,7 @@ impl Fleet {
                 }
                 for i in self.members(g) {
                     for k in shared..chain.len() {
-                        self.stored(i, Tier::L1, chain[k], PageKey::at(&chain, k).page, Some(chain[k - 1]));
+                        self.stored(i, Tier::L1, chain[k], PageKey::at(&chain, k).page);
                     }
                 }
                 self.prompts.push((g, chain));
@@ -226,14 +215,14 @@ impl Fleet {
         for replica in replicas {
             for p in 0..replica.l2 {
                 let tier = if p < replica.l1 { Tier::L1 } else { Tier::L2 };
-                let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
-                self.stored(replica.instance, tier, h, self.page(c, p), Some(parent));
+                let h = self.conversations[c].history[p as usize];
+                self.stored(replica.instance, tier, h, self.page(c, p));
             }
         }
         let by = members.start;
         for p in l3.0..l3.1 {
-            let (h, parent) = (self.conversations[c].history[p as usize], self.parent(c, p));
-            self.stored(by, Tier::L3, h, self.page(c, p), Some(parent));
+            let h = self.conversations[c].history[p as usize];
+            self.stored(by, Tier::L3, h, self.page(c, p));
         }
     }
 
@@ -271,12 +260,12 @@ impl Fleet {
         for p in l1..l2 {
             let h = self.conversations[c].history[p as usize];
             self.removed(instance, Tier::L2, h, self.page(c, p));
-            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
+            self.stored(instance, Tier::L1, h, self.page(c, p));
         }
         let len = self.conversations[c].history.len() as u32;
         for p in l2..len {
             let h = self.conversations[c].history[p as usize];
-            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
+            self.stored(instance, Tier::L1, h, self.page(c, p));
         }
         let k = self.rng.random_range(8..=64u32);
         for _ in 0..k {
@@ -284,7 +273,7 @@ impl Fleet {
             let h = fresh(&mut self.rng, parent);
             self.conversations[c].history.push(h);
             let page = self.page(c, self.conversations[c].history.len() as u32 - 1);
-            self.stored(instance, Tier::L1, h, page, Some(parent));
+            self.stored(instance, Tier::L1, h, page);
         }
         let len = self.conversations[c].history.len() as u32;
         self.conversations[c].replicas[0] = Replica { instance, l1: len, l2: len };
@@ -303,7 +292,7 @@ impl Fleet {
             let p = replica.l1 - 1;
             let h = self.conversations[c].history[p as usize];
             self.removed(replica.instance, Tier::L1, h, self.page(c, p));
-            self.stored(replica.instance, Tier::L2, h, self.page(c, p), Some(self.parent(c, p)));
+            self.stored(replica.instance, Tier::L2, h, self.page(c, p));
             replica.l1 = p;
         }
         while replica.l2 - replica.l1 > L2_TAIL_BLOCKS {
@@ -313,13 +302,13 @@ impl Fleet {
             let (lo, hi) = self.conversations[c].l3;
             if lo == hi {
                 self.conversations[c].l3 = (p, p + 1);
-                self.stored(replica.instance, Tier::L3, h, page, None);
+                self.stored(replica.instance, Tier::L3, h, page);
             } else if p + 1 == lo {
                 self.conversations[c].l3.0 = p;
-                self.stored(replica.instance, Tier::L3, h, page, None);
+                self.stored(replica.instance, Tier::L3, h, page);
             } else if p == hi {
                 self.conversations[c].l3.1 = p + 1;
-                self.stored(replica.instance, Tier::L3, h, page, None);
+                self.stored(replica.instance, Tier::L3, h, page);
             }
             replica.l2 = p;
         }
@@ -340,7 +329,7 @@ impl Fleet {
         let m = self.rng.random_range(1..=len);
         for p in 0..m {
             let h = self.conversations[c].history[p as usize];
-            self.stored(instance, Tier::L1, h, self.page(c, p), Some(self.parent(c, p)));
+            self.stored(instance, Tier::L1, h, self.page(c, p));
         }
         self.conversations[c].replicas.push(Replica { instance, l1: m, l2: m });
     }

@@ -106,12 +106,9 @@ fn tier_from_wire(t: i32) -> Result<EngineTier> {
 impl From<&EngineKvEvent> for KvEvent {
     fn from(e: &EngineKvEvent) -> KvEvent {
         let kind = match *e {
-            EngineKvEvent::Stored { tier, hash, page, parent } => kv_event::Kind::Stored(BlockStored {
-                tier: tier_to_wire(tier),
-                hash: hash.0,
-                parent: parent.map(|p| p.0),
-                page: page.0,
-            }),
+            EngineKvEvent::Stored { tier, hash, page } => {
+                kv_event::Kind::Stored(BlockStored { tier: tier_to_wire(tier), hash: hash.0, page: page.0 })
+            }
             EngineKvEvent::Removed { tier, hash, page } => {
                 kv_event::Kind::Removed(BlockRemoved { tier: tier_to_wire(tier), hash: hash.0, page: page.0 })
             }
@@ -130,7 +127,6 @@ impl TryFrom<&KvEvent> for EngineKvEvent {
                 tier: tier_from_wire(s.tier)?,
                 hash: BlockHash(s.hash),
                 page: BlockHash(s.page),
-                parent: s.parent.map(BlockHash),
             },
             Some(kv_event::Kind::Removed(r)) => EngineKvEvent::Removed {
                 tier: tier_from_wire(r.tier)?,
@@ -150,13 +146,8 @@ mod tests {
     #[test]
     fn kv_events_survive_the_wire() {
         let events = [
-            EngineKvEvent::Stored {
-                tier: EngineTier::L2,
-                hash: BlockHash(5),
-                page: BlockHash(4),
-                parent: Some(BlockHash(4)),
-            },
-            EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), page: BlockHash(4), parent: None },
+            EngineKvEvent::Stored { tier: EngineTier::L2, hash: BlockHash(5), page: BlockHash(4) },
+            EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), page: BlockHash(4) },
             EngineKvEvent::Removed { tier: EngineTier::L3, hash: BlockHash(9), page: BlockHash(8) },
             EngineKvEvent::Cleared,
         ];

@@ -202,7 +202,7 @@ impl KvCache {
                 Some(b) => b,
                 None => {
                     let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
-                    self.demote(PageKey { hash: e.hash, page: e.page }, e.parent, l3.as_deref_mut());
+                    self.demote(PageKey { hash: e.hash, page: e.page }, l3.as_deref_mut());
                     e.block
                 }
             };
@@ -239,14 +239,14 @@ impl KvCache {
     /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it
     /// through to the shared store (L3), so that every instance can find it there at once,
     /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
-    fn demote(&mut self, key: PageKey, parent: Option<BlockHash>, l3: Option<&mut BlockLru>) {
+    fn demote(&mut self, key: PageKey, l3: Option<&mut BlockLru>) {
         let PageKey { hash, page } = key;
         let recording = self.tree.recording();
         let [l2_events, l3_events] = &mut self.demoted;
         if self.l2.capacity() > 0 {
             let out = self.l2.insert(key);
             if recording {
-                l2_events.push(KvEvent::Stored { tier: Tier::L2, hash, page, parent });
+                l2_events.push(KvEvent::Stored { tier: Tier::L2, hash, page });
                 if let Some(out) = out {
                     l2_events.push(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
                 }
@@ -257,7 +257,7 @@ impl KvCache {
             if evicted == Some(key) || !recording {
                 return; // a store of no capacity, or nobody listening
             }
-            l3_events.push(KvEvent::Stored { tier: Tier::L3, hash, page, parent });
+            l3_events.push(KvEvent::Stored { tier: Tier::L3, hash, page });
             if let Some(out) = evicted {
                 l3_events.push(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
             }

@@ -137,7 +137,6 @@ pub struct Evicted {
     pub hash: BlockHash,
     /// Its page, for the lower tiers' stores.
     pub page: BlockHash,
-    pub parent: Option<BlockHash>,
 }
 
 #[derive(Clone, Debug)]
@@ -414,15 +413,13 @@ impl PrefixTree {
         let Some(ev) = &mut self.events else { return };
         let Some(&first) = hashes.first() else { return };
         let node = &self.nodes[cursor.0 as usize];
-        let mut parent = (cursor != NodeId::ROOT).then(|| *node.hashes.last().expect("run"));
         let depth = node.start + node.len();
         let mut page = if depth.is_multiple_of(PAGE_BLOCKS as u32) { first } else { node.page_of(depth) };
         for (d, &h) in (depth..).zip(hashes) {
             if d.is_multiple_of(PAGE_BLOCKS as u32) {
                 page = h;
             }
-            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, page, parent });
-            parent = Some(h);
+            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, page });
         }
     }
 
@@ -528,15 +525,10 @@ impl PrefixTree {
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::Removed { tier: Tier::L1, hash, page });
         }
-        let parent = match self.nodes[n as usize].hashes.last() {
-            Some(&p) => Some(p),
-            None => {
-                let parent = self.nodes[n as usize].parent;
-                self.remove_leaf(n, hash);
-                self.nodes[parent.0 as usize].hashes.last().copied()
-            }
-        };
-        Some(Evicted { block, hash, page, parent })
+        if self.nodes[n as usize].hashes.is_empty() {
+            self.remove_leaf(n, hash);
+        }
+        Some(Evicted { block, hash, page })
     }
 
     /// Takes an emptied leaf whose run started with `first` out of the tree.

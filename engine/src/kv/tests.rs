@@ -114,7 +114,7 @@ fn a_referenced_block_is_never_evicted_and_allocation_is_all_or_nothing() {
 }
 
 #[test]
-fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
+fn kv_events_report_stored_blocks_with_their_page_and_removals() {
     let mut kv = KvCache::new(2, 1);
     kv.record_events();
     let hs = hashes(&[1, 2]);
@@ -127,8 +127,8 @@ fn kv_events_report_stored_blocks_with_their_parent_and_removals() {
     assert_eq!(
         ev,
         [
-            KvEvent::Stored { tier: Tier::L1, hash: hs[0], page: hs[0], parent: None },
-            KvEvent::Stored { tier: Tier::L1, hash: hs[1], page: hs[0], parent: Some(hs[0]) },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[0], page: hs[0] },
+            KvEvent::Stored { tier: Tier::L1, hash: hs[1], page: hs[0] },
             KvEvent::Removed { tier: Tier::L1, hash: hs[1], page: hs[0] },
         ]
     );

@@ -52,14 +52,15 @@ impl fmt::Display for Tier {
 ///
 /// Each block also names its page (see [`super::PageKey`]: the hash of its chain's block at
 /// the last depth that is a multiple of [`super::PAGE_BLOCKS`]), which the global prefix
-/// index is keyed by: one map entry per page instead of one per block.
+/// index is keyed by: one map entry per page instead of one per block. A stored block's parent
+/// (vLLM's events carry it) is not kept: hashes are chained, so a block's hash names its
+/// prefix, and nothing here reads the parent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
     Stored {
         tier: Tier,
         hash: BlockHash,
         page: BlockHash,
-        parent: Option<BlockHash>,
     },
     Removed {
         tier: Tier,

@@ -27,7 +27,7 @@ fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
 
 /// The event storing block `k` of the chain `path` (from the root), with its page.
 fn stored(tier: Tier, path: &[BlockHash], k: usize) -> KvEvent {
-    KvEvent::Stored { tier, hash: path[k], page: path[k / PAGE * PAGE], parent: k.checked_sub(1).map(|p| path[p]) }
+    KvEvent::Stored { tier, hash: path[k], page: path[k / PAGE * PAGE] }
 }
 
 fn removed(tier: Tier, path: &[BlockHash], k: usize) -> KvEvent {
@@ -133,7 +133,7 @@ fn demotion_keeps_blocks_in_place() {
     }
     // And when L2 evicts one: removed from L2, stored in L3 (without its parent).
     remove(&mut index, A, Tier::L2, &h, 7..h.len());
-    index.apply(A, &KvEvent::Stored { tier: Tier::L3, hash: h[7], page: h[4], parent: None });
+    index.apply(A, &KvEvent::Stored { tier: Tier::L3, hash: h[7], page: h[4] });
     index.check_invariants();
     check(&index, &h, &[(A, tm(4, 3, 1)), (B, tm(0, 0, 0))]);
     let slot = index.slots.get(h[4]).expect("the second page");
@@ -230,11 +230,10 @@ impl Model {
     }
 }
 
-/// A block of the property test's universe: its hash, parent and page.
+/// A block of the property test's universe: its hash and page.
 #[derive(Clone, Copy, Debug)]
 struct Block {
     hash: BlockHash,
-    parent: Option<BlockHash>,
     page: BlockHash,
 }
 
@@ -260,7 +259,7 @@ fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
     for path in &paths {
         for k in 0..path.len() {
             if !u.iter().any(|b| b.hash == path[k]) {
-                u.push(Block { hash: path[k], parent: k.checked_sub(1).map(|p| path[p]), page: path[k / PAGE * PAGE] });
+                u.push(Block { hash: path[k], page: path[k / PAGE * PAGE] });
             }
             all.push(path[..=k].to_vec());
         }
@@ -278,13 +277,11 @@ enum Op {
         tier: u8,
         from: usize,
         len: usize,
-        with_parent: bool,
     },
     Store {
         instance: u32,
         tier: u8,
         block: usize,
-        with_parent: bool,
     },
     Remove {
         instance: u32,
@@ -308,10 +305,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let n = universe().0.len();
     prop_oneof![
-        4 => (0u32..4, 0u8..3, 0..n, 1usize..8, any::<bool>())
-            .prop_map(|(instance, tier, from, len, with_parent)| Op::StoreRun { instance, tier, from, len, with_parent }),
-        4 => (0u32..4, 0u8..3, 0..n, any::<bool>())
-            .prop_map(|(instance, tier, block, with_parent)| Op::Store { instance, tier, block, with_parent }),
+        4 => (0u32..4, 0u8..3, 0..n, 1usize..8).prop_map(|(instance, tier, from, len)| Op::StoreRun { instance, tier, from, len }),
+        4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Store { instance, tier, block }),
         4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Remove { instance, tier, block }),
         2 => (0u32..4, 0u8..2, 0..n).prop_map(|(instance, tier, block)| Op::Move { instance, tier, block }),
         1 => (0u32..4).prop_map(|instance| Op::Cleared { instance }),
@@ -334,27 +329,25 @@ proptest! {
         for op in ops {
             events.clear();
             match op {
-                Op::StoreRun { instance, tier, from, len, with_parent } => {
+                Op::StoreRun { instance, tier, from, len } => {
                     for b in &u[from..(from + len).min(u.len())] {
-                        let parent = if with_parent { b.parent } else { None };
                         let tier = tiers[tier as usize];
-                        events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page, parent }));
+                        events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page }));
                     }
                 }
-                Op::Store { instance, tier, block, with_parent } => {
+                Op::Store { instance, tier, block } => {
                     let b = u[block];
-                    let parent = if with_parent { b.parent } else { None };
                     let tier = tiers[tier as usize];
-                    events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page, parent }));
+                    events.push((instance, KvEvent::Stored { tier, hash: b.hash, page: b.page }));
                 }
                 Op::Remove { instance, tier, block } => {
                     let b = u[block];
                     events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
                 }
                 Op::Move { instance, tier, block } => {
-                    let Block { hash, parent, page } = u[block];
+                    let Block { hash, page } = u[block];
                     events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash, page }));
-                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, page, parent }));
+                    events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, page }));
                 }
                 Op::Cleared { instance } => events.push((instance, KvEvent::Cleared)),
                 Op::RemoveInstance { instance } => {

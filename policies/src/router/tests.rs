@@ -250,12 +250,10 @@ fn request_of(hashes: &[BlockHash]) -> Request {
 
 /// `instance` tells the controller it now caches `hashes` (a chain from the root) in `tier`.
 fn store(c: &mut Controller, instance: u32, tier: Tier, hashes: &[BlockHash]) {
-    let mut parent = None;
     for (k, &hash) in hashes.iter().enumerate() {
         let page = engine::kv::PageKey::at(hashes, k).page;
-        let event = KvEvent::Stored { tier, hash, page, parent };
+        let event = KvEvent::Stored { tier, hash, page };
         c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), events: vec![event] });
-        parent = Some(hash);
     }
 }
 

@@ -65,7 +65,7 @@ impl BlockMap {
                     let m = self.blocks.entry(hash.clone()).or_insert(Mapped { ours, page, depth, tiers: 0 });
                     (m.ours, m.page, m.depth) = (ours, page, depth);
                     m.tiers |= bit(*tier);
-                    out.push(KvEvent::Stored { tier: *tier, hash: ours, page, parent: parent_ours });
+                    out.push(KvEvent::Stored { tier: *tier, hash: ours, page });
                     before = Some((ours, page, depth));
                 }
             }
@@ -128,14 +128,11 @@ mod tests {
         let stored: Vec<_> = out
             .iter()
             .map(|e| match e {
-                KvEvent::Stored { hash, parent, .. } => (*hash, *parent),
+                KvEvent::Stored { hash, .. } => *hash,
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(
-            stored,
-            vec![(ours[0], None), (ours[1], Some(ours[0])), (ours[2], Some(ours[1])), (ours[3], Some(ours[2]))]
-        );
+        assert_eq!(stored, ours[..4], "each block's hash chains on its parent's");
     }
 
     #[test]

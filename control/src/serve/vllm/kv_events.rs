@@ -383,10 +383,7 @@ mod tests {
             map.translate(e, 32, &mut ours).expect("block size 32");
         }
         let expected = engine::block_hashes(&prompt, 32)[0];
-        assert_eq!(
-            ours,
-            vec![engine::kv::KvEvent::Stored { tier: Tier::L1, hash: expected, page: expected, parent: None }]
-        );
+        assert_eq!(ours, vec![engine::kv::KvEvent::Stored { tier: Tier::L1, hash: expected, page: expected }]);
         let blocks: Vec<usize> = messages
             .iter()
             .map(|m| {
