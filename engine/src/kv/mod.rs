@@ -83,8 +83,8 @@ pub struct KvCache {
     l3: Option<SharedStore>,
     /// Scratch: the blocks an allocation is about to evict.
     evicting: Vec<PageKey>,
-    /// The events of an allocation's demotions, L2's then L3's (see [`KvCache::allocate`]).
-    demoted: [Vec<KvEvent>; 2],
+    /// The events of an allocation's demotions by tier (see [`KvCache::allocate`]).
+    demoted: [Vec<KvEvent>; 3],
 }
 
 impl KvCache {
@@ -104,7 +104,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             evicting: Vec::new(),
-            demoted: [Vec::new(), Vec::new()],
+            demoted: [Vec::new(), Vec::new(), Vec::new()],
         }
     }
 
@@ -196,7 +196,6 @@ impl KvCache {
         let shared = self.l3.clone();
         let mut l3 = shared.as_ref().map(SharedStore::lock);
         self.prefetch_demotions(n.saturating_sub(self.pool.free_count()), l3.as_deref());
-        let l1_removed_from = self.tree.recorded();
         for _ in 0..n {
             let b = match self.pool.pop() {
                 Some(b) => b,
@@ -211,8 +210,10 @@ impl KvCache {
         // The demoted blocks are published as copied down, then freed: each tier's events in
         // a run (L2's, L3's, then L1's removals), so that an index goes along each run once
         // per tier and never sees a demoted block held by no one.
-        let [l2_events, l3_events] = &mut self.demoted;
-        self.tree.insert_recorded(l1_removed_from, l2_events.drain(..).chain(l3_events.drain(..)));
+        let [l1_events, l2_events, l3_events] = &mut self.demoted;
+        for events in [l2_events, l3_events, l1_events] {
+            self.tree.record_all(events);
+        }
         true
     }
 
@@ -242,7 +243,10 @@ impl KvCache {
     fn demote(&mut self, key: PageKey, l3: Option<&mut BlockLru>) {
         let PageKey { hash, page } = key;
         let recording = self.tree.recording();
-        let [l2_events, l3_events] = &mut self.demoted;
+        let [l1_events, l2_events, l3_events] = &mut self.demoted;
+        if recording {
+            l1_events.push(KvEvent::Removed { tier: Tier::L1, hash, page });
+        }
         if self.l2.capacity() > 0 {
             let out = self.l2.insert(key);
             if recording {

@@ -206,17 +206,11 @@ impl PrefixTree {
         self.events.is_some()
     }
 
-    /// Events recorded so far (0 when not recording): a position for
-    /// [`PrefixTree::insert_recorded`].
-    pub fn recorded(&self) -> usize {
-        self.events.as_ref().map_or(0, Vec::len)
-    }
-
-    /// Records `events` at position `at` of those recorded (from [`PrefixTree::recorded`]),
-    /// ahead of the ones recorded since.
-    pub fn insert_recorded(&mut self, at: usize, events: impl Iterator<Item = KvEvent>) {
+    /// Records events of this tier or another, after those recorded so far, emptying
+    /// `events`.
+    pub fn record_all(&mut self, events: &mut Vec<KvEvent>) {
         if let Some(ev) = &mut self.events {
-            ev.splice(at..at, events);
+            ev.append(events);
         }
     }
 
@@ -509,7 +503,8 @@ impl PrefixTree {
         }
     }
 
-    /// Evicts the last block of the least recently used unreferenced leaf and returns it.
+    /// Evicts the last block of the least recently used unreferenced leaf and returns it. Its
+    /// removal is not recorded: the caller publishes it with the demotion it causes.
     pub fn evict_one(&mut self) -> Option<Evicted> {
         let n = self.lru_head;
         if n == NIL {
@@ -522,9 +517,6 @@ impl PrefixTree {
         let hash = node.hashes.pop().expect("a live node has blocks");
         self.unreferenced -= 1;
         self.cached -= 1;
-        if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::Removed { tier: Tier::L1, hash, page });
-        }
         if self.nodes[n as usize].hashes.is_empty() {
             self.remove_leaf(n, hash);
         }

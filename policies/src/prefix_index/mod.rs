@@ -250,14 +250,16 @@ impl PrefixIndex {
 
     /// The slot of `page` and the position of the block an event of the same page was on,
     /// when the stream's last event, or the last event, was on it: no map probe needed.
+    #[inline]
     fn cursor(&self, page: BlockHash, stream: usize) -> Option<(u32, usize)> {
-        for cursor in [self.cursors[stream], self.cursors[self.last_stream]] {
-            if let Some((p, loc)) = cursor.filter(|&(p, _)| p == page) {
-                debug_assert_eq!(self.pages[loc.slot as usize].name, p);
-                return Some((loc.slot, loc.idx as usize));
+        let on_page = |cursor: &Option<(BlockHash, Loc)>| match cursor {
+            Some((p, loc)) if *p == page => {
+                debug_assert_eq!(self.pages[loc.slot as usize].name, page);
+                Some((loc.slot, loc.idx as usize))
             }
-        }
-        None
+            _ => None,
+        };
+        on_page(&self.cursors[stream]).or_else(|| on_page(&self.cursors[self.last_stream]))
     }
 
     fn find(&self, hash: BlockHash, page: BlockHash, stream: usize) -> Option<Loc> {

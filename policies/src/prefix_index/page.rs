@@ -53,6 +53,11 @@ impl Page {
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
     pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
         let i = self.hashes.len();
+        if i == self.hashes.capacity() && i < page_blocks {
+            // A page fills up to its size: one allocation instead of doubling up to it.
+            self.hashes.reserve_exact(page_blocks - i);
+            self.states.reserve_exact(page_blocks - i);
+        }
         self.hashes.push(hash);
         self.states.push(state);
         self.filter.add(hash);
