@@ -4,7 +4,7 @@
 //! of those rules' errors to the policy API's field names.
 
 use crate::proto::Scheduling;
-use engine::{InstanceConfig, KvProtection, PrefillPolicy};
+use engine::{InstanceConfig, KvProtection, PrefillPolicy, ProgramHold};
 use policies::Params;
 use simulator::scenario::{ScenarioError, SchedulerSection};
 use std::collections::BTreeMap;
@@ -42,6 +42,9 @@ fn field_name(key: &'static str) -> &'static str {
         "scheduler.kv_low_water" => "kv_low_water",
         // Fair prefill's knobs as a wire scheduling carries them.
         "scheduler" => "prefill_params",
+        // A policy gives the holds of sessions' KV among its flow rule's parameters.
+        "program_hold_s" => "flow_params.program_hold_s",
+        "program_hold_share" => "flow_params.program_hold_share",
         other => other,
     }
 }
@@ -59,6 +62,17 @@ pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
         Some(0) => Err(Invalid { field: "lower_class_step_tokens".into(), reason: "must be at least 1".into() }),
         cap => Ok((on, cap)),
     }
+}
+
+/// A scheduling's holds of sessions' KV (see [`engine::programs`]), checked as a flow rule's
+/// are.
+pub fn program_hold(s: &Scheduling) -> Result<Option<ProgramHold>, Invalid> {
+    simulator::scenario::program_hold(s.program_hold_s, s.program_hold_share).map_err(Invalid::of)
+}
+
+/// A scheduling's fields for `hold`.
+pub fn program_hold_fields(hold: Option<ProgramHold>) -> (Option<f64>, Option<f64>) {
+    (hold.map(|h| h.max_pause.as_secs_f64()), hold.map(|h| h.share))
 }
 
 /// Checks a scheduling and resolves it to the engine's types.
@@ -93,12 +107,17 @@ pub fn wire(prefill: &PrefillPolicy, kv_protection: Option<KvProtection>) -> Sch
         long_min_tokens: fair.map(|f| f.long_min_tokens),
         class_priority: None,
         lower_class_step_tokens: None,
+        program_hold_s: None,
+        program_hold_share: None,
     }
 }
 
 /// The scheduling an engine runs, as it reports it.
 pub fn of(config: &InstanceConfig) -> Scheduling {
+    let (program_hold_s, program_hold_share) = program_hold_fields(config.program_hold);
     Scheduling {
+        program_hold_s,
+        program_hold_share,
         class_priority: config.class_priority.then_some(true),
         lower_class_step_tokens: config.lower_class_step_tokens.filter(|_| config.class_priority),
         ..wire(&config.prefill, config.kv_protection)

@@ -304,6 +304,17 @@ impl Instance {
         self.debug_check();
     }
 
+    /// Turns the holds of sessions' KV on, changes them, or (`None`) turns them off and drops
+    /// every hold (see [`crate::programs`]).
+    pub fn set_program_hold(&mut self, now: Time, hold: Option<ProgramHold>) {
+        assert!(!self.stepping, "set_program_hold called during a step");
+        self.config.program_hold = hold;
+        if hold.is_none() {
+            while self.drop_hold(now, None) {}
+        }
+        self.debug_check();
+    }
+
     pub fn kv(&self) -> &KvCache {
         &self.kv
     }

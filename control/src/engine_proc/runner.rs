@@ -99,6 +99,7 @@ pub enum Command {
         kv_protection: Option<engine::KvProtection>,
         /// Class priority, and its cap on lower classes' chunks.
         class_priority: (bool, Option<u32>),
+        program_hold: Option<engine::ProgramHold>,
         reply: oneshot::Sender<proto::Scheduling>,
     },
 }
@@ -422,10 +423,11 @@ impl Runner {
             Command::Release { id, reply } => {
                 let _ = reply.send(self.release(id));
             }
-            Command::Configure { prefill, kv_protection, class_priority, reply } => {
+            Command::Configure { prefill, kv_protection, class_priority, program_hold, reply } => {
                 let now = self.now();
                 self.instance.set_scheduling(now, prefill, kv_protection);
                 self.instance.set_class_priority(class_priority.0, class_priority.1);
+                self.instance.set_program_hold(now, program_hold);
                 let scheduling = crate::scheduling::of(self.instance.config());
                 tracing::info!(?scheduling, "scheduling in force");
                 let _ = reply.send(scheduling);

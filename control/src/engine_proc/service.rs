@@ -174,8 +174,10 @@ impl Engine for EngineService {
         let invalid = |e: crate::scheduling::Invalid| Status::invalid_argument(format!("{}: {}", e.field, e.reason));
         let (prefill, kv_protection) = crate::scheduling::resolve(&s).map_err(invalid)?;
         let class_priority = crate::scheduling::class_priority(&s).map_err(invalid)?;
-        let now_in_force =
-            self.ask(|reply| Command::Configure { prefill, kv_protection, class_priority, reply }).await?;
+        let program_hold = crate::scheduling::program_hold(&s).map_err(invalid)?;
+        let now_in_force = self
+            .ask(|reply| Command::Configure { prefill, kv_protection, class_priority, program_hold, reply })
+            .await?;
         Ok(Response::new(now_in_force))
     }
 

@@ -264,13 +264,18 @@ fn in_force(app: &App) -> Value {
 
 /// An engine's reported scheduling in the policy's field names.
 fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
-    json!({
+    let mut v = json!({
         "prefill_scheduler": s.prefill,
         "prefill_params": crate::scheduling::prefill_params(s),
         "kv_high_water": s.kv_high_water,
         "kv_low_water": s.kv_low_water,
         "class_priority": s.class_priority == Some(true),
-    })
+    });
+    if let (Some(seconds), Some(share)) = (s.program_hold_s, s.program_hold_share) {
+        v["program_hold_s"] = json!(seconds);
+        v["program_hold_share"] = json!(share);
+    }
+    v
 }
 
 pub async fn get_policy(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {

@@ -1,5 +1,6 @@
 //! Flow control on a live fleet: request classes from headers and `service_tier`, interactive
-//! requests overtaking a batch backlog, and batch work shed with a 429 and `Retry-After`.
+//! requests overtaking a batch backlog, batch work shed with a 429 and `Retry-After`, and the
+//! engines told to hold sessions' KV.
 
 use super::*;
 use std::time::Instant;
@@ -148,4 +149,38 @@ fn batch_work_past_its_longest_wait_is_shed_with_retry_after_and_nothing_else_is
     r = r.header("x-fleetplane-class", "urgent").json(&json!({"model": MODEL, "prompt": "x", "max_tokens": 2}));
     let response = r.send().expect("completion");
     assert_eq!(response.status().as_u16(), 400, "an unknown class is named");
+}
+
+#[test]
+fn a_policy_turns_on_the_engines_holds_of_sessions_kv_and_refuses_bad_ones() {
+    let db = Db::fresh("flowholds");
+    let (s, _e) = small_fleet(&db, "256");
+    let url = format!("{}/api/policies", s.http);
+    for (params, field, says) in [
+        (json!({"program_hold_s": 5, "program_hold_share": 1.5}), "flow_params.program_hold_share", "(0, 1]"),
+        (json!({"program_hold_share": 0.5}), "flow_params.program_hold_share", "needs program_hold_s"),
+        (json!({"program_hold_s": -1}), "flow_params.program_hold_s", "seconds > 0"),
+    ] {
+        let body = json!({"router": "least-outstanding", "flow": "slo", "flow_params": params});
+        let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &body);
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(field)), "{body}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(says)), "{body}: {v}");
+    }
+    put_policy(&s.http, json!({"router": "least-outstanding", "flow": "slo", "flow_params": {"program_hold_s": 5}}));
+    eventually(10, "e0 holds sessions' KV for pauses up to 5 s", || {
+        let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+        let scheduling = &v["instances"][0]["scheduling"];
+        scheduling["program_hold_s"] == json!(5.0) && scheduling["program_hold_share"] == json!(0.5)
+    });
+    // Turns of one session are served with holds on; a policy without holds turns them off.
+    for turn in 0..2 {
+        let body = json!({"model": MODEL, "prompt": format!("plan the trip, step {turn}"), "max_tokens": 5});
+        let a = spawn_completion(&s.http, body, &[("x-fleetplane-session", "trip-1")]).join().expect("joins");
+        assert_eq!(a.status, 200, "turn {turn}");
+    }
+    put_policy(&s.http, json!({"router": "least-outstanding", "flow": "slo"}));
+    eventually(10, "e0 holds nothing", || {
+        let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
+        v["instances"][0]["scheduling"].get("program_hold_s").is_none()
+    });
 }

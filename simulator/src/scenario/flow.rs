@@ -64,6 +64,25 @@ impl FlowSection {
     }
 }
 
+/// Engines' holds of sessions' KV ([`engine::programs`]) from `program_hold_s` (seconds) and
+/// `program_hold_share`: the one check, for flow rules and for an engine's scheduling.
+pub fn program_hold(seconds: Option<f64>, share: Option<f64>) -> Result<Option<ProgramHold>, ScenarioError> {
+    if let Some(s) = seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(invalid("program_hold_s", format!("{s} is not seconds > 0")));
+    }
+    if let Some(s) = share.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
+        return Err(invalid("program_hold_share", format!("{s} is not a share in (0, 1]")));
+    }
+    match (seconds, share) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(invalid("program_hold_share", "needs program_hold_s")),
+        (Some(s), share) => Ok(Some(ProgramHold {
+            max_pause: Dur::from_secs_f64(s),
+            share: share.unwrap_or(ProgramHold::default().share),
+        })),
+    }
+}
+
 fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
     let (name, table) = match entry {
         FlowEntry::Name(name) => (name.as_str(), None),
@@ -84,24 +103,11 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
             _ => None,
         };
         match (key.as_str(), value) {
-            ("program_hold_s", _) => match number.filter(|s| s.is_finite() && *s > 0.0) {
-                Some(s) => hold_s = Some(s),
-                None => {
-                    return Err(invalid(
-                        "flow.rules",
-                        format!("`program_hold_s` of `{name}` is {value}, not seconds > 0"),
-                    ))
-                }
-            },
-            ("program_hold_share", _) => match number.filter(|s| *s > 0.0 && *s <= 1.0) {
-                Some(s) => hold_share = Some(s),
-                None => {
-                    return Err(invalid(
-                        "flow.rules",
-                        format!("`program_hold_share` of `{name}` is {value}, not a share in (0, 1]"),
-                    ))
-                }
-            },
+            ("program_hold_s", _) if number.is_some() => hold_s = number,
+            ("program_hold_share", _) if number.is_some() => hold_share = number,
+            ("program_hold_s" | "program_hold_share", _) => {
+                return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {value}, not a number")))
+            }
             ("class_priority", toml::Value::Boolean(b)) => class_priority = *b,
             ("class_priority", other) => {
                 return Err(invalid(
@@ -114,15 +120,7 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
             (_, other) => return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {other}, not a number"))),
         }
     }
-    let program_hold = match (hold_s, hold_share) {
-        (None, None) => None,
-        (None, Some(_)) => {
-            return Err(invalid("flow.rules", format!("`program_hold_share` of `{name}` needs `program_hold_s`")))
-        }
-        (Some(s), share) => {
-            Some(ProgramHold { max_pause: Dur::from_secs_f64(s), share: share.unwrap_or(ProgramHold::default().share) })
-        }
-    };
+    let program_hold = program_hold(hold_s, hold_share)?;
     let mut label = format!("flow={}", flow.label());
     if class_priority != default_priority {
         label.push_str(if class_priority { "+class-priority" } else { "+fcfs-engines" });
