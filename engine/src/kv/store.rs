@@ -187,12 +187,23 @@ impl BlockLru {
         if self.capacity == 0 {
             return Put::Added { evicted: Some(key) };
         }
-        if self.touch(key) {
-            return Put::Refreshed;
+        // One probe of the page map for the lookup and, usually, the placement.
+        let mut found = match self.slots.probe(key.page) {
+            Probe::Found(slot) => Some(slot),
+            Probe::Vacant(_) => None,
+        };
+        if let Some(slot) = found {
+            if let Some(i) = self.pages[slot as usize].find(key.hash) {
+                self.use_at(slot, i);
+                return Put::Refreshed;
+            }
         }
         // Making room first: the victim may be the last block of this very page.
         let evicted = if self.len >= self.capacity { self.pop_front() } else { None };
-        let slot = match self.slots.probe(key.page) {
+        if evicted.is_some_and(|e| e.page == key.page) && self.slots.get(key.page).is_none() {
+            found = None;
+        }
+        let slot = match found.map_or_else(|| self.slots.probe(key.page), Probe::Found) {
             Probe::Found(slot) => slot,
             Probe::Vacant(vacancy) => {
                 let slot = match self.free.pop() {
@@ -217,10 +228,17 @@ impl BlockLru {
     /// Marks `key` as just used; false when it is not here.
     pub fn touch(&mut self, key: PageKey) -> bool {
         let Some((slot, i)) = self.find(key) else { return false };
-        let stamp = self.next_stamp;
-        self.pages[slot as usize].blocks[i].1 = stamp;
-        self.used(key.hash, slot, stamp);
+        self.use_at(slot, i);
         true
+    }
+
+    /// Marks the block at position `i` of the page in `slot` as just used.
+    fn use_at(&mut self, slot: u32, i: usize) {
+        let stamp = self.next_stamp;
+        let block = &mut self.pages[slot as usize].blocks[i];
+        block.1 = stamp;
+        let hash = block.0;
+        self.used(hash, slot, stamp);
     }
 
     pub fn remove(&mut self, key: PageKey) -> bool {
