@@ -33,7 +33,7 @@
 //! | `Page` | 12 bytes a block (hash, state id), stored runs in order, read in order by queries |
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
-//! | `pending` | the engine demotes a block as "removed here, stored there": the block keeps its place meanwhile |
+//! | `pending` | an engine may publish a demotion as "removed here, stored there": the block keeps its place meanwhile (ours publish the store first) |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
 //!
 //! # Cost
