@@ -334,7 +334,16 @@ fn vllm_engines_behind_fleetplane() {
         for name in ["queued-1", "queued-2", "queued-3"] {
             jobs.push(job(name, "batch", 60));
         }
-        std::thread::sleep(Duration::from_millis(500));
+        // The interactive request is sent once the three wait on the engine (a loaded machine
+        // can take longer than any fixed pause to get them there).
+        let waiting = || -> f64 {
+            let text = client().get(format!("{}/metrics", c.url())).send().and_then(|r| r.text()).unwrap_or_default();
+            text.lines()
+                .filter(|l| l.starts_with("vllm:num_requests_waiting"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        eventually(60, "three batch requests waiting on the engine", || waiting() >= 3.0);
         jobs.push(job("interactive", "interactive", 4));
         for j in jobs {
             j.join().expect("joins");
