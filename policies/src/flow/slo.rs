@@ -32,7 +32,8 @@
 //! request of a tenant that has had less than every tenant waiting in its band does not
 //! wait behind them. A tenant clearly over an equal share of the recent service fills only
 //! `over_share_queue` of the queue limit above (and `over_share_batch` of the KV and step
-//! limits), which keeps queues short for the others: a light tenant's requests are placed
+//! limits: 1 by default, since cutting them shrinks its batches and throughput more than it
+//! helps the others), which keeps queues short for the others: a light tenant's requests are placed
 //! at once onto short queues although a heavy one keeps the fleet busy. A tenant clearly
 //! under its share has its requests lifted (`engine::Service::lift`): engines with class
 //! priority serve them one class higher, so their prompts go first in the steps.
@@ -176,8 +177,8 @@ impl FlowRule for SloFlow {
         let (c, h) = (&self.config, &self.hints);
         let share = self.headroom(request.service.class);
         // A tenant over its share leaves room to the others: queue room (their requests find
-        // short queues) and, less of it, KV and decode room (their prompts' steps carry
-        // fewer of its sequences; fewer also means smaller batches, so less throughput).
+        // short queues) and, if `over_share_batch` is set below 1, KV and decode room (their
+        // prompts' steps carry fewer of its sequences, but smaller batches lose throughput).
         let (queue_scale, batch_scale) = if over_share { (c.over_share_queue, c.over_share_batch) } else { (1.0, 1.0) };
         let queue_limit_s = share * queue_scale * c.queue_share * self.ttft_s;
         let step_limit_us = share * batch_scale * c.step_share * self.tpot_s * 1e6;
