@@ -33,6 +33,7 @@
 //! | `Page` | 12 bytes a block (hash, state id), stored runs in order, read in order by queries |
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
+//! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup |
 //! | `pending` | an engine may publish a demotion as "removed here, stored there": the block keeps its place meanwhile (ours publish the store first) |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
 //!
@@ -92,6 +93,17 @@ mod tests;
 use holders::{holder, holder_fp, Change, Meta, State, Transition, L3_FP, NO_TRANSITION};
 pub use matches::PrefixMatches;
 use page::Page;
+
+/// What an event did to a block: its stream (stored or removed, by tier), page and place,
+/// and its state before and after.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    stream: usize,
+    page: BlockHash,
+    loc: Loc,
+    from: u32,
+    to: u32,
+}
 
 /// Where a block is: `pages[slot]`, position `idx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,25 +212,73 @@ impl PrefixIndex {
     /// Applies one event published by `instance`. L3 events describe the shared store,
     /// whichever instance published them.
     pub fn apply(&mut self, instance: InstanceId, event: &KvEvent) {
+        self.apply_one(instance, event);
+    }
+
+    /// [`PrefixIndex::apply`], telling what it did to a block (for [`PrefixIndex::apply_batch`]'s
+    /// runs).
+    fn apply_one(&mut self, instance: InstanceId, event: &KvEvent) -> Option<Step> {
         match *event {
-            KvEvent::Stored { tier, hash, page, .. } => {
-                self.store(hash, page, tier.index(), Change::stored(instance, tier))
+            KvEvent::Stored { tier, hash, page } => {
+                Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
             }
             KvEvent::Removed { tier, hash, page } => {
                 self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
             }
-            KvEvent::Cleared => self.remove_instance(instance),
+            KvEvent::Cleared => {
+                self.remove_instance(instance);
+                None
+            }
         }
     }
 
-    /// Applies events in order, as [`PrefixIndex::apply`] does one by one.
+    /// Applies events in order, as [`PrefixIndex::apply`] does one by one. An engine publishes
+    /// runs: events of one stream on neighbouring blocks of one page, in the same state. The
+    /// next block of a run gets the run's transition directly (no cursor search, no transition
+    /// lookup); anything else goes the general way.
     pub fn apply_batch(&mut self, instance: InstanceId, events: &[KvEvent]) {
+        let mut run: Option<Step> = None;
         for event in events {
-            self.apply(instance, event);
+            if let Some(step) = run.as_mut() {
+                if self.continue_run(step, event) {
+                    continue;
+                }
+            }
+            run = self.apply_one(instance, event).filter(|s| s.to != EMPTY && s.to != s.from);
         }
     }
 
-    fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) {
+    /// Applies `event` as the next block of `run` if it is one (same stream and page, on a
+    /// block beside the run's last, in the state the run changes); false, changing nothing,
+    /// when it is not.
+    #[inline]
+    fn continue_run(&mut self, run: &mut Step, event: &KvEvent) -> bool {
+        let (stream, hash, page) = match *event {
+            KvEvent::Stored { tier, hash, page } => (tier.index(), hash, page),
+            KvEvent::Removed { tier, hash, page } => (3 + tier.index(), hash, page),
+            KvEvent::Cleared => return false,
+        };
+        if stream != run.stream || page != run.page || self.pending.is_some() {
+            return false;
+        }
+        let p = &mut self.pages[run.loc.slot as usize];
+        let at = run.loc.idx as usize;
+        let Some(idx) = [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.hashes.get(i) == Some(&hash)) else {
+            return false;
+        };
+        if p.states[idx] != run.from {
+            return false;
+        }
+        p.states[idx] = run.to;
+        self.meta[run.to as usize].refs += 1;
+        self.release(run.from);
+        run.loc.idx = idx as u32;
+        self.cursors[stream] = Some((page, run.loc));
+        self.last_stream = stream;
+        true
+    }
+
+    fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
         let loc = match self.pending {
             Some((h, loc)) if h == hash => {
                 self.pending = None;
@@ -229,23 +289,25 @@ impl PrefixIndex {
                 self.find_or_add(hash, page, stream)
             }
         };
-        self.change_at(loc, change);
+        let (from, to) = self.change_at(loc, change);
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;
+        Step { stream, page, loc, from, to }
     }
 
-    fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) {
+    fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Option<Step> {
         if self.pending.is_some_and(|(h, _)| h == hash) {
-            return;
+            return None;
         }
         self.finish_pending();
-        let Some(loc) = self.find(hash, page, stream) else { return };
+        let loc = self.find(hash, page, stream)?;
         let (from, to) = self.change_at(loc, change);
         if to == EMPTY && from != EMPTY {
             self.pending = Some((hash, loc));
         }
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;
+        Some(Step { stream, page, loc, from, to })
     }
 
     /// The slot of `page` and the position of the block an event of the same page was on,

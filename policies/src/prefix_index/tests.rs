@@ -288,6 +288,13 @@ enum Op {
         tier: u8,
         block: usize,
     },
+    /// A run of the universe removed in reverse chain order, as engines evict it.
+    RemoveRun {
+        instance: u32,
+        tier: u8,
+        from: usize,
+        len: usize,
+    },
     /// Removed from one tier, stored in the next (a demotion).
     Move {
         instance: u32,
@@ -308,6 +315,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u32..4, 0u8..3, 0..n, 1usize..8).prop_map(|(instance, tier, from, len)| Op::StoreRun { instance, tier, from, len }),
         4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Store { instance, tier, block }),
         4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Remove { instance, tier, block }),
+        3 => (0u32..4, 0u8..3, 0..n, 1usize..8).prop_map(|(instance, tier, from, len)| Op::RemoveRun { instance, tier, from, len }),
         2 => (0u32..4, 0u8..2, 0..n).prop_map(|(instance, tier, block)| Op::Move { instance, tier, block }),
         1 => (0u32..4).prop_map(|instance| Op::Cleared { instance }),
         1 => (0u32..4).prop_map(|instance| Op::RemoveInstance { instance }),
@@ -344,6 +352,11 @@ proptest! {
                     let b = u[block];
                     events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
                 }
+                Op::RemoveRun { instance, tier, from, len } => {
+                    for b in u[from..(from + len).min(u.len())].iter().rev() {
+                        events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
+                    }
+                }
                 Op::Move { instance, tier, block } => {
                     let Block { hash, page } = u[block];
                     events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash, page }));
@@ -355,11 +368,16 @@ proptest! {
                     model.apply(InstanceId(instance), &KvEvent::Cleared);
                 }
             }
-            for (instance, e) in &events {
-                index.apply(InstanceId(*instance), e);
-                model.apply(InstanceId(*instance), e);
-                index.check_invariants();
+            // An op's events are one instance's, applied as one batch (where runs take the
+            // short way; the rest is `apply`).
+            if let Some(&(instance, _)) = events.first() {
+                let batch: Vec<KvEvent> = events.iter().map(|&(_, e)| e).collect();
+                index.apply_batch(InstanceId(instance), &batch);
             }
+            for (instance, e) in &events {
+                model.apply(InstanceId(*instance), e);
+            }
+            index.check_invariants();
             prop_assert_eq!(index.blocks(), model.blocks());
             let mut m = PrefixMatches::default();
             for prompt in &chains {
