@@ -662,7 +662,7 @@ impl Instance {
             self.kv.release(now, &mut seq.kv);
             return;
         }
-        if let Some((node, blocks)) = self.kv.release_keeping_path(now, &mut seq.kv) {
+        if let Some((node, blocks)) = self.kv.release_keeping_path(&mut seq.kv) {
             self.holds.add(Hold { session, node, blocks, since: now });
             let cap = (config.share * f64::from(self.kv.total_blocks())) as u32;
             while self.holds.blocks() > cap && self.drop_hold(now, None) {}

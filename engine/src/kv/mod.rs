@@ -353,33 +353,28 @@ impl KvCache {
     /// Gives back everything the sequence holds: private blocks to the pool, references on its
     /// tree path (the blocks stay cached until evicted).
     pub fn release(&mut self, now: Time, seq: &mut SeqKv) {
+        if let Some(n) = self.release_private(seq) {
+            self.tree.release_path(now, n);
+        }
+    }
+
+    /// Gives the sequence's private blocks back to the pool and empties it; returns the end
+    /// of the tree path it held references on (still held), if any.
+    fn release_private(&mut self, seq: &mut SeqKv) -> Option<NodeId> {
         for &b in &seq.blocks[seq.tree_blocks as usize..] {
             self.pool.push(b);
         }
-        if let Some(n) = seq.node {
-            self.tree.release_path(now, n);
-        }
         seq.blocks.clear();
         seq.tree_blocks = 0;
-        seq.node = None;
+        seq.node.take()
     }
 
     /// Gives back the sequence's private blocks but keeps its references on its tree path
     /// (a program's hold, `crate::programs`): returns the path's deepest node and its
     /// blocks, or `None` when it held no tree blocks (everything is then released).
-    pub fn release_keeping_path(&mut self, now: Time, seq: &mut SeqKv) -> Option<(NodeId, u32)> {
-        let Some(node) = seq.node else {
-            self.release(now, seq);
-            return None;
-        };
-        let kept = (node, seq.tree_blocks);
-        for &b in &seq.blocks[seq.tree_blocks as usize..] {
-            self.pool.push(b);
-        }
-        seq.blocks.clear();
-        seq.tree_blocks = 0;
-        seq.node = None;
-        Some(kept)
+    pub fn release_keeping_path(&mut self, seq: &mut SeqKv) -> Option<(NodeId, u32)> {
+        let tree_blocks = seq.tree_blocks;
+        self.release_private(seq).map(|node| (node, tree_blocks))
     }
 
     /// Blocks that dropping the reference kept on `deepest` would make evictable.

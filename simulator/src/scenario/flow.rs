@@ -102,22 +102,21 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
             toml::Value::Integer(v) => Some(*v as f64),
             _ => None,
         };
-        match (key.as_str(), value) {
-            ("program_hold_s", _) if number.is_some() => hold_s = number,
-            ("program_hold_share", _) if number.is_some() => hold_share = number,
-            ("program_hold_s" | "program_hold_share", _) => {
-                return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {value}, not a number")))
-            }
-            ("class_priority", toml::Value::Boolean(b)) => class_priority = *b,
-            ("class_priority", other) => {
+        match (key.as_str(), value, number) {
+            ("class_priority", toml::Value::Boolean(b), _) => class_priority = *b,
+            ("class_priority", other, _) => {
                 return Err(invalid(
                     "flow.rules",
                     format!("`class_priority` of `{name}` is {other}, not true or false"),
                 ))
             }
-            (_, toml::Value::Float(v)) => flow.set(key, *v).map_err(|e| param_error("flow.rules", e))?,
-            (_, toml::Value::Integer(v)) => flow.set(key, *v as f64).map_err(|e| param_error("flow.rules", e))?,
-            (_, other) => return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {other}, not a number"))),
+            (_, other, None) => {
+                return Err(invalid("flow.rules", format!("`{key}` of `{name}` is {other}, not a number")))
+            }
+            // The engines' holds, not the rule's: checked together below.
+            ("program_hold_s", _, n) => hold_s = n,
+            ("program_hold_share", _, n) => hold_share = n,
+            (_, _, Some(v)) => flow.set(key, v).map_err(|e| param_error("flow.rules", e))?,
         }
     }
     let program_hold = program_hold(hold_s, hold_share)?;
