@@ -45,6 +45,7 @@ fn field_name(key: &'static str) -> &'static str {
         // A policy gives the holds of sessions' KV among its flow rule's parameters.
         "program_hold_s" => "flow_params.program_hold_s",
         "program_hold_share" => "flow_params.program_hold_share",
+        "program_prefetch_s" => "flow_params.program_prefetch_s",
         other => other,
     }
 }
@@ -67,12 +68,18 @@ pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
 /// A scheduling's holds of sessions' KV (see [`engine::programs`]), checked as a flow rule's
 /// are.
 pub fn program_hold(s: &Scheduling) -> Result<Option<ProgramHold>, Invalid> {
-    simulator::scenario::program_hold(s.program_hold_s, s.program_hold_share).map_err(Invalid::of)
+    simulator::scenario::program_hold(s.program_hold_s, s.program_hold_share, s.program_prefetch_s).map_err(Invalid::of)
 }
 
-/// A scheduling's fields for `hold`.
-pub fn program_hold_fields(hold: Option<ProgramHold>) -> (Option<f64>, Option<f64>) {
-    (hold.map(|h| h.max_pause.as_secs_f64()), hold.map(|h| h.share))
+/// `scheduling` with the fields of `hold` (`program_hold_s`, `program_hold_share`,
+/// `program_prefetch_s`).
+pub fn with_program_hold(scheduling: Scheduling, hold: Option<ProgramHold>) -> Scheduling {
+    Scheduling {
+        program_hold_s: hold.map(|h| h.max_pause.as_secs_f64()),
+        program_hold_share: hold.map(|h| h.share),
+        program_prefetch_s: hold.and_then(|h| h.prefetch).map(|p| p.as_secs_f64()),
+        ..scheduling
+    }
 }
 
 /// Checks a scheduling and resolves it to the engine's types.
@@ -109,19 +116,18 @@ pub fn wire(prefill: &PrefillPolicy, kv_protection: Option<KvProtection>) -> Sch
         lower_class_step_tokens: None,
         program_hold_s: None,
         program_hold_share: None,
+        program_prefetch_s: None,
     }
 }
 
 /// The scheduling an engine runs, as it reports it.
 pub fn of(config: &InstanceConfig) -> Scheduling {
-    let (program_hold_s, program_hold_share) = program_hold_fields(config.program_hold);
-    Scheduling {
-        program_hold_s,
-        program_hold_share,
+    let scheduling = Scheduling {
         class_priority: config.class_priority.then_some(true),
         lower_class_step_tokens: config.lower_class_step_tokens.filter(|_| config.class_priority),
         ..wire(&config.prefill, config.kv_protection)
-    }
+    };
+    with_program_hold(scheduling, config.program_hold)
 }
 
 /// Fair prefill's parameters of a scheduling by name, as policies write them (none under

@@ -62,7 +62,9 @@ impl DecodeTable {
         let plain_decode = stats.prefill_tokens == 0
             && stats.decode_seqs > 0
             && stats.load_l2_tokens == 0
-            && stats.load_l3_tokens == 0;
+            && stats.load_l3_tokens == 0
+            && stats.prefetch_l2_tokens == 0
+            && stats.prefetch_l3_tokens == 0;
         if !plain_decode {
             return None;
         }

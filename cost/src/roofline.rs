@@ -106,6 +106,9 @@ pub struct StepBreakdown {
     pub load_s: f64,
     /// The part of `load_s` no compute hides: the first layer's share, and the L3 latency.
     pub load_exposed_s: f64,
+    /// Loading KV ahead of the turns that will use it (`BatchStats::prefetch_l2_tokens`): on
+    /// the same links as `load_s`, behind it, with nothing waiting for it.
+    pub prefetch_s: f64,
 }
 
 impl StepBreakdown {
@@ -114,7 +117,7 @@ impl StepBreakdown {
     /// layer-wise loading do (LMCache, SGLang HiCache): layer l + 1 loads while layer l
     /// computes, so only the first layer's load (and the store's latency) is exposed.
     pub fn total_s(&self) -> f64 {
-        let hidden_load = self.load_s - self.load_exposed_s;
+        let hidden_load = self.load_s - self.load_exposed_s + self.prefetch_s;
         let body = if self.serial_attention {
             let gemms = (self.compute_s - self.attention_compute_s).max(self.memory_s - self.attention_memory_s);
             gemms + self.attention_compute_s.max(self.attention_memory_s)
@@ -222,11 +225,15 @@ impl CostModel {
         if l2_tokens == 0.0 && l3_tokens == 0.0 {
             return (0.0, 0.0);
         }
-        let bytes = self.kv_bytes_per_token_per_gpu() as f64;
-        let l = self.links;
-        let latency = if l3_tokens > 0.0 { l.l3_latency_s } else { 0.0 };
-        let transfer = l2_tokens * bytes / l.l2_bytes_per_s + l3_tokens * bytes / l.l3_bytes_per_s;
+        let latency = if l3_tokens > 0.0 { self.links.l3_latency_s } else { 0.0 };
+        let transfer = self.transfer_time(l2_tokens, l3_tokens);
         (transfer + latency, transfer / f64::from(self.model.layers) + latency)
+    }
+
+    /// Moving KV of `l2_tokens` from host memory and `l3_tokens` from the shared store.
+    fn transfer_time(&self, l2_tokens: f64, l3_tokens: f64) -> f64 {
+        let bytes = self.kv_bytes_per_token_per_gpu() as f64;
+        l2_tokens * bytes / self.links.l2_bytes_per_s + l3_tokens * bytes / self.links.l3_bytes_per_s
     }
 
     pub fn model(&self) -> &'static ModelSpec {
@@ -299,6 +306,11 @@ impl CostModel {
 
         let (load_s, load_exposed_s) =
             self.load_time(s.load_l2_tokens as f64 * rank_share / cp, s.load_l3_tokens as f64 * rank_share / cp);
+        // Nobody waits for a prefetch's first layer or the store's latency: only the transfer counts.
+        let prefetch_s = self.transfer_time(
+            s.prefetch_l2_tokens as f64 * rank_share / cp,
+            s.prefetch_l3_tokens as f64 * rank_share / cp,
+        );
         let mut comm_s = k.comm_s_per_step
             + k.comm_s_per_rank_token * rank_tokens
             + k.comm_s_per_token * tokens
@@ -318,6 +330,7 @@ impl CostModel {
             overhead_s,
             load_s,
             load_exposed_s,
+            prefetch_s,
         }
     }
 

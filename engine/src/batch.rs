@@ -42,6 +42,10 @@ pub struct BatchStats {
     /// Tokens of KV loaded from L2 and from L3 during the iteration.
     pub load_l2_tokens: u64,
     pub load_l3_tokens: u64,
+    /// Tokens of KV loaded from L2 and from L3 in the background of the iteration, ahead of
+    /// the turns that will use them (`crate::programs`): no compute waits for them.
+    pub prefetch_l2_tokens: u64,
+    pub prefetch_l3_tokens: u64,
 }
 
 impl BatchStats {

@@ -38,9 +38,9 @@
 
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::ids::{BlockId, RequestId};
-use crate::kv::{KvCache, KvEvent, SharedStore};
-use crate::programs::{Hold, Holds, ProgramHold};
+use crate::ids::{BlockHash, BlockId, RequestId};
+use crate::kv::{KvCache, KvEvent, SeqKv, SharedStore};
+use crate::programs::{Hold, Holds, ProgramHold, Sessions};
 use crate::request::{CutShort, Evicted, Finished, Request};
 use crate::sequence::Seq;
 use crate::time::{Dur, Time};
@@ -234,6 +234,8 @@ pub struct Instance {
     paused_total: Dur,
     /// Sessions' paths kept through their tool calls ([`InstanceConfig::program_hold`]).
     pub(crate) holds: Holds,
+    /// Sessions' pauses and prefetches due ([`InstanceConfig::program_hold`]).
+    pub(crate) sessions: Sessions,
 }
 
 impl Instance {
@@ -265,6 +267,7 @@ impl Instance {
             paused_since: None,
             paused_total: Dur::ZERO,
             holds: Holds::default(),
+            sessions: Sessions::default(),
         }
     }
 
@@ -357,6 +360,9 @@ impl Instance {
     pub(crate) fn enqueue_slot(&mut self, now: Time, request: Request) -> Result<u32, (Rejected, Request)> {
         if let Err(e) = self.admissible(&request) {
             return Err((e, request));
+        }
+        if let (Some(_), Some(session)) = (self.config.program_hold, request.service.session) {
+            self.sessions.arrived(now, session);
         }
         let table = self.spare_tables.pop().unwrap_or_default();
         let seq = Seq::new(request, table, self.paused_clock(now));
@@ -501,6 +507,7 @@ impl Instance {
         if self.batch.is_empty() {
             return Ok(None);
         }
+        self.prefetch_programs(now);
         self.output.tokens.clear();
         self.output.accepted.clear();
         match exec.execute(&self.batch, &mut self.output) {
@@ -658,15 +665,103 @@ impl Instance {
         if let Some(old) = self.holds.take(session) {
             self.kv.release_path(now, old.node);
         }
-        if !Holds::worth_holding(&config, seq.last_pause) {
+        let cached = &seq.request.block_hashes[..(seq.kv.tree_blocks as usize).min(seq.request.block_hashes.len())];
+        self.sessions.ended(now, session, cached, config.prefetch);
+        if !Holds::worth_holding(&config, self.sessions.pause(session)) {
             self.kv.release(now, &mut seq.kv);
             return;
         }
-        if let Some((node, blocks)) = self.kv.release_keeping_path(&mut seq.kv) {
+        self.keep_path(now, session, &mut seq.kv, &config);
+    }
+
+    /// Keeps `kv`'s tree path as `session`'s hold (its private blocks, if any, are freed),
+    /// dropping the shortest holds while they pass their share.
+    fn keep_path(&mut self, now: Time, session: crate::SessionId, kv: &mut SeqKv, config: &ProgramHold) {
+        if let Some((node, blocks)) = self.kv.release_keeping_path(kv) {
             self.holds.add(Hold { session, node, blocks, since: now });
-            let cap = (config.share * f64::from(self.kv.total_blocks())) as u32;
-            while self.holds.blocks() > cap && self.drop_hold(now, None) {}
+            while self.holds.blocks() > self.hold_cap(config) && self.drop_hold(now, None) {}
         }
+    }
+
+    fn hold_cap(&self, config: &ProgramHold) -> u32 {
+        (config.share * f64::from(self.kv.total_blocks())) as u32
+    }
+
+    /// Loads sessions' contexts back from L2/L3 in the background of the step just formed
+    /// (see [`crate::programs`]): first the turns waiting here, then, if none waits, the
+    /// sessions whose next turn is expected within the lead.
+    fn prefetch_programs(&mut self, now: Time) {
+        let Some(config) = self.config.program_hold.filter(|h| h.prefetch.is_some()) else { return };
+        let lead = config.prefetch.unwrap_or(Dur::ZERO);
+        let mut budget = self.kv.blocks_for(self.config.max_batch_tokens);
+        self.scratch.clear();
+        self.scratch.extend(self.waiting.iter().copied());
+        for k in 0..self.scratch.len() {
+            let s = self.scratch[k];
+            let seq = self.seq(s);
+            let Some(session) = seq.request.service.session.filter(|_| !seq.prefetched) else { continue };
+            // As the scheduler matches it: at least one prompt token is computed.
+            let max = ((seq.prefill_len - 1) / self.config.block_size) as usize;
+            let hashes = std::mem::take(&mut self.seq_mut(s).request.block_hashes);
+            let (loaded, done) = self.prefetch(now, session, &hashes[..max.min(hashes.len())], budget, &config);
+            let seq = self.seq_mut(s);
+            seq.request.block_hashes = hashes;
+            seq.prefetched = done;
+            budget -= loaded;
+            if budget == 0 {
+                return;
+            }
+        }
+        if !self.waiting.is_empty() {
+            return;
+        }
+        while let Some((session, hashes)) = self.sessions.take_due(now + lead) {
+            let (loaded, done) = self.prefetch(now, session, &hashes, budget, &config);
+            budget -= loaded;
+            if !done {
+                self.sessions.again(now, session, hashes);
+                return;
+            }
+        }
+    }
+
+    /// Loads into L1 what of `hashes` (a session's context) L1 lacks and L2/L3 hold, at most
+    /// `budget` blocks and into room beyond the watermark and within the holds' share, and
+    /// holds the path for `session`. Returns the blocks loaded and whether nothing of the
+    /// prefix is left below L1.
+    fn prefetch(
+        &mut self,
+        now: Time,
+        session: crate::SessionId,
+        hashes: &[BlockHash],
+        budget: u32,
+        config: &ProgramHold,
+    ) -> (u32, bool) {
+        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+        let mut kv = SeqKv::default();
+        self.kv.match_more(now, &mut kv, hashes, hashes.len() as u32);
+        // The path just matched is referenced by `kv`: a hold of it can go.
+        if let Some(h) = self.holds.take(session) {
+            self.kv.release_path(now, h.node);
+        }
+        let room = self
+            .kv
+            .available_blocks()
+            .saturating_sub(watermark)
+            .min(self.hold_cap(config).saturating_sub(self.holds.blocks() + kv.tree_blocks))
+            .min(budget);
+        let all = self.kv.peek_lower(&kv, hashes, hashes.len() as u32);
+        let hit = self.kv.peek_lower(&kv, hashes, kv.tree_blocks + room);
+        if hit.blocks() == 0 || !self.kv.promote(now, &mut kv, hashes, hit) {
+            let done = all.blocks() == 0;
+            self.keep_path(now, session, &mut kv, config);
+            return (0, done);
+        }
+        let block_size = self.config.block_size;
+        self.batch.stats.prefetch_l2_tokens += u64::from(hit.l2 * block_size);
+        self.batch.stats.prefetch_l3_tokens += u64::from(hit.l3 * block_size);
+        self.keep_path(now, session, &mut kv, config);
+        (hit.blocks(), hit.blocks() == all.blocks())
     }
 
     /// Drops the hold of the shortest program, `last`'s only when no other is left (a turn
@@ -694,7 +789,6 @@ impl Instance {
     pub(crate) fn resume_program(&mut self, now: Time, s: u32) {
         let Some(session) = self.seq(s).request.service.session else { return };
         if let Some(h) = self.holds.take(session) {
-            self.seq_mut(s).last_pause = Some(now.since(h.since));
             self.kv.release_path(now, h.node);
         }
     }

@@ -60,8 +60,7 @@ impl StepSample {
             prefill_attention_pairs: self.prefill_attention_pairs,
             decode_seqs: self.decode_seqs,
             decode_context_tokens: self.decode_context_tokens,
-            load_l2_tokens: 0,
-            load_l3_tokens: 0,
+            ..BatchStats::default()
         }
     }
 }

@@ -18,6 +18,17 @@
 //!   costliest to reload or recompute, are kept longest.
 //! - **resume**: the session's next turn matches the held path like any cached prefix; once
 //!   it is admitted the hold is dropped (the turn holds the path itself).
+//! - **prefetch** (`prefetch`): a session that was not held, or lost its hold, has its
+//!   context demoted to L2/L3 under pressure; it is loaded back into L1 (and held) `prefetch`
+//!   before its next turn is expected (its last pause after its last turn's end), and as soon
+//!   as a turn of it waits here. The transfer runs in the background of the steps (the cost
+//!   model adds it to the steps' layer-wise loads, hidden under compute while it fits), at
+//!   most a step's token budget per step, only into room beyond the admission watermark, and
+//!   a not-yet-arrived session's only while nothing waits: it never takes the room of work
+//!   that is here.
+//!
+//! A session's pause is measured on this instance, from its turn's end to its next turn's
+//! arrival; a session is forgotten [`FORGET`] after its last turn ended here.
 //!
 //! What holds alone keep does not count as used, in load reports and for the KV high-water
 //! protection: it is reclaimable on demand, as cached blocks are (counted as used, holds made
@@ -25,9 +36,15 @@
 //! victim a hold's blocks are its whole path, so a prefix several sessions share (a system
 //! prompt) counts in each: the cap errs on the side of holding less.
 
+use crate::ids::BlockHash;
 use crate::kv::NodeId;
 use crate::service::SessionId;
 use crate::time::{Dur, Time};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// How long after its last turn ended here a session's pause is remembered.
+pub const FORGET: Dur = Dur(300_000_000);
 
 /// Holding sessions' KV through their tool calls (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,11 +54,14 @@ pub struct ProgramHold {
     pub max_pause: Dur,
     /// Share of the instance's KV blocks holds may take, in (0, 1].
     pub share: f64,
+    /// Load a session's context back from L2/L3 this long before its next turn is expected,
+    /// and when one waits here; `None`: no prefetch.
+    pub prefetch: Option<Dur>,
 }
 
 impl Default for ProgramHold {
     fn default() -> Self {
-        ProgramHold { max_pause: Dur::from_millis(10_000), share: 0.5 }
+        ProgramHold { max_pause: Dur::from_millis(10_000), share: 0.5, prefetch: None }
     }
 }
 
@@ -123,6 +143,84 @@ impl Holds {
     }
 }
 
+/// The sessions whose turns ran on one instance: their pauses, and the prefetches due.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Sessions {
+    map: HashMap<SessionId, Session>,
+    /// (when, session, the end of the turn it is for, prefetch or forget); an entry whose
+    /// session has ended another turn since (or has one here) is stale.
+    due: BinaryHeap<Reverse<(Time, SessionId, Time, bool)>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Session {
+    /// When its last turn here ended; `None` while a turn of it is here.
+    ended: Option<Time>,
+    /// Its last pause here: from a turn's end to the next turn's arrival.
+    pause: Option<Dur>,
+    /// The cached prompt blocks of its last turn, while a prefetch of them is due.
+    hashes: Vec<BlockHash>,
+}
+
+impl Sessions {
+    /// A turn of `session` arrived: the pause since its last turn here is measured.
+    pub fn arrived(&mut self, now: Time, session: SessionId) {
+        if let Some(s) = self.map.get_mut(&session) {
+            if let Some(ended) = s.ended.take() {
+                s.pause = Some(now.since(ended));
+            }
+            s.hashes = Vec::new();
+        }
+    }
+
+    /// A turn of `session` whose cached prompt blocks are `hashes` ended; with `prefetch`
+    /// (and a pause seen), they are due back `prefetch` before its next turn is expected.
+    pub fn ended(&mut self, now: Time, session: SessionId, hashes: &[BlockHash], prefetch: Option<Dur>) {
+        let s = self.map.entry(session).or_default();
+        s.ended = Some(now);
+        if let (Some(lead), Some(pause)) = (prefetch, s.pause) {
+            s.hashes.clear();
+            s.hashes.extend_from_slice(hashes);
+            let at = if pause > lead { now + (pause - lead) } else { now };
+            self.due.push(Reverse((at, session, now, true)));
+        }
+        self.due.push(Reverse((now + FORGET, session, now, false)));
+    }
+
+    /// Its last pause here, if one was seen.
+    pub fn pause(&self, session: SessionId) -> Option<Dur> {
+        self.map.get(&session).and_then(|s| s.pause)
+    }
+
+    /// Takes the next session whose prefetch is due by `now`, with its blocks (forgetting
+    /// the sessions whose time has come on the way).
+    pub fn take_due(&mut self, now: Time) -> Option<(SessionId, Vec<BlockHash>)> {
+        while let Some(&Reverse((at, session, ended, prefetch))) = self.due.peek() {
+            if at > now {
+                return None;
+            }
+            self.due.pop();
+            let Some(s) = self.map.get_mut(&session).filter(|s| s.ended == Some(ended)) else { continue };
+            if !prefetch {
+                self.map.remove(&session);
+            } else if !s.hashes.is_empty() {
+                return Some((session, std::mem::take(&mut s.hashes)));
+            }
+        }
+        None
+    }
+
+    /// Gives back a prefetch cut short (by the step's transfer budget), due again at `now`.
+    pub fn again(&mut self, now: Time, session: SessionId, hashes: Vec<BlockHash>) {
+        if let Some(s) = self.map.get_mut(&session) {
+            if let Some(ended) = s.ended {
+                s.hashes = hashes;
+                self.due.push(Reverse((now, session, ended, true)));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,7 +251,7 @@ mod tests {
 
     #[test]
     fn sessions_with_long_pauses_are_not_held() {
-        let config = ProgramHold { max_pause: Dur::from_millis(5000), share: 0.5 };
+        let config = ProgramHold { max_pause: Dur::from_millis(5000), ..ProgramHold::default() };
         assert!(Holds::worth_holding(&config, None));
         assert!(Holds::worth_holding(&config, Some(Dur::from_millis(5000))));
         assert!(!Holds::worth_holding(&config, Some(Dur::from_millis(6000))));

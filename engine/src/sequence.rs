@@ -43,9 +43,9 @@ pub(crate) struct Seq {
     /// Out of the queues while its KV travels to or from another instance (see
     /// `crate::handoff`).
     pub parked: Option<Parked>,
-    /// Its session's last pause on this instance (from the end of the turn before to this
-    /// one's admission), when it resumed from a hold (`crate::programs`).
-    pub last_pause: Option<Dur>,
+    /// Its session's context was loaded back from L2/L3 while it waited
+    /// (`crate::programs`): nothing more to prefetch for it.
+    pub prefetched: bool,
 }
 
 /// Why a sequence waits outside the queues, holding its blocks.
@@ -90,7 +90,7 @@ impl Seq {
             evictions: resume.map_or(0, |r| r.evictions),
             handoff: false,
             parked: None,
-            last_pause: None,
+            prefetched: false,
         }
     }
 

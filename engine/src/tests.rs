@@ -537,7 +537,7 @@ proptest! {
         fair_prefill in proptest::option::of((1u32..64, 0.0f64..0.2, 1u32..16)),
         kv_protection in proptest::option::of((0.2f64..=1.0, 0.05f64..0.95, proptest::option::of(0u32..20), any::<bool>())),
         speculation in proptest::option::of((1u32..8, any::<u64>())),
-        program_hold in proptest::option::of((1u64..20_000, 0.05f64..=1.0)),
+        program_hold in proptest::option::of((1u64..20_000, 0.05f64..=1.0, proptest::option::of(0u64..5_000))),
     ) {
         let mut exec: Box<dyn Executor> = match speculation {
             None => Box::new(Fixed),
@@ -551,7 +551,7 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share)| ProgramHold { max_pause: Dur(pause), share }) };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class))| {
             let shared = [g, g + 10, g + 20];
@@ -607,7 +607,7 @@ proptest! {
         prop_assert_eq!(done.iter().map(|f| f.evictions).sum::<u32>(), evictions);
         prop_assert!(!inst.admission_paused(), "an idle instance admits");
         // Sessions' holds last until their pause is over.
-        if let Some((pause, _)) = program_hold {
+        if let Some((pause, ..)) = program_hold {
             prop_assert!(inst.begin_step(now + Dur(pause + 1), exec.as_mut()).unwrap().is_none());
         }
         prop_assert_eq!(inst.kv().available_blocks(), blocks);
@@ -721,17 +721,21 @@ fn changing_the_scheduling_mid_run_loses_no_request() {
     assert_eq!(inst.kv().used_blocks(), 0);
 }
 
+/// A turn of session 9, whose context is its first `blocks` blocks (the same in every turn),
+/// with 2 output tokens.
+fn session_turn(id: u64, prompt: u32, blocks: u64) -> Request {
+    let keys: Vec<u64> = (1..=blocks).collect();
+    let mut r = req(id, prompt, 2, &keys);
+    r.service.session = SessionId::new(9);
+    r
+}
+
 /// A paused session's context outlives newer cached blocks with a hold, and is the first to
 /// go without one (plain LRU): the session's turn 1 finishes, a one-off request caches its
 /// prompt after it, a third request needs room, then the session's turn 2 arrives.
 #[test]
 fn a_held_session_keeps_its_context_through_other_traffic() {
-    let session_keys: Vec<u64> = (1..=24).collect();
-    let turn = |id, prompt| {
-        let mut r = req(id, prompt, 2, &session_keys);
-        r.service.session = SessionId::new(9);
-        r
-    };
+    let turn = |id, prompt| session_turn(id, prompt, 24);
     let turn2_cached = |program_hold| {
         let mut inst = Instance::new(InstanceConfig { program_hold, ..config(64, 64) });
         let mut now = Time::ZERO;
@@ -746,7 +750,44 @@ fn a_held_session_keeps_its_context_through_other_traffic() {
         assert_eq!(inst.kv().available_blocks(), 64, "every hold dropped once expired");
         done[0].cached_total()
     };
-    let hold = ProgramHold { max_pause: Dur::from_millis(10_000), share: 0.5 };
+    let hold = ProgramHold { max_pause: Dur::from_millis(10_000), ..ProgramHold::default() };
     assert_eq!(turn2_cached(Some(hold)), 96, "the 24 blocks of turn 1 were held");
     assert!(turn2_cached(None) < 96, "LRU took the session's blocks, older than the one-off's");
+}
+
+/// A session whose tool pauses are longer than holds last loses its context to L2 under
+/// other traffic; with prefetch it is loaded back before the session's next turn is
+/// expected, in the background of a step, and the turn finds it in GPU memory.
+#[test]
+fn a_paused_sessions_context_is_prefetched_from_l2_before_its_next_turn() {
+    let turn = |id, prompt| session_turn(id, prompt, 40);
+    let s = |secs: f64| Dur::from_secs_f64(secs);
+    let third_turn = |prefetch| {
+        let hold = ProgramHold { max_pause: s(1.0), share: 0.5, prefetch };
+        let mut inst = Instance::new(InstanceConfig { program_hold: Some(hold), l2_blocks: 64, ..config(64, 64) });
+        inst.enqueue(Time::ZERO, turn(1, 96)).unwrap();
+        let (_, _, t1) = run(&mut inst, Time::ZERO);
+        // A pause of 5 s, longer than holds last: turn 2's context is left to LRU.
+        inst.enqueue(t1 + s(5.0), turn(2, 128)).unwrap();
+        let (_, _, t2) = run(&mut inst, t1 + s(5.0));
+        // Other traffic pushes the session's 32 blocks out to L2.
+        inst.enqueue(t2 + s(0.1), req(3, 120, 2, &[])).unwrap();
+        inst.enqueue(t2 + s(0.1), req(4, 120, 2, &[])).unwrap();
+        run(&mut inst, t2 + s(0.1));
+        assert!(inst.kv().l2_blocks() >= 24, "the session's context went to L2");
+        // A step 4.5 s after turn 2 ended: turn 3 is expected at 5 s, within the lead.
+        inst.enqueue(t2 + s(4.5), req(5, 8, 2, &[])).unwrap();
+        let (_, stats, _) = run(&mut inst, t2 + s(4.5));
+        let prefetched: u64 = stats.iter().map(|b| b.prefetch_l2_tokens).sum();
+        inst.enqueue(t2 + s(5.0), turn(6, 160)).unwrap();
+        let (done, _, _) = run(&mut inst, t2 + s(5.0));
+        inst.check_invariants();
+        (prefetched, done[0].cached_tokens)
+    };
+    let (prefetched, cached) = third_turn(Some(s(1.0)));
+    assert!(prefetched >= 96, "most of turn 2's 32 blocks were loaded back: {prefetched} tokens");
+    assert_eq!(cached, [128, 0, 0], "turn 3 found its context in L1");
+    let (prefetched, cached) = third_turn(None);
+    assert_eq!(prefetched, 0);
+    assert!(cached[1] > 0 && cached[0] < 128, "without prefetch it loads from L2 itself: {cached:?}");
 }

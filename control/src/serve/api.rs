@@ -274,6 +274,9 @@ fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
     if let (Some(seconds), Some(share)) = (s.program_hold_s, s.program_hold_share) {
         v["program_hold_s"] = json!(seconds);
         v["program_hold_share"] = json!(share);
+        if let Some(lead) = s.program_prefetch_s {
+            v["program_prefetch_s"] = json!(lead);
+        }
     }
     v
 }

@@ -89,14 +89,12 @@ impl App {
         }
         hub.set_flow(set.flow.flow, set.class_slo);
         let class_priority = set.flow.class_priority;
-        let (program_hold_s, program_hold_share) = crate::scheduling::program_hold_fields(set.flow.program_hold);
         let scheduling = crate::proto::Scheduling {
             class_priority: class_priority.then_some(true),
-            program_hold_s,
-            program_hold_share,
             lower_class_step_tokens: hub.lower_class_step_tokens().filter(|_| class_priority),
             ..set.scheduling
         };
+        let scheduling = crate::scheduling::with_program_hold(scheduling, set.flow.program_hold);
         if hub.fleet.scheduling() != Some(&scheduling) {
             tracing::info!(?scheduling, version, "engine scheduling in force");
             hub.fleet.set_scheduling(scheduling);

@@ -160,17 +160,22 @@ fn a_policy_turns_on_the_engines_holds_of_sessions_kv_and_refuses_bad_ones() {
         (json!({"program_hold_s": 5, "program_hold_share": 1.5}), "flow_params.program_hold_share", "(0, 1]"),
         (json!({"program_hold_share": 0.5}), "flow_params.program_hold_share", "needs program_hold_s"),
         (json!({"program_hold_s": -1}), "flow_params.program_hold_s", "seconds > 0"),
+        (json!({"program_prefetch_s": 1}), "flow_params.program_prefetch_s", "needs program_hold_s"),
+        (json!({"program_hold_s": 5, "program_prefetch_s": -2}), "flow_params.program_prefetch_s", "seconds >= 0"),
     ] {
         let body = json!({"router": "least-outstanding", "flow": "slo", "flow_params": params});
         let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &body);
         assert_eq!((status, v["error"]["param"].as_str()), (400, Some(field)), "{body}: {v}");
         assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(says)), "{body}: {v}");
     }
-    put_policy(&s.http, json!({"router": "least-outstanding", "flow": "slo", "flow_params": {"program_hold_s": 5}}));
-    eventually(10, "e0 holds sessions' KV for pauses up to 5 s", || {
+    let holds = json!({"program_hold_s": 5, "program_prefetch_s": 1.5});
+    put_policy(&s.http, json!({"router": "least-outstanding", "flow": "slo", "flow_params": holds}));
+    eventually(10, "e0 holds sessions' KV for pauses up to 5 s and prefetches it 1.5 s ahead", || {
         let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
         let scheduling = &v["instances"][0]["scheduling"];
-        scheduling["program_hold_s"] == json!(5.0) && scheduling["program_hold_share"] == json!(0.5)
+        scheduling["program_hold_s"] == json!(5.0)
+            && scheduling["program_hold_share"] == json!(0.5)
+            && scheduling["program_prefetch_s"] == json!(1.5)
     });
     // Turns of one session are served with holds on; a policy without holds turns them off.
     for turn in 0..2 {

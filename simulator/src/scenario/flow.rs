@@ -8,8 +8,10 @@
 //! # `slo`, off for `none` and `llm-d`).
 //! rules = ["none", "llm-d", "slo", { name = "slo", batch_headroom = 0.5 }, { name = "none", class_priority = true }]
 //! # Engines hold agent sessions' KV through tool calls (engine::programs): pauses up to
-//! # program_hold_s seconds, in at most program_hold_share of each engine's KV [default 0.5].
-//! rules = [{ name = "slo", program_kv_share = 0.9, program_hold_s = 10 }]
+//! # program_hold_s seconds, in at most program_hold_share of each engine's KV [default 0.5],
+//! # and load a session's context back from L2/L3 program_prefetch_s seconds before its next
+//! # turn is expected, and when one waits [default: no prefetch].
+//! rules = [{ name = "slo", program_kv_share = 0.9, program_hold_s = 10, program_prefetch_s = 1 }]
 //! ```
 //!
 //! Without `[flow]` every run places requests as they arrive, engines FCFS, and run names
@@ -64,21 +66,31 @@ impl FlowSection {
     }
 }
 
-/// Engines' holds of sessions' KV ([`engine::programs`]) from `program_hold_s` (seconds) and
-/// `program_hold_share`: the one check, for flow rules and for an engine's scheduling.
-pub fn program_hold(seconds: Option<f64>, share: Option<f64>) -> Result<Option<ProgramHold>, ScenarioError> {
+/// Engines' holds of sessions' KV ([`engine::programs`]) from `program_hold_s` (seconds),
+/// `program_hold_share` and `program_prefetch_s` (seconds): the one check, for flow rules and
+/// for an engine's scheduling.
+pub fn program_hold(
+    seconds: Option<f64>,
+    share: Option<f64>,
+    prefetch: Option<f64>,
+) -> Result<Option<ProgramHold>, ScenarioError> {
     if let Some(s) = seconds.filter(|s| !(s.is_finite() && *s > 0.0)) {
         return Err(invalid("program_hold_s", format!("{s} is not seconds > 0")));
     }
     if let Some(s) = share.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
         return Err(invalid("program_hold_share", format!("{s} is not a share in (0, 1]")));
     }
-    match (seconds, share) {
-        (None, None) => Ok(None),
-        (None, Some(_)) => Err(invalid("program_hold_share", "needs program_hold_s")),
-        (Some(s), share) => Ok(Some(ProgramHold {
+    if let Some(s) = prefetch.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(invalid("program_prefetch_s", format!("{s} is not seconds >= 0")));
+    }
+    match (seconds, share, prefetch) {
+        (None, None, None) => Ok(None),
+        (None, Some(_), _) => Err(invalid("program_hold_share", "needs program_hold_s")),
+        (None, _, Some(_)) => Err(invalid("program_prefetch_s", "needs program_hold_s")),
+        (Some(s), share, prefetch) => Ok(Some(ProgramHold {
             max_pause: Dur::from_secs_f64(s),
             share: share.unwrap_or(ProgramHold::default().share),
+            prefetch: prefetch.map(Dur::from_secs_f64),
         })),
     }
 }
@@ -95,7 +107,7 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
         name.parse().map_err(|e: policies::flow::UnknownFlow| invalid("flow.rules", e.to_string()))?;
     let default_priority = matches!(flow, FlowConfig::Slo(_));
     let mut class_priority = default_priority;
-    let (mut hold_s, mut hold_share) = (None, None);
+    let (mut hold_s, mut hold_share, mut prefetch_s) = (None, None, None);
     for (key, value) in table.into_iter().flatten().filter(|(k, _)| *k != "name") {
         let number = match value {
             toml::Value::Float(v) => Some(*v),
@@ -116,10 +128,11 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
             // The engines' holds, not the rule's: checked together below.
             ("program_hold_s", _, n) => hold_s = n,
             ("program_hold_share", _, n) => hold_share = n,
+            ("program_prefetch_s", _, n) => prefetch_s = n,
             (_, _, Some(v)) => flow.set(key, v).map_err(|e| param_error("flow.rules", e))?,
         }
     }
-    let program_hold = program_hold(hold_s, hold_share)?;
+    let program_hold = program_hold(hold_s, hold_share, prefetch_s)?;
     let mut label = format!("flow={}", flow.label());
     if class_priority != default_priority {
         label.push_str(if class_priority { "+class-priority" } else { "+fcfs-engines" });
@@ -128,6 +141,9 @@ fn resolve_entry(entry: &FlowEntry) -> Result<FlowRun, ScenarioError> {
         label.push_str(&format!("+hold={}s", h.max_pause.as_secs_f64()));
         if hold_share.is_some() {
             label.push_str(&format!("/{}", h.share));
+        }
+        if let Some(p) = h.prefetch {
+            label.push_str(&format!("+prefetch={}s", p.as_secs_f64()));
         }
     }
     Ok(FlowRun { flow, class_priority, program_hold, label: Some(label) })
