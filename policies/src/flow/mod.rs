@@ -85,8 +85,9 @@ pub trait FlowRule: Send + fmt::Debug {
     fn queue_limit(&self) -> usize;
 
     /// Admission by program (see [`programs`]): the share of the candidates' GPU KV that
-    /// programs in progress may fill, and when one stops being in progress; `None`: off.
-    fn program_admission(&self) -> Option<(f64, engine::Dur)> {
+    /// programs in progress may fill, when one stops being in progress, and how waiting
+    /// programs start and growing ones pause; `None`: off.
+    fn program_admission(&self) -> Option<(f64, engine::Dur, programs::Packing)> {
         None
     }
 }

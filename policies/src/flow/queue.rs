@@ -78,7 +78,10 @@ impl<P> Flow<P> {
         };
         Flow {
             usage,
-            programs: rule.as_ref().and_then(|r| r.program_admission()).map(|(share, idle)| Programs::new(share, idle)),
+            programs: rule
+                .as_ref()
+                .and_then(|r| r.program_admission())
+                .map(|(share, idle, packing)| Programs::new(share, idle, packing)),
             rule,
             entries: Vec::new(),
             free: Vec::new(),
@@ -124,12 +127,16 @@ impl<P> Flow<P> {
         let continues = self.programs.as_ref().is_some_and(|p| p.continues(&request));
         let ahead = self.bands[..b].iter().any(|band| band.len > 0)
             || (self.bands[b].len > 0 && !continues && !self.goes_first(now, b, request.service.tenant));
-        let room = !ahead
-            && rule.has_room(view, &request, self.over_share(now, &request))
-            && self.program_room(view, &request);
-        if room {
-            let request = self.placed(now, request);
+        let room = !ahead && rule.has_room(view, &request, self.over_share(now, &request));
+        if room && self.program_room(view, &request) {
+            let request = self.placed(now, request, view);
             return Offer::Place(request, payload);
+        }
+        if room && continues {
+            // Its program outgrew the share and is the shortest (packing): it pauses.
+            if let (Some(p), Some(session)) = (&mut self.programs, request.service.session) {
+                p.pause(session);
+            }
         }
         let reason = if class.sheddable() && rule.shed_when_full() {
             Some(ShedReason::Saturated { class })
@@ -169,6 +176,8 @@ impl<P> Flow<P> {
     pub fn next(&mut self, now: Time, view: &FleetView) -> Option<(Request, P)> {
         let fairness = self.rule.as_ref()?.fairness();
         let b = self.bands.iter().position(|band| band.len > 0)?;
+        // When every head waits for programs: the oldest arrival among them.
+        let mut waiting_since: Option<Time> = None;
         for tenant in self.tenant_order(b, fairness, now) {
             let Some(slot) = self.head(b, tenant, now) else { continue };
             let entry = self.entries[slot as usize].as_ref().expect("the head is queued");
@@ -177,14 +186,48 @@ impl<P> Flow<P> {
                 return None;
             }
             if !self.program_room(view, &entry.request) {
+                let arrival = entry.request.arrival;
+                waiting_since = Some(waiting_since.map_or(arrival, |t| t.min(arrival)));
                 continue;
             }
-            let entry = self.remove(slot);
-            let request = self.placed(now, entry.request);
-            self.bands[b].last = Some(tenant);
-            return Some((request, entry.payload));
+            return Some(self.take(now, b, slot, view));
         }
-        None
+        let programs = self.programs.as_ref().filter(|p| p.packing())?;
+        if waiting_since.is_some_and(|t| now.since(t) > programs.idle()) {
+            return None;
+        }
+        let slot = self.best_fit(now, b, view)?;
+        Some(self.take(now, b, slot, view))
+    }
+
+    /// Takes queued `slot` of band `b` out to be placed.
+    fn take(&mut self, now: Time, b: usize, slot: u32, view: &FleetView) -> (Request, P) {
+        let entry = self.remove(slot);
+        self.bands[b].last = Some(entry.request.service.tenant);
+        let request = self.placed(now, entry.request, view);
+        (request, entry.payload)
+    }
+
+    /// The queued program turn of band `b` with the largest context that fits the room left
+    /// for programs and has room in the fleet (the oldest of equals): best-fit-decreasing.
+    fn best_fit(&self, now: Time, b: usize, view: &FleetView) -> Option<u32> {
+        let rule = self.rule.as_ref()?;
+        let mut best: Option<(u64, Reverse<u64>, u32)> = None;
+        for (slot, entry) in self.entries.iter().enumerate() {
+            let Some(e) = entry else { continue };
+            let r = &e.request;
+            if r.service.session.is_none() || r.service.class.index() != b {
+                continue;
+            }
+            let key = (super::programs::context(r), Reverse(e.seq), slot as u32);
+            if best.is_some_and(|b| b >= key) {
+                continue;
+            }
+            if self.program_room(view, r) && rule.has_room(view, r, self.over_share(now, r)) {
+                best = Some(key);
+            }
+        }
+        best.map(|(_, _, slot)| slot)
     }
 
     /// Sheds every queued request whose time to be shed has come.
@@ -221,14 +264,24 @@ impl<P> Flow<P> {
     /// Whether admission by program lets `request` start now.
     fn program_room(&self, view: &FleetView, request: &Request) -> bool {
         let Some(p) = &self.programs else { return true };
-        p.admits(request, view.candidates(request).map(|v| v.capacity_tokens).sum())
+        p.admits(request, Self::program_kv(view, request))
+    }
+
+    /// The GPU KV programs share: the candidates' for `request`.
+    fn program_kv(view: &FleetView, request: &Request) -> u64 {
+        view.candidates(request).map(|v| v.capacity_tokens).sum()
+    }
+
+    /// Programs paused so far (admission by program with packing).
+    pub fn programs_paused(&self) -> u64 {
+        self.programs.as_ref().map_or(0, Programs::paused)
     }
 
     /// Counts a request placed; lifts it when its tenant is under its share (see
     /// [`engine::Service::lift`]).
-    fn placed(&mut self, now: Time, mut request: Request) -> Request {
+    fn placed(&mut self, now: Time, mut request: Request, view: &FleetView) -> Request {
         if let Some(p) = &mut self.programs {
-            p.placed(now, &request);
+            p.placed(now, &request, Self::program_kv(view, &request));
         }
         if let Some(u) = &mut self.usage {
             request.service.lift = u.under_share(now, request.service.tenant);

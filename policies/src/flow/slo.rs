@@ -80,6 +80,10 @@ pub struct SloFlowConfig {
     pub program_kv_share: f64,
     /// A session with no turn placed for this long is no longer in progress.
     pub program_idle: Dur,
+    /// 1: when the program at the head does not fit, the waiting one that best fits goes
+    /// (best-fit-decreasing); 2: also, programs in progress that outgrow the share pause,
+    /// shortest first; 0: neither (see [`super::programs`]).
+    pub program_packing: u32,
 }
 
 impl Default for SloFlowConfig {
@@ -99,6 +103,7 @@ impl Default for SloFlowConfig {
             lower_chunk_share: 0.5,
             program_kv_share: 0.0,
             program_idle: Dur::from_secs_f64(30.0),
+            program_packing: 0,
         }
     }
 }
@@ -118,6 +123,7 @@ crate::params!(SloFlowConfig, "slo", {
     lower_chunk_share: float above 0.0 ..= 100.0, "while an interactive request decodes, lower classes' prompt tokens per engine step: this share of the interactive TPOT target at the prefill rate";
     program_kv_share: float from 0.0 ..= 4.0, "share of the GPU KV the contexts of agent sessions in progress may fill before a new session waits (0: off)";
     program_idle: seconds above 0.0 ..= 86400.0, "a session with no turn for this long is no longer in progress";
+    program_packing: integer from 0 ..= 2, "1: when the session at the head does not fit program_kv_share, the waiting one that best fits starts (best-fit-decreasing); 2: also, sessions that outgrow it pause, shortest first";
 });
 
 impl SloFlowConfig {
@@ -242,7 +248,9 @@ impl FlowRule for SloFlow {
         self.config.queue_limit as usize
     }
 
-    fn program_admission(&self) -> Option<(f64, Dur)> {
-        (self.config.program_kv_share > 0.0).then_some((self.config.program_kv_share, self.config.program_idle))
+    fn program_admission(&self) -> Option<(f64, Dur, super::programs::Packing)> {
+        let c = &self.config;
+        let packing = super::programs::Packing::of(c.program_packing);
+        (c.program_kv_share > 0.0).then_some((c.program_kv_share, c.program_idle, packing))
     }
 }

@@ -226,12 +226,15 @@ proptest! {
     #[test]
     fn every_offered_request_ends_exactly_once(
         arrivals in proptest::collection::vec((0u64..20_000, 0usize..3, 0u32..4, any::<bool>()), 1..80),
-        rule in 0usize..3,
+        rule in 0usize..4,
         max_wait_s in 0.0f64..10.0,
     ) {
+        let slo = SloFlowConfig { batch_max_wait: Dur::from_secs_f64(max_wait_s), queue_limit: 20, ..SloFlowConfig::default() };
         let config = match rule {
             0 => FlowConfig::None,
-            1 => FlowConfig::Slo(SloFlowConfig { batch_max_wait: Dur::from_secs_f64(max_wait_s), queue_limit: 20, ..SloFlowConfig::default() }),
+            1 => FlowConfig::Slo(slo),
+            // Sessions, admission by program with packing: pauses, best-fit-decreasing.
+            2 => FlowConfig::Slo(SloFlowConfig { program_kv_share: 0.1, program_packing: 2, ..slo }),
             _ => FlowConfig::LlmD(LlmDFlowConfig { queue_limit: 20, ..LlmDFlowConfig::default() }),
         };
         let (mut c, mut flow, mut fleet) = setup(config);
@@ -252,17 +255,24 @@ proptest! {
         for (id, &(at, class, tenant, busy)) in arrivals.iter().enumerate() {
             let now = Time::from_millis(at);
             report(&mut c, busy);
-            let r = c.offer(&mut flow, &mut fleet, now, request(id as u64, at, Class::ALL[class], tenant), ());
+            let mut r = request(id as u64, at, Class::ALL[class], tenant);
+            if rule == 2 {
+                r.service.session = engine::SessionId::new(at % 5 + 1);
+                r.prompt_tokens = 10_000 + (at % 7) as u32 * 9_000;
+            }
+            let r = c.offer(&mut flow, &mut fleet, now, r, ());
             out.push(r);
             c.release(&mut flow, &mut fleet, now, &mut out);
             settle(&mut out, &mut ended);
         }
         report(&mut c, false);
-        let end = Time::from_millis(1_000_000);
+        // A minute at a time, so that programs in progress go idle and let others start.
+        let mut end = Time::from_millis(1_000_000);
         while !flow.is_empty() {
             c.release(&mut flow, &mut fleet, end, &mut out);
             settle(&mut out, &mut ended);
             report(&mut c, false);
+            end += Dur::from_secs_f64(60.0);
         }
         prop_assert_eq!(ended.len(), arrivals.len());
         prop_assert!(ended.values().all(|&n| n == 1), "{:?}", ended);
@@ -330,4 +340,81 @@ fn a_first_turn_waiting_for_programs_lets_other_tenants_go() {
     c.release(&mut flow, &mut fleet, Time::from_millis(3), &mut out);
     assert_eq!(placed(&out), [2], "tenant 2 goes; tenant 1's first turn still waits for session 1");
     assert_eq!(flow.len(), 1);
+}
+
+/// Offers `r` at its arrival, the instance reporting itself idle.
+fn offer_idle(c: &mut Controller, flow: &mut Flow<()>, fleet: &mut Recording, r: Request) -> Released<()> {
+    report(c, false);
+    c.offer(flow, fleet, r.arrival, r, ())
+}
+
+/// A turn of `session` with a context of `k` thousand tokens.
+fn sized_turn(id: u64, session: u64, at_ms: u64, k: u32) -> Request {
+    let mut r = turn(id, session, at_ms, 0);
+    r.prompt_tokens = k * 1_000 - 1_000;
+    r
+}
+
+/// With packing (1 and 2), the waiting program turn that best fits the room left goes when
+/// the one ahead does not fit; with 2, a program that grows past the share pauses the
+/// shorter ones.
+#[test]
+fn with_packing_programs_resume_best_fit_decreasing_and_grown_ones_pause_shorter_ones() {
+    for packing in [0, 1, 2] {
+        let config = SloFlowConfig { program_kv_share: 0.1, program_packing: packing, ..Default::default() };
+        let (mut c, mut flow, mut fleet) = setup(FlowConfig::Slo(config));
+        // 100K tokens for programs: session 1 takes 60K; session 2 (50K) waits; sessions 3
+        // (30K) and 4 (20K) queue behind it.
+        assert!(matches!(offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(0, 1, 0, 60)), Released::Placed { .. }));
+        for (id, session, k) in [(1, 2, 50), (2, 3, 30), (3, 4, 20)] {
+            assert!(matches!(
+                offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(id, session, id, k)),
+                Released::Queued
+            ));
+        }
+        report(&mut c, false);
+        let mut out = Vec::new();
+        c.release(&mut flow, &mut fleet, Time::from_millis(10), &mut out);
+        if packing == 0 {
+            assert!(placed(&out).is_empty(), "FIFO: session 2 blocks the queue");
+            continue;
+        }
+        assert_eq!(placed(&out), [2], "the largest that fits the 40K left: session 3");
+        if packing == 1 {
+            // Without pausing, a later turn always passes.
+            let r = offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(4, 1, 2_000, 80));
+            assert!(matches!(r, Released::Placed { .. }), "{r:?}");
+            assert_eq!(flow.programs_paused(), 0);
+            continue;
+        }
+        // Session 1 grows to 80K: pausing session 3 (30K) makes room (80K in progress).
+        let r = offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(4, 1, 2_000, 80));
+        assert!(matches!(r, Released::Placed { .. }), "{r:?}");
+        assert_eq!(flow.programs_paused(), 1);
+        // Session 3's next turn waits as a new program's would: 80K + 31K > 100K; session
+        // 4 (20K) fits.
+        let r = offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(5, 3, 2_001, 31));
+        assert!(matches!(r, Released::Queued), "{r:?}");
+        report(&mut c, false);
+        let mut out = Vec::new();
+        c.release(&mut flow, &mut fleet, Time::from_millis(2_002), &mut out);
+        assert_eq!(placed(&out), [3], "session 4 fits the 20K left");
+        assert_eq!(flow.len(), 2, "sessions 2 and 3 wait");
+        // Sessions 1 and 4 go on (95K in progress); a new 5K session fits, but the head
+        // (session 3's turn, ahead of new programs) has waited past program_idle (30 s): it
+        // is not passed over any more.
+        for (id, session, at, k) in [(6, 1, 25_000, 80), (7, 4, 25_000, 15)] {
+            assert!(matches!(
+                offer_idle(&mut c, &mut flow, &mut fleet, sized_turn(id, session, at, k)),
+                Released::Placed { .. }
+            ));
+        }
+        // (Sent at 2.1 s, offered at 35 s: as late as the others, so it queues behind them.)
+        report(&mut c, false);
+        let r = c.offer(&mut flow, &mut fleet, Time::from_millis(35_000), sized_turn(8, 6, 2_100, 5), ());
+        assert!(matches!(r, Released::Queued), "{r:?}");
+        let mut out = Vec::new();
+        c.release(&mut flow, &mut fleet, Time::from_millis(35_000), &mut out);
+        assert!(placed(&out).is_empty(), "{out:?}");
+    }
 }
