@@ -248,6 +248,9 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     });
     b.goto(&format!("{}/console/#/slo", s.http));
     b.wait_text("#page-slo", &["TTFT percentiles", "Load_P: not measured"]);
+    // Flow control and latency by class and tenant: the traffic is standard, of tenant `default`.
+    b.wait_text("#classes", &["Classes and tenants", "Flow control in force: none", "interactive", "batch"]);
+    b.wait_text("#tenant-table", &["default"]);
     b.wait_for("the TTFT chart has a line", |b| {
         let js = "const f = [...document.querySelectorAll('figure')].find(f => f.textContent.startsWith('TTFT percentiles'));
                   return !!f && [...f.querySelectorAll('path')].some(p => p.getAttribute('d').includes('L'));";

@@ -536,6 +536,8 @@ impl Run {
                 prompt_tokens: self.parsed.prompt.len() as u32,
                 cached_tokens: cached,
                 instance,
+                class: self.class,
+                tenant: self.tenant.clone(),
             });
         }
     }

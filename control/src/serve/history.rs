@@ -14,7 +14,7 @@
 //! and the console says "not measured".
 
 use super::lock::lock;
-use engine::InstanceId;
+use engine::{Class, InstanceId};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -28,9 +28,11 @@ pub const WINDOW: Duration = Duration::from_secs(10);
 /// Most finished requests kept for the window; above this the oldest go first, so memory
 /// stays bounded at any request rate (the percentiles then cover the newest requests).
 const RECENT_LIMIT: usize = 50_000;
+/// Tenants a sample shows: those with the most requests finished in the window.
+pub const TENANTS_SHOWN: usize = 10;
 
 /// What the gateway knows of one request once its last token is sent.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Finished {
     pub ttft_ms: f64,
     /// Mean time between output tokens after the first; none for a one-token output.
@@ -40,6 +42,8 @@ pub struct Finished {
     pub cached_tokens: [u32; 3],
     /// The engine that finished it (the last one, for a request placed again).
     pub instance: InstanceId,
+    pub class: Class,
+    pub tenant: String,
 }
 
 /// Finished requests of the recent past, fed by the gateway, read by the sampler.
@@ -78,8 +82,49 @@ impl Recorder {
                 (id, EngineWindow { finished, cached_share })
             })
             .collect();
-        (WindowStats::of(recent.iter().map(|(_, r)| r), slo), engines)
+        let mut stats = WindowStats::of(recent.iter().map(|(_, r)| r), slo);
+        for class in Class::ALL {
+            let of_class = WindowStats::of(recent.iter().map(|(_, r)| r).filter(|r| r.class == class), slo);
+            if of_class.finished > 0 {
+                let (finished, ttft_ms, slo_attainment) =
+                    (of_class.finished, of_class.ttft_ms, of_class.slo_attainment);
+                stats.by_class.insert(class.name(), GroupWindow { finished, ttft_ms, slo_attainment });
+            }
+        }
+        let mut tenants = BTreeMap::<&str, Vec<&Finished>>::new();
+        for (_, r) in recent.iter() {
+            tenants.entry(r.tenant.as_str()).or_default().push(r);
+        }
+        let mut tenants: Vec<(&str, Vec<&Finished>)> = tenants.into_iter().collect();
+        // Most requests first (ties by name: the map's order, kept by a stable sort).
+        tenants.sort_by_key(|(_, rs)| std::cmp::Reverse(rs.len()));
+        stats.by_tenant = tenants
+            .into_iter()
+            .take(TENANTS_SHOWN)
+            .map(|(tenant, rs)| {
+                let w = WindowStats::of(rs.into_iter(), slo);
+                let group = GroupWindow { finished: w.finished, ttft_ms: w.ttft_ms, slo_attainment: w.slo_attainment };
+                TenantWindow { tenant: tenant.to_string(), window: group }
+            })
+            .collect();
+        (stats, engines)
     }
+}
+
+/// A group's (a class's, a tenant's) requests in the window.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GroupWindow {
+    pub finished: u64,
+    pub ttft_ms: Option<Percentiles>,
+    /// Within the fleet's SLO targets.
+    pub slo_attainment: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TenantWindow {
+    pub tenant: String,
+    #[serde(flatten)]
+    pub window: GroupWindow,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
@@ -115,6 +160,10 @@ pub struct WindowStats {
     pub cached_share: Option<f64>,
     /// `cached_share` split by tier: L1, L2, L3 (they add up to it).
     pub cached_share_by_tier: Option<[f64; 3]>,
+    /// The same by request class, for the classes with requests in the window.
+    pub by_class: BTreeMap<&'static str, GroupWindow>,
+    /// By tenant: the [`TENANTS_SHOWN`] with the most requests in the window, most first.
+    pub by_tenant: Vec<TenantWindow>,
 }
 
 impl WindowStats {
@@ -140,6 +189,8 @@ impl WindowStats {
             slo_attainment: (finished > 0).then(|| met as f64 / finished as f64),
             cached_share: (prompt > 0).then(|| share(cached.iter().sum())),
             cached_share_by_tier: (prompt > 0).then(|| cached.map(share)),
+            by_class: BTreeMap::new(),
+            by_tenant: Vec::new(),
         }
     }
 }
@@ -180,10 +231,24 @@ pub struct Sample {
     pub engines: BTreeMap<u32, EngineWindow>,
     /// Blocks in the global prefix index; none when the router reads no KV events.
     pub index_blocks: Option<usize>,
+    /// Flow control at the controller.
+    pub flow: FlowSample,
     /// SLO load of the prefill and decode pools as of the controller's last scaling tick
     /// (P/D fleets only; none while a pool has no engine to measure).
     pub load_p: Option<f64>,
     pub load_d: Option<f64>,
+}
+
+/// What flow control holds and has refused.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FlowSample {
+    /// The rule in force with its parameters (`none`: every request is placed at once).
+    pub rule: String,
+    /// Requests waiting for room at the controller, by class.
+    pub queued: BTreeMap<&'static str, usize>,
+    /// Requests refused by flow control since the process started (shed, queue full), by
+    /// class.
+    pub shed: BTreeMap<&'static str, u64>,
 }
 
 /// The last [`CAPACITY`] samples.
@@ -213,7 +278,8 @@ mod tests {
     use super::*;
 
     fn finished(ttft_ms: f64, tpot_ms: Option<f64>, prompt_tokens: u32, cached_tokens: [u32; 3]) -> Finished {
-        Finished { ttft_ms, tpot_ms, prompt_tokens, cached_tokens, instance: InstanceId(1) }
+        let (class, tenant) = (Class::Standard, "default".to_string());
+        Finished { ttft_ms, tpot_ms, prompt_tokens, cached_tokens, instance: InstanceId(1), class, tenant }
     }
 
     #[test]
@@ -253,6 +319,26 @@ mod tests {
     }
 
     #[test]
+    fn the_window_splits_latency_by_class_and_by_tenant_busiest_first() {
+        let r = Recorder::default();
+        let of = |class, tenant: &str, ttft_ms| Finished {
+            class,
+            tenant: tenant.to_string(),
+            ..finished(ttft_ms, None, 10, [0; 3])
+        };
+        r.finished(of(Class::Interactive, "light", 100.0));
+        r.finished(of(Class::Batch, "heavy", 5000.0));
+        r.finished(of(Class::Batch, "heavy", 3000.0));
+        let (all, _) = r.window(Instant::now(), (2000.0, 100.0));
+        assert_eq!(all.by_class.keys().copied().collect::<Vec<_>>(), ["batch", "interactive"], "classes seen only");
+        assert_eq!(all.by_class["batch"].finished, 2);
+        assert_eq!(all.by_class["batch"].slo_attainment, Some(0.0));
+        assert_eq!(all.by_class["interactive"].ttft_ms.map(|p| p.p99), Some(100.0));
+        let tenants: Vec<(&str, u64)> = all.by_tenant.iter().map(|t| (t.tenant.as_str(), t.window.finished)).collect();
+        assert_eq!(tenants, [("heavy", 2), ("light", 1)]);
+    }
+
+    #[test]
     fn an_empty_window_has_no_statistics_rather_than_zeros() {
         let w = WindowStats::of([].iter(), (2000.0, 100.0));
         assert_eq!((w.finished, w.ttft_ms, w.slo_attainment, w.cached_share), (0, None, None, None));
@@ -276,6 +362,7 @@ mod tests {
                 window: WindowStats::of([].iter(), (1.0, 1.0)),
                 engines: BTreeMap::new(),
                 index_blocks: None,
+                flow: FlowSample { rule: "none".to_string(), queued: BTreeMap::new(), shed: BTreeMap::new() },
                 load_p: None,
                 load_d: None,
             });

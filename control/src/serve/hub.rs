@@ -151,6 +151,11 @@ impl Hub {
         }
     }
 
+    /// The flow control rule in force, with its parameters that differ from the defaults.
+    pub fn flow_label(&self) -> String {
+        self.flow_config.label()
+    }
+
     /// Puts a flow control rule in force, with the classes' own targets; the requests
     /// waiting are offered to it in turn (none is lost).
     pub fn set_flow(&mut self, flow: FlowConfig, class_slo: BTreeMap<Class, Slo>) {

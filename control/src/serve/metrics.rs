@@ -188,6 +188,12 @@ impl Metrics {
         self.flow_requests.get_or_create(&labels).inc();
     }
 
+    /// Requests of `class` flow control ended with `outcome` so far.
+    pub fn flow_count(&self, class: engine::Class, outcome: &str) -> u64 {
+        let labels = ClassOutcome { class: class.name().to_string(), outcome: outcome.to_string() };
+        self.flow_requests.get_or_create(&labels).get()
+    }
+
     /// Requests waiting at the controller, by [`engine::Class::index`].
     pub fn set_queued(&self, queued: [usize; 3]) {
         for (class, n) in engine::Class::ALL.iter().zip(queued) {

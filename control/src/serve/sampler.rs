@@ -1,7 +1,7 @@
 //! The task that samples the live fleet once a second into the console's history ([`super::history::History`]).
 
 use super::app::App;
-use super::history::{PoolSample, Sample};
+use super::history::{FlowSample, PoolSample, Sample};
 use super::live_fleet::MemberState;
 use super::lock::lock;
 use super::metrics::Outcome;
@@ -69,6 +69,15 @@ fn sample(app: &App, slo: (f64, f64), requests: BTreeMap<&'static str, u64>) -> 
         }
     }
     let finite = |x: f64| x.is_finite().then_some(x);
+    let queued = hub.flow.queued();
+    let flow = FlowSample {
+        rule: hub.flow_label(),
+        queued: engine::Class::ALL.iter().map(|c| (c.name(), queued[c.index()])).collect(),
+        shed: engine::Class::ALL
+            .iter()
+            .map(|&c| (c.name(), app.metrics.flow_count(c, "shed") + app.metrics.flow_count(c, "queue_full")))
+            .collect(),
+    };
     Sample {
         at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         router: controller.router_name(),
@@ -78,6 +87,7 @@ fn sample(app: &App, slo: (f64, f64), requests: BTreeMap<&'static str, u64>) -> 
         window,
         engines,
         index_blocks: controller.wants_kv_events().then(|| controller.fleet().index().blocks()),
+        flow,
         load_p: status.and_then(|s| finite(s.loads.load_p)),
         load_d: status.and_then(|s| finite(s.loads.load_d)),
     }
