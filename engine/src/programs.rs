@@ -176,6 +176,10 @@ impl Sessions {
     /// A turn of `session` whose cached prompt blocks are `hashes` ended; with `prefetch`
     /// (and a pause seen), they are due back `prefetch` before its next turn is expected.
     pub fn ended(&mut self, now: Time, session: SessionId, hashes: &[BlockHash], prefetch: Option<Dur>) {
+        if prefetch.is_none() {
+            // Nobody takes prefetches: forget here what is due.
+            while self.take_due(now).is_some() {}
+        }
         let s = self.map.entry(session).or_default();
         s.ended = Some(now);
         if let (Some(lead), Some(pause)) = (prefetch, s.pause) {
@@ -255,5 +259,25 @@ mod tests {
         assert!(Holds::worth_holding(&config, None));
         assert!(Holds::worth_holding(&config, Some(Dur::from_millis(5000))));
         assert!(!Holds::worth_holding(&config, Some(Dur::from_millis(6000))));
+    }
+
+    #[test]
+    fn sessions_are_forgotten_after_their_last_turn_and_prefetches_fall_due_before_the_next() {
+        let (one, two) = (SessionId::new(1).expect("nonzero"), SessionId::new(2).expect("nonzero"));
+        let at = |s: u64| Time::from_millis(s * 1000);
+        let mut sessions = Sessions::default();
+        let lead = Some(Dur::from_millis(1000));
+        sessions.ended(at(0), one, &[BlockHash(7)], lead);
+        assert!(sessions.take_due(at(100)).is_none(), "no pause seen yet: nothing to predict");
+        sessions.arrived(at(4), one);
+        assert_eq!(sessions.pause(one), Some(Dur::from_millis(4000)));
+        sessions.ended(at(10), one, &[BlockHash(7), BlockHash(8)], lead);
+        assert!(sessions.take_due(at(12)).is_none());
+        assert_eq!(sessions.take_due(at(13)).map(|(s, h)| (s, h.len())), Some((one, 2)), "due 1 s before 14 s");
+        // Without prefetch, entries are forgotten FORGET after the turn's end.
+        sessions.ended(at(20), two, &[], None);
+        sessions.ended(at(20) + FORGET, two, &[], None);
+        assert_eq!(sessions.pause(one), None, "session 1 forgotten");
+        assert_eq!(sessions.map.len(), 1);
     }
 }
