@@ -44,8 +44,8 @@ pub struct Args {
     pub list_params: bool,
 
     /// Parameters to tune, comma-separated: a router parameter by its name, `prefill.NAME`
-    /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`
-    /// [default: every parameter of the router].
+    /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`, `flow.NAME` (the
+    /// scenario's flow control rule's) [default: every parameter of the router].
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub params: Vec<String>,
 
@@ -369,6 +369,14 @@ fn default_population(dims: usize) -> usize {
 /// The training and held-out slices of the settings' requests.
 fn slices(settings: &Settings, share: f64) -> Result<(Slice, Slice), Failure> {
     let mut w = settings.open_workload(1.0).map_err(|e| Failure::Input(e.into()))?;
+    // Slices are cut by request count, and a closed loop's later turns exist only once the
+    // earlier ones ran: a slice would hold a few sessions' first turns.
+    if w.closed_loop() {
+        return Err(Failure::Input(anyhow!(
+            "tune splits a workload by requests, and closed-loop sessions ([workload.agentic]) cannot be split \
+             so: tune on an open-loop trace or mix, or compare settings with `simulate` over seeds"
+        )));
+    }
     let mut n = 0u64;
     while w.next_arrival(Vec::new()).map_err(|e| Failure::Input(e.into()))?.is_some() {
         n += 1;
@@ -603,7 +611,7 @@ fn list_params(args: &Args) -> Result<(), Failure> {
     }
     println!(
         "\nWith tune --params: a router's parameters by name, fair prefill's as prefill.NAME, an autoscaler's as \
-         autoscaler.NAME, and kv_high_water, kv_low_water."
+         autoscaler.NAME, kv_high_water, kv_low_water, and the scenario's flow control rule's as flow.NAME."
     );
     if let Some(path) = &args.json {
         #[derive(Serialize)]

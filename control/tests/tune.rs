@@ -166,6 +166,20 @@ fn tune_and_policy_files_name_what_is_wrong() {
     fails_with(&tune(&["--router", "round-robin,dynamo-kv"]), &["tune takes one router", "got 2"]);
     fails_with(&tune(&["--router", "dynamo-kv", "--train-share", "1"]), &["--train-share must be in (0, 1)"]);
     fails_with(&tune(&["--router", "dynamo-kv@l1+l2"]), &["`dynamo-kv@l1+l2` changes the fleet"]);
+    fails_with(
+        &[
+            "tune",
+            "--scenario",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agentic-sessions.toml"),
+            "--router",
+            "cache-aware",
+        ],
+        &["closed-loop sessions", "cannot be split"],
+    );
+    fails_with(
+        &tune(&["--router", "dynamo-kv", "--params", "flow.batch_headroom"]),
+        &["unknown parameter `flow.batch_headroom`"],
+    );
 
     let dir = tests::scratch_dir("policy-files");
     let bad = dir.join("bad.toml");

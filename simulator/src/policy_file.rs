@@ -132,6 +132,26 @@ impl PolicyFile {
         }
     }
 
+    /// The policy with `run`'s flow control: its rule, the parameters that differ from the
+    /// rule's defaults, the engines' holds of sessions' KV and their class priority.
+    pub fn with_flow_of(self, run: &RunSpec) -> PolicyFile {
+        let f = &run.flow;
+        let mut flow_params = f.flow.changed();
+        if let Some(h) = f.program_hold {
+            flow_params.insert("program_hold_s".into(), h.max_pause.as_secs_f64());
+            flow_params.insert("program_hold_share".into(), h.share);
+            if let Some(p) = h.prefetch {
+                flow_params.insert("program_prefetch_s".into(), p.as_secs_f64());
+            }
+        }
+        PolicyFile {
+            flow: Some(f.flow.name().to_string()),
+            flow_params,
+            class_priority: Some(f.class_priority),
+            ..self
+        }
+    }
+
     /// Checks every setting, each by its one validator: the router and its parameters, the
     /// scheduling (as an engine takes it) and fair prefill's parameters, the autoscaler and its
     /// parameters.

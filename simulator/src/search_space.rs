@@ -3,7 +3,8 @@
 //!
 //! Names: a router parameter by its own name (`copy_weight`); fair prefill's as
 //! `prefill.NAME` (tuning one runs fair prefill); the autoscaler's as `autoscaler.NAME`;
-//! `kv_high_water` and `kv_low_water` (tuning either runs KV high-water protection).
+//! `kv_high_water` and `kv_low_water` (tuning either runs KV high-water protection); the flow
+//! control rule's as `flow.NAME` (the scenario's run must have a rule).
 //!
 //! A parameter's range is its own range narrowed to a quarter to four times the value the
 //! scenario runs with (a weight's useful values are within a small factor of a sane default;
@@ -38,6 +39,7 @@ enum Target {
     Autoscaler(&'static str),
     KvHighWater,
     KvLowWater,
+    Flow(&'static str),
 }
 
 #[derive(Clone, Debug)]
@@ -91,7 +93,7 @@ impl SearchSpace {
         names: &[String],
         ranges: &BTreeMap<String, (f64, f64)>,
     ) -> Result<SearchSpace, SpaceError> {
-        let base = PolicyFile::of_run(run);
+        let mut base = PolicyFile::of_run(run);
         let router = &run.router;
         let names: Vec<String> = match names {
             [] => router.params().iter().map(|p| p.name.to_string()).collect(),
@@ -130,6 +132,10 @@ impl SearchSpace {
                 None => window(&param, start),
             };
             dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), target });
+        }
+        if dims.iter().any(|d| matches!(d.target, Target::Flow(_))) {
+            // The run's flow control goes into every point's file, as it runs in the scenario.
+            base = base.with_flow_of(run);
         }
         if let Some(name) = ranges.keys().find(|k| !dims.iter().any(|d| &d.name == *k)) {
             return Err(SpaceError::Range {
@@ -179,6 +185,9 @@ impl SearchSpace {
                 }
                 Target::KvHighWater => p.kv_high_water = Some(v),
                 Target::KvLowWater => p.kv_low_water = Some(v),
+                Target::Flow(n) => {
+                    p.flow_params.insert(n.into(), v);
+                }
             }
         }
         // A water mark tuned alone keeps its partner valid: the low mark at 80% of the high
@@ -218,6 +227,11 @@ fn lookup(run: &RunSpec, name: &str) -> Option<(Param, Target, f64)> {
         };
         return Some((p, Target::Prefill(p.name), fair.get(p.name)?));
     }
+    if let Some(n) = name.strip_prefix("flow.") {
+        let flow = &run.flow.flow;
+        let p = *flow.params().iter().find(|p| p.name == n)?;
+        return Some((p, Target::Flow(p.name), *flow.values().get(p.name)?));
+    }
     if let Some(n) = name.strip_prefix("autoscaler.") {
         let knobs = autoscaler(run)?.knobs()?;
         let p = *<policies::Knobs as Params>::PARAMS.iter().find(|p| p.name == n)?;
@@ -247,6 +261,7 @@ pub fn valid(run: &RunSpec) -> Vec<String> {
     let mut out: Vec<String> = run.router.params().iter().map(|p| p.name.to_string()).collect();
     out.extend(fair_params().iter().map(|p| format!("prefill.{}", p.name)));
     out.extend(["kv_high_water".to_string(), "kv_low_water".to_string()]);
+    out.extend(run.flow.flow.params().iter().map(|p| format!("flow.{}", p.name)));
     if autoscaler(run).and_then(AutoscalerConfig::knobs).is_some() {
         out.extend(<policies::Knobs as Params>::PARAMS.iter().map(|p| format!("autoscaler.{}", p.name)));
     }
@@ -290,6 +305,25 @@ mod tests {
         let at_start = space.policy(&space.values(&space.start()));
         assert_eq!(at_start, space.base);
         assert_eq!(at_start.router_params, [("copy_weight".to_string(), 2.0)].into());
+    }
+
+    #[test]
+    fn flow_controls_parameters_are_tuned_with_the_runs_rule_and_holds() {
+        let r = run(r#"routers = ["cache-aware"]
+[flow]
+rules = [{ name = "slo", program_kv_share = 0.9, program_hold_s = 10 }]"#);
+        let names = vec!["flow.program_kv_share".to_string()];
+        let space = SearchSpace::new(&r, &names, &BTreeMap::new()).expect("space");
+        assert_eq!((space.dims[0].lo, space.dims[0].start, space.dims[0].hi), (0.225, 0.9, 3.6));
+        let p = space.policy(&space.values(&[1.0]));
+        assert_eq!(p.flow.as_deref(), Some("slo"));
+        assert_eq!(p.flow_params["program_kv_share"], 3.6);
+        assert_eq!(p.flow_params["program_hold_s"], 10.0, "the run's holds go along");
+        p.check().expect("a valid policy");
+        assert!(valid(&r).contains(&"flow.batch_headroom".to_string()));
+        // Without a rule there is nothing to tune.
+        let plain = run(r#"routers = ["cache-aware"]"#);
+        assert!(SearchSpace::new(&plain, &names, &BTreeMap::new()).is_err());
     }
 
     #[test]

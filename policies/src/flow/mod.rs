@@ -30,7 +30,7 @@ pub use llm_d::LlmDFlowConfig;
 pub use queue::{Flow, Offer};
 pub use slo::SloFlowConfig;
 
-use crate::params::{ParamError, Params, PolicyParams};
+use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::router::CostHints;
 use crate::view::FleetView;
 use engine::{Class, Dur, Request, Time};
@@ -138,6 +138,24 @@ impl FlowConfig {
             }
             FlowConfig::Slo(c) => c.set(name, value),
             FlowConfig::LlmD(c) => c.set(name, value),
+        }
+    }
+
+    /// The rule's parameters (none for `none`).
+    pub fn params(&self) -> &'static [Param] {
+        match self {
+            FlowConfig::None => &[],
+            FlowConfig::Slo(_) => SloFlowConfig::PARAMS,
+            FlowConfig::LlmD(_) => LlmDFlowConfig::PARAMS,
+        }
+    }
+
+    /// Every parameter with its value.
+    pub fn values(&self) -> BTreeMap<String, f64> {
+        match self {
+            FlowConfig::None => BTreeMap::new(),
+            FlowConfig::Slo(c) => c.values(),
+            FlowConfig::LlmD(c) => c.values(),
         }
     }
 
