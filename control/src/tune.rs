@@ -71,7 +71,8 @@ pub struct Args {
     pub population: Option<usize>,
 
     /// Share of the workload's requests the search sees (the first ones); the rest is the
-    /// held-out slice the result is judged on.
+    /// held-out slice the result is judged on. A closed loop (agent sessions) is not split:
+    /// the search sees its sessions as drawn with --seed, the judgement those of the next seed.
     #[arg(long, value_name = "X", default_value_t = 0.5)]
     pub train_share: f64,
 
@@ -169,10 +170,33 @@ struct HeldOutRun {
     summary: Summary,
 }
 
+/// The requests one side of the search runs: a range of an open-loop workload's, or a
+/// closed loop's sessions as drawn with one seed.
 #[derive(Debug, Serialize)]
 struct Slice {
-    skip_requests: u64,
-    requests: u64,
+    /// `None` for a closed loop: skipping its first turns would leave their sessions hanging.
+    skip_requests: Option<u64>,
+    /// `None`: all of them (a closed loop's sessions).
+    requests: Option<u64>,
+    /// The workload's seed.
+    seed: u64,
+}
+
+impl Slice {
+    fn describe(&self) -> String {
+        match self.requests {
+            Some(n) => {
+                let skip = self.skip_requests.unwrap_or(0);
+                format!("requests {}..{}", skip, skip + n)
+            }
+            None => format!("the sessions of seed {}", self.seed),
+        }
+    }
+}
+
+/// The held-out seed of a closed loop tuned on `seed`.
+fn held_out_seed(seed: u64) -> u64 {
+    seed.wrapping_add(1)
 }
 
 #[derive(Debug, Serialize)]
@@ -231,13 +255,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let (train, held_out) = slices(&settings, args.train_share)?;
     println!("{}", describe(&settings));
     println!(
-        "tuning {} on requests {}..{} for {}; held out: {}..{}",
+        "tuning {} on {} for {}; held out: {}",
         space.dims.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
-        train.skip_requests,
-        train.skip_requests + train.requests,
+        train.describe(),
         args.objective.label(args.target_attainment),
-        held_out.skip_requests,
-        held_out.skip_requests + held_out.requests,
+        held_out.describe(),
     );
 
     let population = args.population.unwrap_or_else(|| default_population(space.dims.len()));
@@ -366,16 +388,17 @@ fn default_population(dims: usize) -> usize {
     (4 + (3.0 * (dims as f64).ln()).floor() as usize).max(8)
 }
 
-/// The training and held-out slices of the settings' requests.
+/// The training and held-out slices of the settings' requests: the first `share` of an
+/// open-loop workload's requests and the rest; for a closed loop (agent sessions, whose later
+/// turns exist only once the earlier ones ran, so that no request count splits them), its
+/// sessions as drawn with the scenario's seed and, held out, as drawn with the next seed.
 fn slices(settings: &Settings, share: f64) -> Result<(Slice, Slice), Failure> {
     let mut w = settings.open_workload(1.0).map_err(|e| Failure::Input(e.into()))?;
-    // Slices are cut by request count, and a closed loop's later turns exist only once the
-    // earlier ones ran: a slice would hold a few sessions' first turns.
+    let (skip, seed) = (settings.skip_requests.unwrap_or(0), settings.seed);
     if w.closed_loop() {
-        return Err(Failure::Input(anyhow!(
-            "tune splits a workload by requests, and closed-loop sessions ([workload.agentic]) cannot be split \
-             so: tune on an open-loop trace or mix, or compare settings with `simulate` over seeds"
-        )));
+        let (skip, requests) = (settings.skip_requests, settings.max_requests);
+        let held_out = Slice { skip_requests: skip, requests, seed: held_out_seed(seed) };
+        return Ok((Slice { skip_requests: skip, requests, seed }, held_out));
     }
     let mut n = 0u64;
     while w.next_arrival(Vec::new()).map_err(|e| Failure::Input(e.into()))?.is_some() {
@@ -387,8 +410,10 @@ fn slices(settings: &Settings, share: f64) -> Result<(Slice, Slice), Failure> {
             "the workload has {n} requests: too few to split at --train-share {share} (each slice needs one)"
         )));
     }
-    let skip = settings.skip_requests.unwrap_or(0);
-    Ok((Slice { skip_requests: skip, requests: train }, Slice { skip_requests: skip + train, requests: n - train }))
+    Ok((
+        Slice { skip_requests: Some(skip), requests: Some(train), seed },
+        Slice { skip_requests: Some(skip + train), requests: Some(n - train), seed },
+    ))
 }
 
 /// Evaluates policies on slices of the scenario's workload.
@@ -412,8 +437,9 @@ impl Judge<'_> {
     ) -> Result<Eval, Failure> {
         let scenario = policy.overlay(self.scenario.clone()).map_err(|e| Failure::Input(e.into()))?;
         let mut settings = resolve(&scenario)?;
-        settings.skip_requests = Some(slice.skip_requests);
-        settings.max_requests = Some(slice.requests);
+        settings.skip_requests = slice.skip_requests;
+        settings.max_requests = slice.requests;
+        settings.seed = slice.seed;
         match self.objective {
             Objective::MaxRate => {
                 if let Some(s) = start_scale {

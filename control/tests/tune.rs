@@ -167,16 +167,6 @@ fn tune_and_policy_files_name_what_is_wrong() {
     fails_with(&tune(&["--router", "dynamo-kv", "--train-share", "1"]), &["--train-share must be in (0, 1)"]);
     fails_with(&tune(&["--router", "dynamo-kv@l1+l2"]), &["`dynamo-kv@l1+l2` changes the fleet"]);
     fails_with(
-        &[
-            "tune",
-            "--scenario",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agentic-sessions.toml"),
-            "--router",
-            "cache-aware",
-        ],
-        &["closed-loop sessions", "cannot be split"],
-    );
-    fails_with(
         &tune(&["--router", "dynamo-kv", "--params", "flow.batch_headroom"]),
         &["unknown parameter `flow.batch_headroom`"],
     );
@@ -203,4 +193,53 @@ fn tune_and_policy_files_name_what_is_wrong() {
     let o = fleetplane(&[&["max-rate"][..], &base, &["--policy", good.to_str().unwrap()]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("dynamo-kv(overlap_score_weight=2)"), "{}", stdout(&o));
+}
+
+/// A closed loop (agent sessions) cannot be split by requests: it is tuned on its sessions as
+/// drawn with the scenario's seed and judged on those of the next seed.
+#[test]
+fn tune_judges_closed_loop_sessions_on_another_draw_of_them() {
+    let dir = tests::scratch_dir("tune-sessions");
+    let scenario = dir.join("sessions.toml");
+    std::fs::write(
+        &scenario,
+        r#"seed = 3
+routers = ["cache-aware"]
+[fleet]
+instances = 2
+[workload.agentic]
+sessions = 40
+arrival = { kind = "poisson", rate_rps = 2.0 }
+turns = { kind = "uniform", min = 2, max = 4 }
+task = { kind = "lognormal", median = 2000, sigma = 0.5, min = 64, max = 8000 }
+output = { kind = "lognormal", median = 100, sigma = 0.5, min = 8, max = 1000 }
+tool_output = { kind = "lognormal", median = 500, sigma = 0.5, min = 16, max = 4000 }
+tool_ms = { kind = "lognormal", median = 500, sigma = 0.5, min = 50, max = 5000 }
+[flow]
+rules = [{ name = "slo", program_kv_share = 0.9 }]
+"#,
+    )
+    .expect("write");
+    let report = dir.join("report.json");
+    let o = fleetplane(&[
+        "tune",
+        "--scenario",
+        scenario.to_str().unwrap(),
+        "--params",
+        "flow.program_kv_share",
+        "--objective",
+        "goodput",
+        "--trials",
+        "8",
+        "--json",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("on the sessions of seed 3"), "{}", stdout(&o));
+    let v = json(&report);
+    assert_eq!((v["train"]["seed"].as_u64(), v["held_out"]["seed"].as_u64()), (Some(3), Some(4)));
+    assert!(v["held_out_runs"][0]["value"].as_f64().is_some_and(|g| g > 0.0), "{v}");
+    // Every turn ran, not only the sessions' first ones.
+    let requests = v["held_out_runs"][0]["summary"]["requests"].as_u64().unwrap_or(0);
+    assert!(requests > 40, "{requests} requests for 40 sessions of 2 to 4 turns");
 }
