@@ -683,6 +683,11 @@ impl Instance {
         }
     }
 
+    /// Blocks admission keeps free ([`InstanceConfig::admission_watermark`]).
+    pub(crate) fn watermark_blocks(&self) -> u32 {
+        (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32
+    }
+
     fn hold_cap(&self, config: &ProgramHold) -> u32 {
         (config.share * f64::from(self.kv.total_blocks())) as u32
     }
@@ -691,8 +696,7 @@ impl Instance {
     /// (see [`crate::programs`]): first the turns waiting here, then, if none waits, the
     /// sessions whose next turn is expected within the lead.
     fn prefetch_programs(&mut self, now: Time) {
-        let Some(config) = self.config.program_hold.filter(|h| h.prefetch.is_some()) else { return };
-        let lead = config.prefetch.unwrap_or(Dur::ZERO);
+        let Some((config, lead)) = self.config.program_hold.and_then(|h| Some((h, h.prefetch?))) else { return };
         let mut budget = self.kv.blocks_for(self.config.max_batch_tokens);
         self.scratch.clear();
         self.scratch.extend(self.waiting.iter().copied());
@@ -737,7 +741,7 @@ impl Instance {
         budget: u32,
         config: &ProgramHold,
     ) -> (u32, bool) {
-        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32;
+        let watermark = self.watermark_blocks();
         let mut kv = SeqKv::default();
         self.kv.match_more(now, &mut kv, hashes, hashes.len() as u32);
         // The path just matched is referenced by `kv`: a hold of it can go.

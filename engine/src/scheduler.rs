@@ -258,7 +258,7 @@ impl Instance {
     /// of line among them). False when it stopped at one that did not fit in KV (or with
     /// admission paused), not for want of budget.
     fn admit_waiting(&mut self, now: Time, budget: &mut Budget, filter: Filter, kept_blocks: u32) -> bool {
-        let watermark = (f64::from(self.kv.total_blocks()) * self.config.admission_watermark) as u32 + kept_blocks;
+        let watermark = self.watermark_blocks() + kept_blocks;
         let mut at = 0;
         while budget.open() {
             let Some(&s) = self.waiting.get(at) else {

@@ -84,11 +84,9 @@ impl Recorder {
             .collect();
         let mut stats = WindowStats::of(recent.iter().map(|(_, r)| r), slo);
         for class in Class::ALL {
-            let of_class = WindowStats::of(recent.iter().map(|(_, r)| r).filter(|r| r.class == class), slo);
+            let of_class = GroupWindow::of(recent.iter().map(|(_, r)| r).filter(|r| r.class == class), slo);
             if of_class.finished > 0 {
-                let (finished, ttft_ms, slo_attainment) =
-                    (of_class.finished, of_class.ttft_ms, of_class.slo_attainment);
-                stats.by_class.insert(class.name(), GroupWindow { finished, ttft_ms, slo_attainment });
+                stats.by_class.insert(class.name(), of_class);
             }
         }
         let mut tenants = BTreeMap::<&str, Vec<&Finished>>::new();
@@ -101,10 +99,9 @@ impl Recorder {
         stats.by_tenant = tenants
             .into_iter()
             .take(TENANTS_SHOWN)
-            .map(|(tenant, rs)| {
-                let w = WindowStats::of(rs.into_iter(), slo);
-                let group = GroupWindow { finished: w.finished, ttft_ms: w.ttft_ms, slo_attainment: w.slo_attainment };
-                TenantWindow { tenant: tenant.to_string(), window: group }
+            .map(|(tenant, rs)| TenantWindow {
+                tenant: tenant.to_string(),
+                window: GroupWindow::of(rs.into_iter(), slo),
             })
             .collect();
         (stats, engines)
@@ -118,6 +115,13 @@ pub struct GroupWindow {
     pub ttft_ms: Option<Percentiles>,
     /// Within the fleet's SLO targets.
     pub slo_attainment: Option<f64>,
+}
+
+impl GroupWindow {
+    fn of<'a>(requests: impl Iterator<Item = &'a Finished>, slo: (f64, f64)) -> GroupWindow {
+        let w = WindowStats::of(requests, slo);
+        GroupWindow { finished: w.finished, ttft_ms: w.ttft_ms, slo_attainment: w.slo_attainment }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -48,10 +48,7 @@ pub struct Programs {
     /// Share of the candidates' GPU KV the contexts in progress may fill.
     share: f64,
     idle: Dur,
-    /// Resume (start waiting programs) best-fit-decreasing.
-    packing: bool,
-    /// Pause programs that outgrow the share, shortest first.
-    pausing: bool,
+    packing: Packing,
     /// Session → (its context's tokens, when its last turn was placed).
     active: HashMap<SessionId, (u64, Time)>,
     /// The programs in progress by context, smallest first.
@@ -69,8 +66,7 @@ impl Programs {
         Programs {
             share,
             idle,
-            packing: packing != Packing::Off,
-            pausing: packing == Packing::PauseAndBestFit,
+            packing,
             active: HashMap::new(),
             by_size: BTreeSet::new(),
             paused: 0,
@@ -79,8 +75,14 @@ impl Programs {
         }
     }
 
+    /// Whether waiting programs start best-fit-decreasing.
     pub fn packing(&self) -> bool {
-        self.packing
+        self.packing != Packing::Off
+    }
+
+    /// Whether programs that outgrow the share pause, shortest first.
+    fn pausing(&self) -> bool {
+        self.packing == Packing::PauseAndBestFit
     }
 
     pub fn idle(&self) -> Dur {
@@ -101,7 +103,7 @@ impl Programs {
         let budget = self.share * kv_tokens as f64;
         let tokens = context(request);
         match self.active.get(&session) {
-            Some(_) if !self.pausing => true,
+            Some(_) if !self.pausing() => true,
             Some(&(old, _)) => {
                 let shorter: u64 = self.shorter_than(session, tokens).map(|(t, _)| t).sum();
                 (self.footprint - old + tokens - shorter) as f64 <= budget
@@ -130,7 +132,7 @@ impl Programs {
         self.footprint += tokens;
         self.expiry.push(Reverse((now + self.idle, session)));
         let budget = self.share * kv_tokens as f64;
-        while self.pausing && self.footprint as f64 > budget {
+        while self.pausing() && self.footprint as f64 > budget {
             let Some((_, shortest)) = self.shorter_than(session, tokens).next() else { break };
             self.pause(shortest);
         }
