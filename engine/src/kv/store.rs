@@ -15,12 +15,16 @@
 //!
 //! # LRU order
 //!
-//! Each use stamps the block with the next number and appends (block, stamp) to a queue; a
-//! queue entry is live while its stamp is the block's latest, so the live entries, oldest
-//! first, are the exact LRU order, block by block. Stale entries are skipped when they reach
-//! the front, and dropped all at once when they outnumber half the live ones. Stamps are
-//! compared only for equality, so 32 bits wrapping around suffice: a stale entry is dropped
-//! within half a store's capacity of uses, long before its stamp comes round again.
+//! Each use stamps the block with the next number and appends it to a queue; a queue entry is
+//! live while its stamp is the block's latest, so the live entries, oldest first, are the
+//! exact LRU order, block by block. Blocks are named in the queue by their page's slot and
+//! their position there (a block taken out leaves a hole in its page), so that consecutive
+//! uses of a page's blocks, a demoted run or a prompt's load, are one queue entry, and the
+//! victim at the queue's front is found without a lookup. Stale entries are skipped when they
+//! reach the front, and dropped all at once (with the holes, when they are many) when they
+//! outnumber twice the live ones. Stamps are compared only for equality, so 32 bits wrapping
+//! around suffice: a stale entry is dropped within three store capacities of uses, long before
+//! its stamp comes round again.
 
 use crate::block_map::{BlockMap, HashFilter, Probe};
 use crate::ids::BlockHash;
@@ -55,21 +59,28 @@ pub enum Put {
     Added { evicted: Option<PageKey> },
 }
 
-/// The blocks of one page held by a store, in no order, each with its latest stamp.
+/// The stamp of a page position whose block was taken out (a hole, kept until the next
+/// compaction so that queue entries can name blocks by position); never handed out.
+const HOLE: u32 = u32::MAX;
+
+/// The blocks of one page held by a store, in the order they were added, each with its
+/// latest stamp; a block taken out leaves a hole.
 #[derive(Clone, Debug, Default)]
 struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     name: BlockHash,
     blocks: Vec<(BlockHash, u32)>,
-    /// Positions in `blocks`, for the rare page with many blocks (the continuations of a
-    /// prefix many prompts share end to end): looked up instead of scanned.
+    /// Blocks held (positions that are not holes).
+    live: u32,
+    /// Positions of the held blocks, for the rare page with many blocks (the continuations
+    /// of a prefix many prompts share end to end): looked up instead of scanned.
     lookup: Option<BlockMap<u32>>,
     /// The hashes ever pushed since the page was emptied: most lookups of a block the page
     /// lacks (every new block's) end here.
     filter: HashFilter,
 }
 
-/// Pages with more blocks than this are looked up, not scanned.
+/// Pages with more positions than this are looked up, not scanned.
 const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
 impl Page {
@@ -79,48 +90,96 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.blocks.iter().position(|&(h, _)| h == hash),
+            None => self.blocks.iter().position(|&(h, s)| h == hash && s != HOLE),
         }
     }
 
-    fn stamp(&self, hash: BlockHash) -> Option<u32> {
-        self.find(hash).map(|i| self.blocks[i].1)
+    /// Whether position `i` holds a block last used at `stamp`.
+    fn used_at(&self, i: usize, stamp: u32) -> bool {
+        self.blocks.get(i).is_some_and(|b| b.1 == stamp)
     }
 
-    fn push(&mut self, hash: BlockHash, stamp: u32) {
+    fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
         let i = self.blocks.len();
         self.blocks.push((hash, stamp));
+        self.live += 1;
         self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
-            None if i >= SCAN_BLOCKS => {
-                let mut lookup = BlockMap::default();
-                for (j, &(h, _)) in self.blocks.iter().enumerate() {
-                    lookup.insert(h, j as u32);
-                }
-                self.lookup = Some(lookup);
-            }
+            None if i >= SCAN_BLOCKS => self.index(),
             None => {}
         }
+        i
+    }
+
+    /// Builds the lookup of held blocks' positions.
+    fn index(&mut self) {
+        let mut lookup = BlockMap::default();
+        for (j, &(h, s)) in self.blocks.iter().enumerate() {
+            if s != HOLE {
+                lookup.insert(h, j as u32);
+            }
+        }
+        self.lookup = Some(lookup);
     }
 
     fn remove_at(&mut self, i: usize) {
-        let (hash, _) = self.blocks.swap_remove(i);
+        let (hash, _) = self.blocks[i];
+        self.blocks[i].1 = HOLE;
+        self.live -= 1;
         if let Some(lookup) = &mut self.lookup {
             lookup.remove(hash);
-            if let Some(&(moved, _)) = self.blocks.get(i) {
-                lookup.set(moved, i as u32);
-            }
         }
     }
 }
 
-/// A use in the LRU queue: the block, its page's slot when it was used, the stamp.
+/// Consecutive uses in the LRU queue: `len` blocks of the page in `slot`, at positions
+/// `first`, `first ± 1`, ... (`down`: decreasing), stamped `stamp`, `stamp + 1`, ...
+/// A demotion, a prompt's load or a refresh uses a page's blocks one after another, so one
+/// entry stands for a run of them (a page's blocks were added in the order a run arrived).
 #[derive(Clone, Copy, Debug)]
-struct Use {
-    hash: BlockHash,
-    stamp: u32,
+struct Uses {
     slot: u32,
+    first: u32,
+    stamp: u32,
+    len: u16,
+    down: bool,
+}
+
+impl Uses {
+    /// The position and stamp of the `k`th use.
+    fn at(&self, k: u32) -> (usize, u32) {
+        let pos = if self.down { self.first - k } else { self.first + k };
+        (pos as usize, self.stamp.wrapping_add(k))
+    }
+
+    /// Extends the run by a use of position `pos` stamped `stamp`, if it is the next one.
+    fn extend(&mut self, slot: u32, pos: u32, stamp: u32) -> bool {
+        if self.slot != slot || self.len == u16::MAX || stamp != self.stamp.wrapping_add(u32::from(self.len)) {
+            return false;
+        }
+        let len = u32::from(self.len);
+        let next = if self.len == 1 {
+            // The second use sets the direction.
+            if pos == self.first + 1 {
+                self.down = false;
+                true
+            } else if pos + 1 == self.first {
+                self.down = true;
+                true
+            } else {
+                false
+            }
+        } else if self.down {
+            self.first >= len && pos == self.first - len
+        } else {
+            pos == self.first + len
+        };
+        if next {
+            self.len += 1;
+        }
+        next
+    }
 }
 
 /// A set of blocks with a capacity, evicting the least recently used: the L2 and L3 stores.
@@ -135,14 +194,24 @@ pub struct BlockLru {
     pages: Vec<Page>,
     free: Vec<u32>,
     /// Uses, oldest first.
-    order: VecDeque<Use>,
+    order: VecDeque<Uses>,
+    /// Uses in `order`, live and stale.
+    queued: usize,
+    /// Holes in pages.
+    holes: usize,
     /// The next use's stamp.
     next_stamp: u32,
 }
 
-/// Stale queue entries tolerated besides the live ones before a compaction (a half of
-/// them, plus this).
-const STALE_SLACK: usize = 64;
+/// Stale uses tolerated besides the live ones before a compaction: twice as many, plus
+/// this (tests compact sooner, to go through it often). A compaction checks every use in
+/// the queue, a cache miss per run; the queue holds runs, so stale ones cost little memory.
+const STALE_SLACK: usize = if cfg!(test) { 4 } else { 64 };
+
+/// The most uses the queue may hold with `live` blocks held.
+fn most_queued(live: usize) -> usize {
+    3 * live + STALE_SLACK
+}
 
 impl BlockLru {
     pub fn new(capacity: u32) -> BlockLru {
@@ -219,9 +288,9 @@ impl BlockLru {
             }
         };
         let stamp = self.next_stamp;
-        self.pages[slot as usize].push(key.hash, stamp);
+        let i = self.pages[slot as usize].push(key.hash, stamp);
         self.len += 1;
-        self.used(key.hash, slot, stamp);
+        self.used(slot, i, stamp);
         Put::Added { evicted }
     }
 
@@ -235,10 +304,8 @@ impl BlockLru {
     /// Marks the block at position `i` of the page in `slot` as just used.
     fn use_at(&mut self, slot: u32, i: usize) {
         let stamp = self.next_stamp;
-        let block = &mut self.pages[slot as usize].blocks[i];
-        block.1 = stamp;
-        let hash = block.0;
-        self.used(hash, slot, stamp);
+        self.pages[slot as usize].blocks[i].1 = stamp;
+        self.used(slot, i, stamp);
     }
 
     pub fn remove(&mut self, key: PageKey) -> bool {
@@ -257,16 +324,31 @@ impl BlockLru {
         for k in keys.iter().filter(|k| last.replace(k.page) != Some(k.page)) {
             sink ^= self.slots.touch(k.page);
         }
-        let mut last = None;
-        for u in self.order.iter().take(keys.len()).filter(|u| last.replace(u.slot) != Some(u.slot)) {
-            sink ^= self.pages[u.slot as usize].blocks.first().map_or(0, |b| u64::from(b.1));
+        let mut victims = 0;
+        for u in &self.order {
+            if victims >= keys.len() {
+                break;
+            }
+            victims += usize::from(u.len);
+            let (pos, _) = u.at(0);
+            sink ^= self.pages[u.slot as usize].blocks.get(pos).map_or(0, |b| u64::from(b.1));
         }
         sink
     }
 
     /// The blocks held, least recently used first.
     pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.order.iter().filter(|u| self.is_live(u)).map(|u| u.hash)
+        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].blocks[pos].0)
+    }
+
+    /// The live uses in the queue, oldest first: (slot, position).
+    fn live_uses(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.order.iter().flat_map(move |u| {
+            (0..u32::from(u.len)).filter_map(move |k| {
+                let (pos, stamp) = u.at(k);
+                self.pages[u.slot as usize].used_at(pos, stamp).then_some((u.slot, pos))
+            })
+        })
     }
 
     /// Drops everything.
@@ -279,83 +361,133 @@ impl BlockLru {
         let p = &mut self.pages[slot as usize];
         p.remove_at(i);
         self.len -= 1;
-        if p.blocks.is_empty() {
+        if p.live == 0 {
             // The slot is free; its buffer is kept for the next page, unless it grew large.
+            self.holes -= p.blocks.len() - 1;
             let name = p.name;
             if p.blocks.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
                 *p = Page::default();
             } else {
+                p.blocks.clear();
                 p.filter = HashFilter::default();
             }
             self.slots.remove(name);
             self.free.push(slot);
+        } else {
+            self.holes += 1;
         }
     }
 
-    /// Whether queue entry `u` is its block's latest use.
-    fn is_live(&self, u: &Use) -> bool {
-        self.pages[u.slot as usize].stamp(u.hash) == Some(u.stamp)
-    }
-
-    /// Records a use of `hash` (in the page at `slot`) stamped `stamp`.
-    fn used(&mut self, hash: BlockHash, slot: u32, stamp: u32) {
-        self.next_stamp = stamp.wrapping_add(1);
-        let len = self.order.len();
-        if len == self.order.capacity() {
-            // Doubling a full store's queue would leave a quarter of it unused forever: it never
-            // holds more than the compaction threshold.
-            let most = self.capacity as usize + self.capacity as usize / 2 + STALE_SLACK + 1;
-            self.order.reserve_exact(len.max(16).min(most.saturating_sub(len).max(1)));
+    /// Records a use of position `pos` of the page at `slot`, stamped `stamp`.
+    fn used(&mut self, slot: u32, pos: usize, stamp: u32) {
+        self.next_stamp = match stamp.wrapping_add(1) {
+            HOLE => 0,
+            next => next,
+        };
+        self.queued += 1;
+        if !self.order.back_mut().is_some_and(|u| u.extend(slot, pos as u32, stamp)) {
+            self.order.push_back(Uses { slot, first: pos as u32, stamp, len: 1, down: false });
         }
-        self.order.push_back(Use { hash, stamp, slot });
         self.compact_if_stale();
     }
 
     fn pop_front(&mut self) -> Option<PageKey> {
-        while let Some(u) = self.order.pop_front() {
-            let page = &self.pages[u.slot as usize];
-            if let Some(i) = page.find(u.hash).filter(|&i| page.blocks[i].1 == u.stamp) {
-                let key = PageKey { hash: u.hash, page: page.name };
-                self.take(u.slot, i);
+        while let Some(u) = self.order.front_mut() {
+            let (pos, stamp) = u.at(0);
+            let slot = u.slot;
+            if u.len == 1 {
+                self.order.pop_front();
+            } else {
+                u.len -= 1;
+                u.stamp = u.stamp.wrapping_add(1);
+                u.first = if u.down { u.first - 1 } else { u.first + 1 };
+            }
+            self.queued -= 1;
+            let page = &self.pages[slot as usize];
+            if page.used_at(pos, stamp) {
+                let key = PageKey { hash: page.blocks[pos].0, page: page.name };
+                self.take(slot, pos);
                 return Some(key);
             }
         }
         None
     }
 
-    /// Drops the stale queue entries once they outnumber half the live ones.
+    /// Drops the stale uses once they outnumber twice the live ones, and the pages' holes
+    /// with them once they are many (the queue names blocks by position, so both are
+    /// renumbered at once).
     fn compact_if_stale(&mut self) {
         let live = self.len as usize;
-        if self.order.len() > live + live / 2 + STALE_SLACK {
-            let pages = &self.pages;
-            self.order.retain(|u| pages[u.slot as usize].stamp(u.hash) == Some(u.stamp));
+        if self.queued <= most_queued(live) {
+            return;
         }
+        // New positions, when holes go: each held block's rank among its page's held blocks,
+        // at `base[slot] + position`.
+        let renumber = self.holes > live / 4 + STALE_SLACK;
+        let mut base = Vec::new();
+        let mut ranks = Vec::new();
+        if renumber {
+            base.reserve_exact(self.pages.len());
+            for page in &self.pages {
+                base.push(ranks.len() as u32);
+                let mut next = 0;
+                ranks.extend(page.blocks.iter().map(|&(_, s)| {
+                    let rank = next;
+                    next += u32::from(s != HOLE);
+                    rank
+                }));
+            }
+        }
+        let mut order = VecDeque::with_capacity(self.order.len());
+        let mut queued = 0;
+        for (slot, pos) in self.live_uses() {
+            let stamp = self.pages[slot as usize].blocks[pos].1;
+            let pos = if renumber { ranks[base[slot as usize] as usize + pos] } else { pos as u32 };
+            queued += 1;
+            if !order.back_mut().is_some_and(|u: &mut Uses| u.extend(slot, pos, stamp)) {
+                order.push_back(Uses { slot, first: pos, stamp, len: 1, down: false });
+            }
+        }
+        if renumber {
+            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.blocks.len()) {
+                page.blocks.retain(|&(_, s)| s != HOLE);
+                if page.lookup.is_some() {
+                    page.index();
+                }
+            }
+            self.holes = 0;
+        }
+        self.order = order;
+        self.queued = queued;
     }
 
     /// Checks that the map, the pages and the queue agree; panics naming the broken rule.
     pub fn check_invariants(&self) {
         assert!(self.len <= self.capacity, "store holds {} blocks, capacity {}", self.len, self.capacity);
-        let held: usize = self.pages.iter().map(|p| p.blocks.len()).sum();
+        let held: usize = self.pages.iter().map(|p| p.live as usize).sum();
         assert_eq!(held, self.len as usize, "pages hold the store's blocks");
+        assert!(
+            self.pages.iter().all(|p| p.live as usize == p.blocks.iter().filter(|b| b.1 != HOLE).count()),
+            "a page's count of held blocks is right"
+        );
+        let holes: usize = self.pages.iter().map(|p| p.blocks.len() - p.live as usize).sum();
+        assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
         assert!(self.free.iter().all(|&s| self.pages[s as usize].blocks.is_empty()), "free slots are empty");
         assert!(
-            self.slots
-                .iter()
-                .all(|(name, s)| self.pages[s as usize].name == name && !self.pages[s as usize].blocks.is_empty()),
+            self.slots.iter().all(|(name, s)| self.pages[s as usize].name == name && self.pages[s as usize].live > 0),
             "named pages hold blocks"
         );
+        let stamps = || self.order.iter().flat_map(|u| (0..u32::from(u.len)).map(move |k| u.at(k).1));
+        assert!(stamps().zip(stamps().skip(1)).all(|(a, b)| b.wrapping_sub(a) < 1 << 31), "queue stamps increase");
         assert!(
-            self.order.iter().zip(self.order.iter().skip(1)).all(|(a, b)| b.stamp.wrapping_sub(a.stamp) < 1 << 31),
-            "queue stamps increase"
-        );
-        assert!(
-            self.order.iter().all(|u| self.next_stamp.wrapping_sub(u.stamp).wrapping_sub(1) < 1 << 31),
+            stamps().all(|s| s != HOLE && self.next_stamp.wrapping_sub(s).wrapping_sub(1) < 1 << 31),
             "queue stamps were handed out"
         );
-        assert_eq!(self.iter().count(), self.len as usize, "one live queue entry per held block");
+        assert_eq!(self.order.iter().map(|u| usize::from(u.len)).sum::<usize>(), self.queued, "uses counted");
+        assert_eq!(self.iter().count(), self.len as usize, "one live use per held block");
         let live = self.len as usize;
-        assert!(self.order.len() <= live + live / 2 + STALE_SLACK, "stale entries compacted");
+        assert!(self.queued <= most_queued(live), "stale uses compacted");
     }
 }
 
@@ -441,19 +573,25 @@ mod tests {
         #[test]
         fn the_store_answers_as_a_plain_lru(
             capacity in 0usize..200,
-            ops in proptest::collection::vec((0u8..4, proptest::prop_oneof![0u64..24, 100u64..300]), 0..1500),
+            ops in proptest::collection::vec(
+                (0u8..4, proptest::prop_oneof![0u64..24, 100u64..300], 1u64..12, proptest::bool::ANY),
+                0..600,
+            ),
         ) {
             let mut lru = BlockLru::new(capacity as u32);
             let mut model = Model { capacity, ..Model::default() };
-            for (op, key) in ops {
-                let key = k(key);
-                match op {
-                    0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key)),
-                    2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key)),
-                    _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key)),
+            // Each op goes over a run of keys, up or down, as demotions and loads do.
+            for (op, first, run, down) in ops {
+                for j in 0..run {
+                    let key = k(if down { first.saturating_sub(j) } else { first + j });
+                    match op {
+                        0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key)),
+                        2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key)),
+                        _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key)),
+                    }
+                    proptest::prop_assert_eq!(lru.contains(key), model.order.contains(&key));
+                    proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
                 }
-                proptest::prop_assert_eq!(lru.contains(key), model.order.contains(&key));
-                proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
                 lru.check_invariants();
             }
             proptest::prop_assert_eq!(lru.iter().collect::<Vec<_>>(), model.order.iter().map(|k| k.hash).collect::<Vec<_>>());
