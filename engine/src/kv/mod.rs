@@ -81,10 +81,8 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Scratch: the blocks an allocation is about to evict.
+    /// Scratch: the blocks an allocation evicted.
     evicting: Vec<PageKey>,
-    /// The events of an allocation's demotions by tier (see [`KvCache::allocate`]).
-    demoted: [Vec<KvEvent>; 3],
 }
 
 impl KvCache {
@@ -104,7 +102,6 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             evicting: Vec::new(),
-            demoted: [Vec::new(), Vec::new(), Vec::new()],
         }
     }
 
@@ -192,40 +189,73 @@ impl KvCache {
         if n > self.available_blocks() {
             return false;
         }
-        // The shared store is locked once for all the demotions, not once a block.
-        let shared = self.l3.clone();
-        let mut l3 = shared.as_ref().map(SharedStore::lock);
-        self.prefetch_demotions(n.saturating_sub(self.pool.free_count()), l3.as_deref());
-        for _ in 0..n {
-            let b = match self.pool.pop() {
-                Some(b) => b,
-                None => {
-                    let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
-                    self.demote(PageKey { hash: e.hash, page: e.page }, l3.as_deref_mut());
-                    e.block
-                }
-            };
-            seq.blocks.push(b);
+        let free = self.pool.free_count().min(n);
+        for _ in 0..free {
+            seq.blocks.push(self.pool.pop().expect("free blocks were counted"));
         }
-        // The demoted blocks are published as copied down, then freed: each tier's events in
-        // a run (L2's, L3's, then L1's removals), so that an index goes along each run once
-        // per tier and never sees a demoted block held by no one.
-        let [l1_events, l2_events, l3_events] = &mut self.demoted;
-        for events in [l2_events, l3_events, l1_events] {
-            self.tree.record_all(events);
+        if free == n {
+            return true;
         }
+        self.evicting.clear();
+        for _ in free..n {
+            let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
+            seq.blocks.push(e.block);
+            self.evicting.push(PageKey { hash: e.hash, page: e.page });
+        }
+        self.demote_evicted();
         true
     }
 
-    /// Loads the L2 and L3 map entries that demoting the next `evictions` blocks will probe,
-    /// all at once: in stores of millions of blocks each probe is a cache miss, and loads
-    /// issued back to back wait for memory together instead of one after another.
-    fn prefetch_demotions(&mut self, evictions: u32, l3: Option<&BlockLru>) {
-        if evictions < 2 || (self.l2.capacity() == 0 && l3.is_none()) {
+    /// Keeps the blocks just evicted from L1 (`evicting`) in this instance's host memory (L2)
+    /// and writes them through to the shared store (L3), so that every instance can find them
+    /// there at once, not only after they age out of this host's memory. L2's victims are
+    /// simply dropped. Published as copied down, then freed: each tier's events in a run
+    /// (L2's, L3's, then L1's removals), so that an index goes along each run once per tier
+    /// and never sees a demoted block held by no one.
+    fn demote_evicted(&mut self) {
+        // The shared store is locked once for all the demotions, not once a block.
+        let shared = self.l3.clone();
+        let mut l3 = shared.as_ref().map(SharedStore::lock);
+        self.prefetch_demotions(l3.as_deref());
+        let recording = self.tree.recording();
+        if self.l2.capacity() > 0 {
+            for &key in &self.evicting {
+                let out = self.l2.insert(key);
+                if recording {
+                    self.tree.record(KvEvent::Stored { tier: Tier::L2, hash: key.hash, page: key.page });
+                    if let Some(out) = out {
+                        self.tree.record(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
+                    }
+                }
+            }
+        }
+        if let Some(l3) = l3.as_deref_mut() {
+            for &key in &self.evicting {
+                if let Put::Added { evicted } = l3.put(key) {
+                    if evicted == Some(key) || !recording {
+                        continue; // a store of no capacity, or nobody listening
+                    }
+                    self.tree.record(KvEvent::Stored { tier: Tier::L3, hash: key.hash, page: key.page });
+                    if let Some(out) = evicted {
+                        self.tree.record(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
+                    }
+                }
+            }
+        }
+        if recording {
+            for &key in &self.evicting {
+                self.tree.record(KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page });
+            }
+        }
+    }
+
+    /// Loads the L2 and L3 map entries that demoting `evicting` will probe, all at once: in
+    /// stores of millions of blocks each probe is a cache miss, and loads issued back to back
+    /// wait for memory together instead of one after another.
+    fn prefetch_demotions(&self, l3: Option<&BlockLru>) {
+        if self.evicting.len() < 2 {
             return;
         }
-        self.evicting.clear();
-        self.tree.next_evictions(evictions as usize, &mut self.evicting);
         // The demoted blocks' entries, and those of the victims they will push out.
         let mut sink = 0u64;
         if self.l2.capacity() > 0 {
@@ -235,37 +265,6 @@ impl KvCache {
             sink ^= l3.prefetch(&self.evicting);
         }
         std::hint::black_box(sink);
-    }
-
-    /// Keeps a block evicted from L1 in this instance's host memory (L2) and writes it
-    /// through to the shared store (L3), so that every instance can find it there at once,
-    /// not only after it ages out of this host's memory. L2's victims are then simply dropped.
-    fn demote(&mut self, key: PageKey, l3: Option<&mut BlockLru>) {
-        let PageKey { hash, page } = key;
-        let recording = self.tree.recording();
-        let [l1_events, l2_events, l3_events] = &mut self.demoted;
-        if recording {
-            l1_events.push(KvEvent::Removed { tier: Tier::L1, hash, page });
-        }
-        if self.l2.capacity() > 0 {
-            let out = self.l2.insert(key);
-            if recording {
-                l2_events.push(KvEvent::Stored { tier: Tier::L2, hash, page });
-                if let Some(out) = out {
-                    l2_events.push(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
-                }
-            }
-        }
-        let Some(l3) = l3 else { return };
-        if let Put::Added { evicted } = l3.put(key) {
-            if evicted == Some(key) || !recording {
-                return; // a store of no capacity, or nobody listening
-            }
-            l3_events.push(KvEvent::Stored { tier: Tier::L3, hash, page });
-            if let Some(out) = evicted {
-                l3_events.push(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
-            }
-        }
     }
 
     /// How far the sequence's prefix continues below L1, from its cursor: blocks found in L2

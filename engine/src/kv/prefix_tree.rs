@@ -206,14 +206,6 @@ impl PrefixTree {
         self.events.is_some()
     }
 
-    /// Records events of this tier or another, after those recorded so far, emptying
-    /// `events`.
-    pub fn record_all(&mut self, events: &mut Vec<KvEvent>) {
-        if let Some(ev) = &mut self.events {
-            ev.append(events);
-        }
-    }
-
     /// Cached blocks.
     pub fn len(&self) -> u32 {
         self.cached
@@ -486,20 +478,6 @@ impl PrefixTree {
                 self.append(n.0);
             }
             n = parent;
-        }
-    }
-
-    /// The hashes of the next `n` blocks [`PrefixTree::evict_one`] would evict, in order
-    /// (fewer when fewer are evictable), into `out`: the LRU list from its head, each run's
-    /// blocks from its last. Reads only; for loading what eviction will touch ahead of it.
-    pub fn next_evictions(&self, n: usize, out: &mut Vec<PageKey>) {
-        let mut node = self.lru_head;
-        let stop = out.len() + n;
-        while node != NIL && out.len() < stop {
-            let run = &self.nodes[node as usize];
-            let take = (stop - out.len()).min(run.hashes.len());
-            out.extend((0..run.hashes.len()).rev().take(take).map(|i| run.key(i)));
-            node = run.next;
         }
     }
 

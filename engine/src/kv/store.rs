@@ -28,6 +28,7 @@
 
 use crate::block_map::{BlockMap, HashFilter, Probe};
 use crate::ids::BlockHash;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -190,6 +191,9 @@ pub struct BlockLru {
     len: u32,
     /// Page name to its slot in `pages`.
     slots: BlockMap<u32>,
+    /// The page last looked up or placed, with its slot: a run of blocks goes to one page,
+    /// and the next block's lookup skips the map probe.
+    last: Cell<Option<(BlockHash, u32)>>,
     /// Pages in slots; an empty page is a free slot (listed in `free`).
     pages: Vec<Page>,
     free: Vec<u32>,
@@ -232,8 +236,20 @@ impl BlockLru {
 
     /// Where `key` is: its page's slot and its position there.
     fn find(&self, key: PageKey) -> Option<(u32, usize)> {
-        let slot = self.slots.get(key.page)?;
+        let slot = self.slot(key.page)?;
         self.pages[slot as usize].find(key.hash).map(|i| (slot, i))
+    }
+
+    /// The slot of `page`, if it holds blocks.
+    fn slot(&self, page: BlockHash) -> Option<u32> {
+        match self.last.get() {
+            Some((name, slot)) if name == page => Some(slot),
+            _ => {
+                let slot = self.slots.get(page)?;
+                self.last.set(Some((page, slot)));
+                Some(slot)
+            }
+        }
     }
 
     pub fn contains(&self, key: PageKey) -> bool {
@@ -256,10 +272,14 @@ impl BlockLru {
         if self.capacity == 0 {
             return Put::Added { evicted: Some(key) };
         }
-        // One probe of the page map for the lookup and, usually, the placement.
-        let mut found = match self.slots.probe(key.page) {
-            Probe::Found(slot) => Some(slot),
-            Probe::Vacant(_) => None,
+        // One probe of the page map for the lookup and, usually, the placement (none on the
+        // page of the last block).
+        let mut found = match self.last.get() {
+            Some((name, slot)) if name == key.page => Some(slot),
+            _ => match self.slots.probe(key.page) {
+                Probe::Found(slot) => Some(slot),
+                Probe::Vacant(_) => None,
+            },
         };
         if let Some(slot) = found {
             if let Some(i) = self.pages[slot as usize].find(key.hash) {
@@ -287,6 +307,7 @@ impl BlockLru {
                 slot
             }
         };
+        self.last.set(Some((key.page, slot)));
         let stamp = self.next_stamp;
         let i = self.pages[slot as usize].push(key.hash, stamp);
         self.len += 1;
@@ -372,6 +393,9 @@ impl BlockLru {
                 p.filter = HashFilter::default();
             }
             self.slots.remove(name);
+            if self.last.get().is_some_and(|(last, _)| last == name) {
+                self.last.set(None);
+            }
             self.free.push(slot);
         } else {
             self.holes += 1;
@@ -473,6 +497,9 @@ impl BlockLru {
         let holes: usize = self.pages.iter().map(|p| p.blocks.len() - p.live as usize).sum();
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
+        if let Some((name, slot)) = self.last.get() {
+            assert_eq!(self.slots.get(name), Some(slot), "the last page looked up is where the map says");
+        }
         assert!(self.free.iter().all(|&s| self.pages[s as usize].blocks.is_empty()), "free slots are empty");
         assert!(
             self.slots.iter().all(|(name, s)| self.pages[s as usize].name == name && self.pages[s as usize].live > 0),

@@ -362,26 +362,3 @@ fn a_prompt_prefilled_in_chunks_touches_each_block_once_and_caches_what_one_comm
         assert_eq!(prefill(chunk_blocks), whole, "{chunk_blocks}-block chunks");
     }
 }
-
-#[test]
-fn the_next_evictions_are_the_blocks_eviction_then_takes() {
-    let mut kv = KvCache::new(16, 1);
-    // A shared prefix with two branches and a separate prompt, released at different times.
-    let mut a = filled(&mut kv, 1, &hashes(&[1, 2, 3, 4]));
-    let mut b = filled(&mut kv, 2, &hashes(&[1, 2, 7, 8, 9]));
-    let mut c = filled(&mut kv, 3, &hashes(&[5, 6]));
-    kv.release(Time(4), &mut b);
-    kv.release(Time(5), &mut c);
-    kv.release(Time(6), &mut a);
-    let total = kv.cached_blocks() as usize;
-    for n in [0, 1, 3, total, total + 4] {
-        let mut next = Vec::new();
-        kv.tree_mut().next_evictions(n, &mut next);
-        let mut copy = kv.clone();
-        let evicted: Vec<PageKey> = std::iter::from_fn(|| copy.tree_mut().evict_one())
-            .map(|e| PageKey { hash: e.hash, page: e.page })
-            .take(n)
-            .collect();
-        assert_eq!(next, evicted, "next {n} evictions");
-    }
-}
