@@ -81,8 +81,10 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Scratch: the blocks an allocation evicted.
+    /// Scratch: the blocks an allocation evicted, and a store's puts of them (each block
+    /// stored, with the victim it pushed out).
     evicting: Vec<PageKey>,
+    puts: Vec<(PageKey, Option<PageKey>)>,
 }
 
 impl KvCache {
@@ -102,6 +104,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             evicting: Vec::new(),
+            puts: Vec::new(),
         }
     }
 
@@ -219,32 +222,59 @@ impl KvCache {
         self.prefetch_demotions(l3.as_deref());
         let recording = self.tree.recording();
         if self.l2.capacity() > 0 {
+            self.puts.clear();
             for &key in &self.evicting {
                 let out = self.l2.insert(key);
-                if recording {
-                    self.tree.record(KvEvent::Stored { tier: Tier::L2, hash: key.hash, page: key.page });
-                    if let Some(out) = out {
-                        self.tree.record(KvEvent::Removed { tier: Tier::L2, hash: out.hash, page: out.page });
-                    }
-                }
+                self.puts.push((key, out));
+            }
+            if recording {
+                self.record_puts(Tier::L2, self.l2.capacity());
             }
         }
         if let Some(l3) = l3.as_deref_mut() {
+            self.puts.clear();
             for &key in &self.evicting {
                 if let Put::Added { evicted } = l3.put(key) {
-                    if evicted == Some(key) || !recording {
-                        continue; // a store of no capacity, or nobody listening
-                    }
-                    self.tree.record(KvEvent::Stored { tier: Tier::L3, hash: key.hash, page: key.page });
-                    if let Some(out) = evicted {
-                        self.tree.record(KvEvent::Removed { tier: Tier::L3, hash: out.hash, page: out.page });
+                    if evicted != Some(key) {
+                        self.puts.push((key, evicted)); // else a store of no capacity
                     }
                 }
+            }
+            if recording {
+                self.record_puts(Tier::L3, l3.capacity());
             }
         }
         if recording {
             for &key in &self.evicting {
                 self.tree.record(KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page });
+            }
+        }
+    }
+
+    /// Records what putting `evicting` in a store of `tier` did (`puts`: each block stored,
+    /// with the victim it pushed out). Victims are published first, then the stored blocks,
+    /// each a run an index goes along in one pass (put by put, the two alternate and break
+    /// both runs). The order of events on one block is kept: a block stored can be pushed out
+    /// by the same allocation only when it demotes more than the store holds, and is then
+    /// published put by put.
+    fn record_puts(&mut self, tier: Tier, capacity: u32) {
+        let stored = |key: &PageKey| KvEvent::Stored { tier, hash: key.hash, page: key.page };
+        let removed = |key: &PageKey| KvEvent::Removed { tier, hash: key.hash, page: key.page };
+        if self.evicting.len() <= capacity as usize {
+            for (_, victim) in &self.puts {
+                if let Some(victim) = victim {
+                    self.tree.record(removed(victim));
+                }
+            }
+            for (key, _) in &self.puts {
+                self.tree.record(stored(key));
+            }
+        } else {
+            for (key, victim) in &self.puts {
+                self.tree.record(stored(key));
+                if let Some(victim) = victim {
+                    self.tree.record(removed(victim));
+                }
             }
         }
     }

@@ -249,8 +249,8 @@ impl PrefixIndex {
     }
 
     /// Applies `event` as the next block of `run` if it is one (same stream and page, on a
-    /// block beside the run's last, in the state the run changes); false, changing nothing,
-    /// when it is not.
+    /// block beside the run's last, in the state the run changes, or a block new to the page
+    /// stored after the run's last, the page's last); false, changing nothing, when it is not.
     #[inline]
     fn continue_run(&mut self, run: &mut Step, event: &KvEvent) -> bool {
         let (stream, hash, page) = match *event {
@@ -263,12 +263,17 @@ impl PrefixIndex {
         }
         let p = &mut self.pages[run.loc.slot as usize];
         let at = run.loc.idx as usize;
-        let Some(idx) = [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.hashes.get(i) == Some(&hash)) else {
-            return false;
+        let idx = match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.hashes.get(i) == Some(&hash)) {
+            Some(idx) if p.states[idx] == run.from => idx,
+            Some(_) => return false,
+            // A run of new blocks (a prompt's blocks cached for the first time) grows at the
+            // page's end, as `find_or_add` would place them.
+            None if run.from == EMPTY && at + 1 == p.len() && stream < 3 && p.lacks(hash) => {
+                self.blocks += 1;
+                p.push(hash, EMPTY, self.page_blocks as usize)
+            }
+            None => return false,
         };
-        if p.states[idx] != run.from {
-            return false;
-        }
         p.states[idx] = run.to;
         self.meta[run.to as usize].refs += 1;
         self.release(run.from);

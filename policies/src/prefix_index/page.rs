@@ -50,6 +50,12 @@ impl Page {
         }
     }
 
+    /// Whether the page surely lacks `hash` (no scan: most blocks new to a page).
+    #[inline]
+    pub(super) fn lacks(&self, hash: BlockHash) -> bool {
+        !self.filter.may_hold(hash)
+    }
+
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
     pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
         let i = self.hashes.len();
