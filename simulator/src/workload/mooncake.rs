@@ -108,8 +108,9 @@ impl MooncakeTrace {
         buf.reserve(blocks as usize);
         let mut hash = BlockHash::ROOT;
         for (&id, full_block_count) in self.ids.iter().zip((0..blocks).step_by(sub_blocks as usize)) {
+            let id_key = mix64(id);
             for sub in 0..sub_blocks.min(blocks - full_block_count) {
-                hash = hash.chain(sub_block_key(id, sub));
+                hash = hash.chain(sub_block_key(id_key, sub));
                 buf.push(hash);
             }
         }
@@ -133,9 +134,10 @@ impl ReadArrival for MooncakeTrace {
     }
 }
 
-/// Content key of engine sub-block `sub` of the trace block with id `id`.
-fn sub_block_key(id: u64, sub: u32) -> u64 {
-    mix64(mix64(id) ^ u64::from(sub))
+/// Content key of engine sub-block `sub` of the trace block whose id mixes to `id_key`
+/// (`mix64(id)`, once a trace block).
+fn sub_block_key(id_key: u64, sub: u32) -> u64 {
+    mix64(id_key ^ u64::from(sub))
 }
 
 /// The scalar fields of one line; `hash_ids` goes into the caller's vector.
@@ -308,17 +310,17 @@ mod tests {
     fn mooncake_block_hashes_chain_from_the_root_over_sub_blocks() {
         let arrivals =
             read_str("{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [3, 4, 5]}", 256);
-        let h0 = BlockHash::ROOT.chain(sub_block_key(3, 0));
-        let h1 = h0.chain(sub_block_key(3, 1));
-        let h2 = h1.chain(sub_block_key(4, 0));
-        let h3 = h2.chain(sub_block_key(4, 1));
+        let h0 = BlockHash::ROOT.chain(sub_block_key(mix64(3), 0));
+        let h1 = h0.chain(sub_block_key(mix64(3), 1));
+        let h2 = h1.chain(sub_block_key(mix64(4), 0));
+        let h3 = h2.chain(sub_block_key(mix64(4), 1));
         assert_eq!(arrivals[0].block_hashes, [h0, h1, h2, h3]);
     }
 
     #[test]
     fn mooncake_keys_are_pinned() {
-        assert_eq!(sub_block_key(0, 0), mix64(mix64(0)));
-        assert_ne!(sub_block_key(0, 1), sub_block_key(1, 0));
+        assert_eq!(sub_block_key(mix64(0), 0), mix64(mix64(0)));
+        assert_ne!(sub_block_key(mix64(0), 1), sub_block_key(mix64(1), 0));
     }
 
     #[test]
