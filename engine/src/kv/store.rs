@@ -65,17 +65,19 @@ pub enum Put {
 const HOLE: u32 = u32::MAX;
 
 /// The blocks of one page held by a store, in the order they were added, each with its
-/// latest stamp; a block taken out leaves a hole.
+/// latest stamp (side by side in two arrays: 12 bytes a block); a block taken out leaves a
+/// hole.
 #[derive(Clone, Debug, Default)]
 struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     name: BlockHash,
-    blocks: Vec<(BlockHash, u32)>,
+    hashes: Vec<BlockHash>,
+    stamps: Vec<u32>,
     /// Blocks held (positions that are not holes).
     live: u32,
     /// Positions of the held blocks, for the rare page with many blocks (the continuations
     /// of a prefix many prompts share end to end): looked up instead of scanned.
-    lookup: Option<BlockMap<u32>>,
+    lookup: Option<Box<BlockMap<u32>>>,
     /// The hashes ever pushed since the page was emptied: most lookups of a block the page
     /// lacks (every new block's) end here.
     filter: HashFilter,
@@ -91,18 +93,19 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.blocks.iter().position(|&(h, s)| h == hash && s != HOLE),
+            None => self.hashes.iter().zip(&self.stamps).position(|(&h, &s)| h == hash && s != HOLE),
         }
     }
 
     /// Whether position `i` holds a block last used at `stamp`.
     fn used_at(&self, i: usize, stamp: u32) -> bool {
-        self.blocks.get(i).is_some_and(|b| b.1 == stamp)
+        self.stamps.get(i) == Some(&stamp)
     }
 
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
-        let i = self.blocks.len();
-        self.blocks.push((hash, stamp));
+        let i = self.hashes.len();
+        self.hashes.push(hash);
+        self.stamps.push(stamp);
         self.live += 1;
         self.filter.add(hash);
         match &mut self.lookup {
@@ -115,8 +118,8 @@ impl Page {
 
     /// Builds the lookup of held blocks' positions.
     fn index(&mut self) {
-        let mut lookup = BlockMap::default();
-        for (j, &(h, s)) in self.blocks.iter().enumerate() {
+        let mut lookup = Box::<BlockMap<u32>>::default();
+        for (j, (&h, &s)) in self.hashes.iter().zip(&self.stamps).enumerate() {
             if s != HOLE {
                 lookup.insert(h, j as u32);
             }
@@ -125,8 +128,8 @@ impl Page {
     }
 
     fn remove_at(&mut self, i: usize) {
-        let (hash, _) = self.blocks[i];
-        self.blocks[i].1 = HOLE;
+        let hash = self.hashes[i];
+        self.stamps[i] = HOLE;
         self.live -= 1;
         if let Some(lookup) = &mut self.lookup {
             lookup.remove(hash);
@@ -325,7 +328,7 @@ impl BlockLru {
     /// Marks the block at position `i` of the page in `slot` as just used.
     fn use_at(&mut self, slot: u32, i: usize) {
         let stamp = self.next_stamp;
-        self.pages[slot as usize].blocks[i].1 = stamp;
+        self.pages[slot as usize].stamps[i] = stamp;
         self.used(slot, i, stamp);
     }
 
@@ -352,14 +355,14 @@ impl BlockLru {
             }
             victims += usize::from(u.len);
             let (pos, _) = u.at(0);
-            sink ^= self.pages[u.slot as usize].blocks.get(pos).map_or(0, |b| u64::from(b.1));
+            sink ^= self.pages[u.slot as usize].stamps.get(pos).map_or(0, |&s| u64::from(s));
         }
         sink
     }
 
     /// The blocks held, least recently used first.
     pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].blocks[pos].0)
+        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].hashes[pos])
     }
 
     /// The live uses in the queue, oldest first: (slot, position).
@@ -384,12 +387,13 @@ impl BlockLru {
         self.len -= 1;
         if p.live == 0 {
             // The slot is free; its buffer is kept for the next page, unless it grew large.
-            self.holes -= p.blocks.len() - 1;
+            self.holes -= p.hashes.len() - 1;
             let name = p.name;
-            if p.blocks.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
+            if p.hashes.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
                 *p = Page::default();
             } else {
-                p.blocks.clear();
+                p.hashes.clear();
+                p.stamps.clear();
                 p.filter = HashFilter::default();
             }
             self.slots.remove(name);
@@ -429,7 +433,7 @@ impl BlockLru {
             self.queued -= 1;
             let page = &self.pages[slot as usize];
             if page.used_at(pos, stamp) {
-                let key = PageKey { hash: page.blocks[pos].0, page: page.name };
+                let key = PageKey { hash: page.hashes[pos], page: page.name };
                 self.take(slot, pos);
                 return Some(key);
             }
@@ -455,7 +459,7 @@ impl BlockLru {
             for page in &self.pages {
                 base.push(ranks.len() as u32);
                 let mut next = 0;
-                ranks.extend(page.blocks.iter().map(|&(_, s)| {
+                ranks.extend(page.stamps.iter().map(|&s| {
                     let rank = next;
                     next += u32::from(s != HOLE);
                     rank
@@ -465,7 +469,7 @@ impl BlockLru {
         let mut order = VecDeque::with_capacity(self.order.len());
         let mut queued = 0;
         for (slot, pos) in self.live_uses() {
-            let stamp = self.pages[slot as usize].blocks[pos].1;
+            let stamp = self.pages[slot as usize].stamps[pos];
             let pos = if renumber { ranks[base[slot as usize] as usize + pos] } else { pos as u32 };
             queued += 1;
             if !order.back_mut().is_some_and(|u: &mut Uses| u.extend(slot, pos, stamp)) {
@@ -473,8 +477,14 @@ impl BlockLru {
             }
         }
         if renumber {
-            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.blocks.len()) {
-                page.blocks.retain(|&(_, s)| s != HOLE);
+            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.hashes.len()) {
+                let stamps = &page.stamps;
+                let mut i = 0;
+                page.hashes.retain(|_| {
+                    i += 1;
+                    stamps[i - 1] != HOLE
+                });
+                page.stamps.retain(|&s| s != HOLE);
                 if page.lookup.is_some() {
                     page.index();
                 }
@@ -491,16 +501,17 @@ impl BlockLru {
         let held: usize = self.pages.iter().map(|p| p.live as usize).sum();
         assert_eq!(held, self.len as usize, "pages hold the store's blocks");
         assert!(
-            self.pages.iter().all(|p| p.live as usize == p.blocks.iter().filter(|b| b.1 != HOLE).count()),
+            self.pages.iter().all(|p| p.hashes.len() == p.stamps.len()
+                && p.live as usize == p.stamps.iter().filter(|&&s| s != HOLE).count()),
             "a page's count of held blocks is right"
         );
-        let holes: usize = self.pages.iter().map(|p| p.blocks.len() - p.live as usize).sum();
+        let holes: usize = self.pages.iter().map(|p| p.hashes.len() - p.live as usize).sum();
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
         if let Some((name, slot)) = self.last.get() {
             assert_eq!(self.slots.get(name), Some(slot), "the last page looked up is where the map says");
         }
-        assert!(self.free.iter().all(|&s| self.pages[s as usize].blocks.is_empty()), "free slots are empty");
+        assert!(self.free.iter().all(|&s| self.pages[s as usize].hashes.is_empty()), "free slots are empty");
         assert!(
             self.slots.iter().all(|(name, s)| self.pages[s as usize].name == name && self.pages[s as usize].live > 0),
             "named pages hold blocks"
