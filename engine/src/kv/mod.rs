@@ -81,9 +81,10 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Scratch: the blocks an allocation evicted, and a store's puts of them (each block
-    /// stored, with the victim it pushed out).
+    /// Scratch: the blocks an allocation evicted.
     evicting: Vec<PageKey>,
+    /// Scratch, while events are recorded: a store's puts of `evicting` (each block added,
+    /// with the victim it pushed out).
     puts: Vec<(PageKey, Option<PageKey>)>,
 }
 
@@ -222,24 +223,13 @@ impl KvCache {
         self.prefetch_demotions(l3.as_deref());
         let recording = self.tree.recording();
         if self.l2.capacity() > 0 {
-            self.puts.clear();
-            for &key in &self.evicting {
-                let out = self.l2.insert(key);
-                self.puts.push((key, out));
-            }
+            put_all(&mut self.l2, &self.evicting, recording.then_some(&mut self.puts));
             if recording {
                 self.record_puts(Tier::L2, self.l2.capacity());
             }
         }
         if let Some(l3) = l3.as_deref_mut() {
-            self.puts.clear();
-            for &key in &self.evicting {
-                if let Put::Added { evicted } = l3.put(key) {
-                    if evicted != Some(key) {
-                        self.puts.push((key, evicted)); // else a store of no capacity
-                    }
-                }
-            }
+            put_all(l3, &self.evicting, recording.then_some(&mut self.puts));
             if recording {
                 self.record_puts(Tier::L3, l3.capacity());
             }
@@ -430,6 +420,22 @@ impl KvCache {
             private_blocks,
             self.pool.total()
         );
+    }
+}
+
+/// Puts `keys` in `store`, listing in `puts`, when given, each block added with the victim it
+/// pushed out (a block already there is news to nobody; no block is in L1 and L2 at once).
+fn put_all(store: &mut BlockLru, keys: &[PageKey], mut puts: Option<&mut Vec<(PageKey, Option<PageKey>)>>) {
+    if let Some(puts) = puts.as_deref_mut() {
+        puts.clear();
+    }
+    for &key in keys {
+        if let Put::Added { evicted } = store.put(key) {
+            // Handed straight back: a store of no capacity keeps nothing.
+            if let Some(puts) = puts.as_deref_mut().filter(|_| evicted != Some(key)) {
+                puts.push((key, evicted));
+            }
+        }
     }
 }
 

@@ -157,6 +157,14 @@ impl Uses {
         (pos as usize, self.stamp.wrapping_add(k))
     }
 
+    /// Appends a use of position `pos` of the page in `slot`, stamped `stamp`, to `order`:
+    /// the last entry's next use, or a new entry.
+    fn append(order: &mut VecDeque<Uses>, slot: u32, pos: u32, stamp: u32) {
+        if !order.back_mut().is_some_and(|u| u.extend(slot, pos, stamp)) {
+            order.push_back(Uses { slot, first: pos, stamp, len: 1, down: false });
+        }
+    }
+
     /// Extends the run by a use of position `pos` stamped `stamp`, if it is the next one.
     fn extend(&mut self, slot: u32, pos: u32, stamp: u32) -> bool {
         if self.slot != slot || self.len == u16::MAX || stamp != self.stamp.wrapping_add(u32::from(self.len)) {
@@ -413,9 +421,7 @@ impl BlockLru {
             next => next,
         };
         self.queued += 1;
-        if !self.order.back_mut().is_some_and(|u| u.extend(slot, pos as u32, stamp)) {
-            self.order.push_back(Uses { slot, first: pos as u32, stamp, len: 1, down: false });
-        }
+        Uses::append(&mut self.order, slot, pos as u32, stamp);
         self.compact_if_stale();
     }
 
@@ -472,9 +478,7 @@ impl BlockLru {
             let stamp = self.pages[slot as usize].stamps[pos];
             let pos = if renumber { ranks[base[slot as usize] as usize + pos] } else { pos as u32 };
             queued += 1;
-            if !order.back_mut().is_some_and(|u: &mut Uses| u.extend(slot, pos, stamp)) {
-                order.push_back(Uses { slot, first: pos, stamp, len: 1, down: false });
-            }
+            Uses::append(&mut order, slot, pos, stamp);
         }
         if renumber {
             for page in self.pages.iter_mut().filter(|p| p.live as usize != p.hashes.len()) {
