@@ -629,8 +629,11 @@ impl Fleet for SimFleet {
 impl SimFleet {
     /// Takes back the buffer of a KV event the controller has applied, for an engine to
     /// record into next (no buffer is allocated and grown again per step).
+    /// A buffer grown past [`MAX_KEPT_EVENTS`] by a rare large batch (a long prompt loaded
+    /// from below L1 evicts thousands of blocks) is dropped: kept, every buffer in circulation
+    /// would end up that large (130 MB of 440 on 64 instances).
     pub fn recycle(&mut self, events: Vec<KvEvent>) {
-        if self.kv_spare.len() < MAX_SPARE_BUFFERS {
+        if self.kv_spare.len() < MAX_SPARE_BUFFERS && events.capacity() <= MAX_KEPT_EVENTS {
             self.kv_spare.push(events);
         }
     }
@@ -639,6 +642,9 @@ impl SimFleet {
 /// Event buffers kept for reuse at most (one per instance publishing between two settles
 /// is the most a run needs at once).
 const MAX_SPARE_BUFFERS: usize = 1024;
+
+/// The largest event buffer kept for reuse (a step's events are usually far fewer).
+const MAX_KEPT_EVENTS: usize = 4096;
 
 #[cfg(test)]
 mod tests {
