@@ -197,6 +197,26 @@ impl<V> Default for BlockMap<V> {
     }
 }
 
+/// A block's hash with a 32-bit value (a store's stamp, an index's holder-set id), in 12
+/// bytes: the hash is kept as two halves, since a `u64` field would pad the pair to 16.
+/// Pages of blocks are arrays of these, one allocation a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashEntry {
+    hash: [u32; 2],
+    pub value: u32,
+}
+
+impl HashEntry {
+    pub fn new(hash: BlockHash, value: u32) -> HashEntry {
+        HashEntry { hash: [hash.0 as u32, (hash.0 >> 32) as u32], value }
+    }
+
+    #[inline]
+    pub fn hash(&self) -> BlockHash {
+        BlockHash(u64::from(self.hash[0]) | u64::from(self.hash[1]) << 32)
+    }
+}
+
 /// Which hashes a small set (a page of blocks) may hold: 256 bits, one per hash's top byte.
 /// A lookup of a hash not in the set usually ends here instead of scanning the set; a bit is
 /// never cleared while the set lives, so removals only cost false positives, never a wrong

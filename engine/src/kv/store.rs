@@ -26,7 +26,7 @@
 //! around suffice: a stale entry is dropped within three store capacities of uses, long before
 //! its stamp comes round again.
 
-use crate::block_map::{BlockMap, HashFilter, Probe};
+use crate::block_map::{BlockMap, HashEntry, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -65,14 +65,14 @@ pub enum Put {
 const HOLE: u32 = u32::MAX;
 
 /// The blocks of one page held by a store, in the order they were added, each with its
-/// latest stamp (side by side in two arrays: 12 bytes a block); a block taken out leaves a
-/// hole.
+/// latest stamp (one array of 12-byte entries: one allocation a page); a block taken out
+/// leaves a hole.
 #[derive(Clone, Debug, Default)]
 struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     name: BlockHash,
-    hashes: Vec<BlockHash>,
-    stamps: Vec<u32>,
+    /// Each position's hash and latest stamp (`value`).
+    entries: Vec<HashEntry>,
     /// Blocks held (positions that are not holes).
     live: u32,
     /// Positions of the held blocks, for the rare page with many blocks (the continuations
@@ -93,19 +93,18 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.hashes.iter().zip(&self.stamps).position(|(&h, &s)| h == hash && s != HOLE),
+            None => self.entries.iter().position(|e| e.hash() == hash && e.value != HOLE),
         }
     }
 
     /// Whether position `i` holds a block last used at `stamp`.
     fn used_at(&self, i: usize, stamp: u32) -> bool {
-        self.stamps.get(i) == Some(&stamp)
+        self.entries.get(i).is_some_and(|e| e.value == stamp)
     }
 
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
-        let i = self.hashes.len();
-        self.hashes.push(hash);
-        self.stamps.push(stamp);
+        let i = self.entries.len();
+        self.entries.push(HashEntry::new(hash, stamp));
         self.live += 1;
         self.filter.add(hash);
         match &mut self.lookup {
@@ -119,17 +118,17 @@ impl Page {
     /// Builds the lookup of held blocks' positions.
     fn index(&mut self) {
         let mut lookup = Box::<BlockMap<u32>>::default();
-        for (j, (&h, &s)) in self.hashes.iter().zip(&self.stamps).enumerate() {
-            if s != HOLE {
-                lookup.insert(h, j as u32);
+        for (j, e) in self.entries.iter().enumerate() {
+            if e.value != HOLE {
+                lookup.insert(e.hash(), j as u32);
             }
         }
         self.lookup = Some(lookup);
     }
 
     fn remove_at(&mut self, i: usize) {
-        let hash = self.hashes[i];
-        self.stamps[i] = HOLE;
+        let hash = self.entries[i].hash();
+        self.entries[i].value = HOLE;
         self.live -= 1;
         if let Some(lookup) = &mut self.lookup {
             lookup.remove(hash);
@@ -336,7 +335,7 @@ impl BlockLru {
     /// Marks the block at position `i` of the page in `slot` as just used.
     fn use_at(&mut self, slot: u32, i: usize) {
         let stamp = self.next_stamp;
-        self.pages[slot as usize].stamps[i] = stamp;
+        self.pages[slot as usize].entries[i].value = stamp;
         self.used(slot, i, stamp);
     }
 
@@ -363,14 +362,14 @@ impl BlockLru {
             }
             victims += usize::from(u.len);
             let (pos, _) = u.at(0);
-            sink ^= self.pages[u.slot as usize].stamps.get(pos).map_or(0, |&s| u64::from(s));
+            sink ^= self.pages[u.slot as usize].entries.get(pos).map_or(0, |e| u64::from(e.value));
         }
         sink
     }
 
     /// The blocks held, least recently used first.
     pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].hashes[pos])
+        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].entries[pos].hash())
     }
 
     /// The live uses in the queue, oldest first: (slot, position).
@@ -395,13 +394,12 @@ impl BlockLru {
         self.len -= 1;
         if p.live == 0 {
             // The slot is free; its buffer is kept for the next page, unless it grew large.
-            self.holes -= p.hashes.len() - 1;
+            self.holes -= p.entries.len() - 1;
             let name = p.name;
-            if p.hashes.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
+            if p.entries.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
                 *p = Page::default();
             } else {
-                p.hashes.clear();
-                p.stamps.clear();
+                p.entries.clear();
                 p.filter = HashFilter::default();
             }
             self.slots.remove(name);
@@ -439,7 +437,7 @@ impl BlockLru {
             self.queued -= 1;
             let page = &self.pages[slot as usize];
             if page.used_at(pos, stamp) {
-                let key = PageKey { hash: page.hashes[pos], page: page.name };
+                let key = PageKey { hash: page.entries[pos].hash(), page: page.name };
                 self.take(slot, pos);
                 return Some(key);
             }
@@ -465,9 +463,9 @@ impl BlockLru {
             for page in &self.pages {
                 base.push(ranks.len() as u32);
                 let mut next = 0;
-                ranks.extend(page.stamps.iter().map(|&s| {
+                ranks.extend(page.entries.iter().map(|e| {
                     let rank = next;
-                    next += u32::from(s != HOLE);
+                    next += u32::from(e.value != HOLE);
                     rank
                 }));
             }
@@ -475,20 +473,14 @@ impl BlockLru {
         let mut order = VecDeque::with_capacity(self.order.len());
         let mut queued = 0;
         for (slot, pos) in self.live_uses() {
-            let stamp = self.pages[slot as usize].stamps[pos];
+            let stamp = self.pages[slot as usize].entries[pos].value;
             let pos = if renumber { ranks[base[slot as usize] as usize + pos] } else { pos as u32 };
             queued += 1;
             Uses::append(&mut order, slot, pos, stamp);
         }
         if renumber {
-            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.hashes.len()) {
-                let stamps = &page.stamps;
-                let mut i = 0;
-                page.hashes.retain(|_| {
-                    i += 1;
-                    stamps[i - 1] != HOLE
-                });
-                page.stamps.retain(|&s| s != HOLE);
+            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.entries.len()) {
+                page.entries.retain(|e| e.value != HOLE);
                 if page.lookup.is_some() {
                     page.index();
                 }
@@ -505,17 +497,16 @@ impl BlockLru {
         let held: usize = self.pages.iter().map(|p| p.live as usize).sum();
         assert_eq!(held, self.len as usize, "pages hold the store's blocks");
         assert!(
-            self.pages.iter().all(|p| p.hashes.len() == p.stamps.len()
-                && p.live as usize == p.stamps.iter().filter(|&&s| s != HOLE).count()),
+            self.pages.iter().all(|p| p.live as usize == p.entries.iter().filter(|e| e.value != HOLE).count()),
             "a page's count of held blocks is right"
         );
-        let holes: usize = self.pages.iter().map(|p| p.hashes.len() - p.live as usize).sum();
+        let holes: usize = self.pages.iter().map(|p| p.entries.len() - p.live as usize).sum();
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
         if let Some((name, slot)) = self.last.get() {
             assert_eq!(self.slots.get(name), Some(slot), "the last page looked up is where the map says");
         }
-        assert!(self.free.iter().all(|&s| self.pages[s as usize].hashes.is_empty()), "free slots are empty");
+        assert!(self.free.iter().all(|&s| self.pages[s as usize].entries.is_empty()), "free slots are empty");
         assert!(
             self.slots.iter().all(|(name, s)| self.pages[s as usize].name == name && self.pages[s as usize].live > 0),
             "named pages hold blocks"

@@ -27,12 +27,11 @@ impl PrefixIndex {
             while j < end {
                 let Some(i) = page.find(hashes[j], near) else { break 'walk };
                 // The run: positions after `i` with the same state and the prompt's hashes.
-                let state = page.states[i];
+                let state = page.state(i);
                 let max = (page.len() - i).min(end - j);
-                let (page_hashes, page_states, want) =
-                    (&page.hashes[i..i + max], &page.states[i..i + max], &hashes[j..j + max]);
+                let (entries, want) = (&page.entries[i..i + max], &hashes[j..j + max]);
                 let mut len = 1;
-                while len < max && page_states[len] == state && page_hashes[len] == want[len] {
+                while len < max && entries[len].value == state && entries[len].hash() == want[len] {
                     len += 1;
                 }
                 match run {
@@ -73,7 +72,7 @@ impl PrefixIndex {
         for &h in firsts() {
             if let Some(slot) = self.slots.get(h) {
                 let page = &self.pages[slot as usize];
-                sink ^= page.hashes.first().map_or(0, |h| h.0) ^ u64::from(page.states.first().copied().unwrap_or(0));
+                sink ^= page.entries.first().map_or(0, |e| e.hash().0 ^ u64::from(e.value));
             }
         }
         std::hint::black_box(sink);

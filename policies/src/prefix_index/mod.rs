@@ -263,8 +263,8 @@ impl PrefixIndex {
         }
         let p = &mut self.pages[run.loc.slot as usize];
         let at = run.loc.idx as usize;
-        let idx = match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.hashes.get(i) == Some(&hash)) {
-            Some(idx) if p.states[idx] == run.from => idx,
+        let idx = match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.has_at(i, hash)) {
+            Some(idx) if p.state(idx) == run.from => idx,
             Some(_) => return false,
             // A run of new blocks (a prompt's blocks cached for the first time) grows at the
             // page's end, as `find_or_add` would place them.
@@ -274,7 +274,7 @@ impl PrefixIndex {
             }
             None => return false,
         };
-        p.states[idx] = run.to;
+        p.set_state(idx, run.to);
         self.meta[run.to as usize].refs += 1;
         self.release(run.from);
         run.loc.idx = idx as u32;
@@ -365,10 +365,10 @@ impl PrefixIndex {
 
     /// Applies `change` to the block at `loc`; returns its states before and after.
     fn change_at(&mut self, loc: Loc, change: Change) -> (u32, u32) {
-        let from = self.pages[loc.slot as usize].states[loc.idx as usize];
+        let from = self.pages[loc.slot as usize].state(loc.idx as usize);
         let to = self.transition(from, change);
         if to != from {
-            self.pages[loc.slot as usize].states[loc.idx as usize] = to;
+            self.pages[loc.slot as usize].set_state(loc.idx as usize, to);
             if to != EMPTY {
                 self.meta[to as usize].refs += 1;
             }
@@ -476,7 +476,7 @@ impl PrefixIndex {
     fn finish_pending(&mut self) {
         if let Some((hash, loc)) = self.pending.take() {
             let page = &mut self.pages[loc.slot as usize];
-            debug_assert_eq!(page.hashes[loc.idx as usize], hash);
+            debug_assert_eq!(page.hash(loc.idx as usize), hash);
             let state = page.remove(loc.idx as usize);
             debug_assert_eq!(state, EMPTY);
             self.blocks -= 1;
@@ -568,7 +568,7 @@ impl PrefixIndex {
             assert_eq!(page.name, name, "slot {slot} holds the page its name maps to");
             assert!(page.len() > 0, "named page {name:?} holds blocks");
             page.check_invariants();
-            for (idx, (&h, &state)) in page.hashes.iter().zip(&page.states).enumerate() {
+            for (idx, (h, state)) in page.entries.iter().map(|e| (e.hash(), e.value)).enumerate() {
                 assert!(seen.insert(h), "{h:?} indexed twice");
                 refs[state as usize] += 1;
                 let pending = self.pending.is_some_and(|(p, loc)| p == h && loc == Loc { slot, idx: idx as u32 });

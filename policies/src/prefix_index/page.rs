@@ -1,7 +1,7 @@
 //! Pages: the blocks of one page of chains (depths `32k..32k+31` after one prefix), side by
 //! side, in the order they were stored.
 
-use engine::block_map::{BlockMap, HashFilter};
+use engine::block_map::{BlockMap, HashEntry, HashFilter};
 use engine::BlockHash;
 
 /// Pages with more blocks than this many times the page size get a lookup map (the many
@@ -15,9 +15,8 @@ const SCAN_PAGES: usize = 3;
 pub(super) struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     pub(super) name: BlockHash,
-    pub(super) hashes: Vec<BlockHash>,
-    /// State id of each block.
-    pub(super) states: Vec<u32>,
+    /// Each block's hash and state id (`value`), 12 bytes a block in one allocation.
+    pub(super) entries: Vec<HashEntry>,
     /// Positions by hash, for a page past the scan limit (then a block leaving swaps the last
     /// one into its place).
     lookup: Option<Box<BlockMap<u32>>>,
@@ -28,7 +27,28 @@ pub(super) struct Page {
 
 impl Page {
     pub(super) fn len(&self) -> usize {
-        self.hashes.len()
+        self.entries.len()
+    }
+
+    #[inline]
+    pub(super) fn hash(&self, i: usize) -> BlockHash {
+        self.entries[i].hash()
+    }
+
+    #[inline]
+    pub(super) fn state(&self, i: usize) -> u32 {
+        self.entries[i].value
+    }
+
+    #[inline]
+    pub(super) fn set_state(&mut self, i: usize, state: u32) {
+        self.entries[i].value = state;
+    }
+
+    /// Whether position `i` holds `hash`.
+    #[inline]
+    pub(super) fn has_at(&self, i: usize, hash: BlockHash) -> bool {
+        self.entries.get(i).is_some_and(|e| e.hash() == hash)
     }
 
     /// Where `hash` is, trying position `near` and its neighbours first: a run's next block
@@ -37,7 +57,7 @@ impl Page {
     #[inline]
     pub(super) fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
         for i in [near, near + 1, near.wrapping_sub(1)] {
-            if self.hashes.get(i) == Some(&hash) {
+            if self.has_at(i, hash) {
                 return Some(i);
             }
         }
@@ -46,7 +66,7 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.hashes.iter().position(|&h| h == hash),
+            None => self.entries.iter().position(|e| e.hash() == hash),
         }
     }
 
@@ -58,21 +78,19 @@ impl Page {
 
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
     pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
-        let i = self.hashes.len();
-        if i == self.hashes.capacity() && i < page_blocks {
+        let i = self.entries.len();
+        if i == self.entries.capacity() && i < page_blocks {
             // A page fills up to its size: one allocation instead of doubling up to it.
-            self.hashes.reserve_exact(page_blocks - i);
-            self.states.reserve_exact(page_blocks - i);
+            self.entries.reserve_exact(page_blocks - i);
         }
-        self.hashes.push(hash);
-        self.states.push(state);
+        self.entries.push(HashEntry::new(hash, state));
         self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
             None if i >= SCAN_PAGES * page_blocks => {
                 let mut lookup = Box::<BlockMap<u32>>::default();
-                for (j, &h) in self.hashes.iter().enumerate() {
-                    lookup.insert(h, j as u32);
+                for (j, e) in self.entries.iter().enumerate() {
+                    lookup.insert(e.hash(), j as u32);
                 }
                 self.lookup = Some(lookup);
             }
@@ -84,62 +102,48 @@ impl Page {
     /// Takes out the block at `i`; returns its state.
     pub(super) fn remove(&mut self, i: usize) -> u32 {
         match &mut self.lookup {
-            None => {
-                self.hashes.remove(i);
-                self.states.remove(i)
-            }
+            None => self.entries.remove(i).value,
             Some(lookup) => {
-                let hash = self.hashes.swap_remove(i);
-                lookup.remove(hash);
-                if let Some(&moved) = self.hashes.get(i) {
-                    lookup.set(moved, i as u32);
+                let gone = self.entries.swap_remove(i);
+                lookup.remove(gone.hash());
+                if let Some(moved) = self.entries.get(i) {
+                    lookup.set(moved.hash(), i as u32);
                 }
-                self.states.swap_remove(i)
+                gone.value
             }
         }
     }
 
     /// Keeps the blocks `keep` says yes to (the lookup rebuilt if any).
     pub(super) fn retain(&mut self, mut keep: impl FnMut(BlockHash, u32) -> bool) {
-        let mut w = 0;
-        for r in 0..self.hashes.len() {
-            if keep(self.hashes[r], self.states[r]) {
-                self.hashes[w] = self.hashes[r];
-                self.states[w] = self.states[r];
-                w += 1;
-            }
-        }
-        self.hashes.truncate(w);
-        self.states.truncate(w);
+        self.entries.retain(|e| keep(e.hash(), e.value));
         if let Some(lookup) = &mut self.lookup {
             **lookup = BlockMap::default();
-            for (j, &h) in self.hashes.iter().enumerate() {
-                lookup.insert(h, j as u32);
+            for (j, e) in self.entries.iter().enumerate() {
+                lookup.insert(e.hash(), j as u32);
             }
         }
     }
 
     /// Empties the page for reuse, keeping small buffers.
     pub(super) fn clear(&mut self, page_blocks: usize) {
-        if self.hashes.capacity() > 2 * page_blocks || self.lookup.is_some() {
+        if self.entries.capacity() > 2 * page_blocks || self.lookup.is_some() {
             *self = Page::default();
         } else {
-            self.hashes.clear();
-            self.states.clear();
+            self.entries.clear();
             self.filter = HashFilter::default();
         }
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
-        self.hashes.capacity() * 8 + self.states.capacity() * 4 + self.lookup.as_ref().map_or(0, |l| l.bytes())
+        self.entries.capacity() * std::mem::size_of::<HashEntry>() + self.lookup.as_ref().map_or(0, |l| l.bytes())
     }
 
     /// Checks the lookup map against the positions.
     pub(super) fn check_invariants(&self) {
-        assert_eq!(self.hashes.len(), self.states.len());
         if let Some(lookup) = &self.lookup {
-            assert_eq!(lookup.len(), self.hashes.len(), "page {:?}: lookup size", self.name);
-            for (i, &h) in self.hashes.iter().enumerate() {
+            assert_eq!(lookup.len(), self.entries.len(), "page {:?}: lookup size", self.name);
+            for (i, h) in self.entries.iter().map(HashEntry::hash).enumerate() {
                 assert_eq!(lookup.get(h), Some(i as u32), "page {:?}: lookup of {h:?}", self.name);
             }
         }

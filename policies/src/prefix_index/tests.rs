@@ -137,7 +137,8 @@ fn demotion_keeps_blocks_in_place() {
     index.check_invariants();
     check(&index, &h, &[(A, tm(4, 3, 1)), (B, tm(0, 0, 0))]);
     let slot = index.slots.get(h[4]).expect("the second page");
-    assert_eq!(index.pages[slot as usize].hashes, h[4..], "the page keeps its blocks in chain order");
+    let page: Vec<BlockHash> = index.pages[slot as usize].entries.iter().map(|e| e.hash()).collect();
+    assert_eq!(page, h[4..], "the page keeps its blocks in chain order");
 }
 
 #[test]
