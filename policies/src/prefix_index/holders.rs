@@ -98,7 +98,7 @@ impl State {
 /// in the caches.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Meta {
-    /// Positions with this state (the pending block's is `EMPTY`, which is not counted); at
+    /// Positions with this state (`EMPTY`, the tombstones', is not counted); at
     /// zero the state is freed.
     pub(super) refs: u32,
     /// Bumped when the id is freed or the set changes in place, which invalidates the

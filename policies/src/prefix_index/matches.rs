@@ -1,7 +1,7 @@
 //! Queries: the longest cached prefix of a request on every instance.
 
 use super::holders::State;
-use super::{PrefixIndex, TierMatch};
+use super::{PrefixIndex, TierMatch, EMPTY};
 use engine::BlockHash;
 use engine::InstanceId;
 use std::sync::Arc;
@@ -28,6 +28,9 @@ impl PrefixIndex {
                 let Some(i) = page.find(hashes[j], near) else { break 'walk };
                 // The run: positions after `i` with the same state and the prompt's hashes.
                 let state = page.state(i);
+                if state == EMPTY {
+                    break 'walk; // a tombstone: nobody holds the block
+                }
                 let max = (page.len() - i).min(end - j);
                 let (entries, want) = (&page.entries[i..i + max], &hashes[j..j + max]);
                 let mut len = 1;

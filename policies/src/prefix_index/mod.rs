@@ -34,7 +34,7 @@
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup |
-//! | `pending` | an engine may publish a demotion as "removed here, stored there": the block keeps its place meanwhile (ours publish the store first) |
+//! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
 //!
 //! # Cost
@@ -77,7 +77,7 @@ impl TierMatch {
     }
 }
 
-/// The state id of a block nobody holds (only the pending block has it).
+/// The state id of a block nobody holds (a tombstone, until its page is compacted).
 const EMPTY: u32 = 0;
 /// No state: what an unused transition cache slot starts from.
 const NO_STATE: u32 = u32::MAX;
@@ -123,7 +123,7 @@ pub struct PrefixIndex {
     /// Pages in slots; an empty page is a free slot (listed in `free_pages`).
     pages: Vec<Page>,
     free_pages: Vec<u32>,
-    /// Blocks in the pages (the pending one included).
+    /// Blocks held by someone (tombstones not counted).
     blocks: usize,
     /// Holder sets by id; `states[EMPTY]` is the empty set and is never freed.
     states: Vec<State>,
@@ -134,10 +134,6 @@ pub struct PrefixIndex {
     /// leaves the newer state out: duplicates only split runs, they do not change results).
     intern: FxHashMap<u64, u32>,
     transitions: Box<[Transition]>,
-    /// The block whose last holder just left, with its place: taken out at the next event
-    /// unless that event stores it again (an engine demotes a block by removing it from one
-    /// tier, then storing it in the next).
-    pending: Option<(BlockHash, Loc)>,
     /// For each stream of events (stored or removed, by tier), the page of its last event and
     /// the block's place there: the next event of a stream is usually on the same page, next
     /// to it. An engine's events interleave streams (evicting one block from L1 stores it in
@@ -178,7 +174,6 @@ impl PrefixIndex {
             free_states: Vec::new(),
             intern: FxHashMap::default(),
             transitions: vec![NO_TRANSITION; 1 << TRANSITION_BITS].into_boxed_slice(),
-            pending: None,
             cursors: [None; 6],
             last_stream: 0,
             scratch: Vec::new(),
@@ -188,7 +183,7 @@ impl PrefixIndex {
 
     /// Distinct blocks indexed (in any tier).
     pub fn blocks(&self) -> usize {
-        self.blocks - usize::from(self.pending.is_some())
+        self.blocks
     }
 
     /// Heap bytes held, estimated from capacities (the page map, the pages, holder sets and
@@ -244,7 +239,7 @@ impl PrefixIndex {
                     continue;
                 }
             }
-            run = self.apply_one(instance, event).filter(|s| s.to != EMPTY && s.to != s.from);
+            run = self.apply_one(instance, event).filter(|s| s.to != s.from);
         }
     }
 
@@ -258,7 +253,7 @@ impl PrefixIndex {
             KvEvent::Removed { tier, hash, page } => (3 + tier.index(), hash, page),
             KvEvent::Cleared => return false,
         };
-        if stream != run.stream || page != run.page || self.pending.is_some() {
+        if stream != run.stream || page != run.page {
             return false;
         }
         let p = &mut self.pages[run.loc.slot as usize];
@@ -269,31 +264,20 @@ impl PrefixIndex {
             // A run of new blocks (a prompt's blocks cached for the first time) grows at the
             // page's end, as `find_or_add` would place them.
             None if run.from == EMPTY && at + 1 == p.len() && stream < 3 && p.lacks(hash) => {
-                self.blocks += 1;
                 p.push(hash, EMPTY, self.page_blocks as usize)
             }
             None => return false,
         };
-        p.set_state(idx, run.to);
-        self.meta[run.to as usize].refs += 1;
-        self.release(run.from);
         run.loc.idx = idx as u32;
+        // The cursor first: freeing the page (its last block leaving) clears it.
         self.cursors[stream] = Some((page, run.loc));
         self.last_stream = stream;
+        self.set(run.loc, run.from, run.to);
         true
     }
 
     fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
-        let loc = match self.pending {
-            Some((h, loc)) if h == hash => {
-                self.pending = None;
-                loc
-            }
-            _ => {
-                self.finish_pending();
-                self.find_or_add(hash, page, stream)
-            }
-        };
+        let loc = self.find_or_add(hash, page, stream);
         let (from, to) = self.change_at(loc, change);
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;
@@ -301,17 +285,11 @@ impl PrefixIndex {
     }
 
     fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Option<Step> {
-        if self.pending.is_some_and(|(h, _)| h == hash) {
-            return None;
-        }
-        self.finish_pending();
         let loc = self.find(hash, page, stream)?;
-        let (from, to) = self.change_at(loc, change);
-        if to == EMPTY && from != EMPTY {
-            self.pending = Some((hash, loc));
-        }
+        // The cursor first: freeing the page (its last block leaving) clears it.
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;
+        let (from, to) = self.change_at(loc, change);
         Some(Step { stream, page, loc, from, to })
     }
 
@@ -355,10 +333,7 @@ impl PrefixIndex {
         let p = &mut self.pages[slot as usize];
         let idx = match p.find(hash, hint) {
             Some(idx) => idx,
-            None => {
-                self.blocks += 1;
-                p.push(hash, EMPTY, self.page_blocks as usize)
-            }
+            None => p.push(hash, EMPTY, self.page_blocks as usize),
         };
         Loc { slot, idx: idx as u32 }
     }
@@ -368,13 +343,42 @@ impl PrefixIndex {
         let from = self.pages[loc.slot as usize].state(loc.idx as usize);
         let to = self.transition(from, change);
         if to != from {
-            self.pages[loc.slot as usize].set_state(loc.idx as usize, to);
-            if to != EMPTY {
-                self.meta[to as usize].refs += 1;
-            }
-            self.release(from);
+            self.set(loc, from, to);
         }
         (from, to)
+    }
+
+    /// Moves the block at `loc` from state `from` to `to` (they differ): reference counts and
+    /// the count of blocks held; a block left to nobody becomes a tombstone.
+    #[inline(always)]
+    fn set(&mut self, loc: Loc, from: u32, to: u32) {
+        let p = &mut self.pages[loc.slot as usize];
+        p.entries[loc.idx as usize].value = to;
+        if from == EMPTY {
+            p.dead -= 1;
+            self.blocks += 1;
+        }
+        if to != EMPTY {
+            self.meta[to as usize].refs += 1;
+        }
+        self.release(from);
+        if to == EMPTY {
+            self.tombstone(loc.slot);
+        }
+    }
+
+    /// Counts a new tombstone in the page in `slot`: a page left with tombstones only is
+    /// freed, one mostly of them compacted.
+    #[inline(never)]
+    fn tombstone(&mut self, slot: u32) {
+        self.blocks -= 1;
+        let p = &mut self.pages[slot as usize];
+        p.dead += 1;
+        if p.live() == 0 {
+            self.free_page(slot);
+        } else if p.mostly_dead() {
+            p.retain(|_, state| state != EMPTY);
+        }
     }
 
     /// The state `change` turns `from` into, from the cache or formed and interned.
@@ -472,20 +476,6 @@ impl PrefixIndex {
         }
     }
 
-    /// Takes the pending block out of the index: nothing stored it back.
-    fn finish_pending(&mut self) {
-        if let Some((hash, loc)) = self.pending.take() {
-            let page = &mut self.pages[loc.slot as usize];
-            debug_assert_eq!(page.hash(loc.idx as usize), hash);
-            let state = page.remove(loc.idx as usize);
-            debug_assert_eq!(state, EMPTY);
-            self.blocks -= 1;
-            if page.len() == 0 {
-                self.free_page(loc.slot);
-            }
-        }
-    }
-
     /// Frees the slot of a page left empty.
     fn free_page(&mut self, slot: u32) {
         let page = &mut self.pages[slot as usize];
@@ -503,7 +493,6 @@ impl PrefixIndex {
     /// Holder sets change in place, so this costs O(states), plus one pass over the pages
     /// when some blocks were held by the instance alone.
     pub fn remove_instance(&mut self, instance: InstanceId) {
-        self.finish_pending();
         let (l1, l2) = (holder(instance, Tier::L1), holder(instance, Tier::L2));
         let mut emptied = vec![false; self.states.len()];
         let mut any_emptied = false;
@@ -535,13 +524,13 @@ impl PrefixIndex {
             if page.len() == 0 {
                 continue;
             }
-            let before = page.len();
+            let before = page.live();
             page.retain(|_, state| {
                 let gone = emptied[state as usize];
                 dropped[state as usize] += u32::from(gone);
-                !gone
+                !gone && state != EMPTY
             });
-            self.blocks -= before - page.len();
+            self.blocks -= before - page.live();
             if page.len() == 0 {
                 self.free_page(slot);
             }
@@ -559,6 +548,7 @@ impl PrefixIndex {
     pub fn check_invariants(&self) {
         let mut refs = vec![0u32; self.states.len()];
         let mut seen = std::collections::HashSet::new();
+        let mut live = 0;
         assert_eq!(self.slots.len() + self.free_pages.len(), self.pages.len(), "every slot is named or free");
         for &slot in &self.free_pages {
             assert_eq!(self.pages[slot as usize].len(), 0, "free slot {slot} is empty");
@@ -566,20 +556,20 @@ impl PrefixIndex {
         for (name, slot) in self.slots.iter() {
             let page = &self.pages[slot as usize];
             assert_eq!(page.name, name, "slot {slot} holds the page its name maps to");
-            assert!(page.len() > 0, "named page {name:?} holds blocks");
+            assert!(page.live() > 0, "named page {name:?} holds blocks");
+            assert!(!page.mostly_dead(), "page {name:?} compacted");
             page.check_invariants();
-            for (idx, (h, state)) in page.entries.iter().map(|e| (e.hash(), e.value)).enumerate() {
+            for (h, state) in page.entries.iter().map(|e| (e.hash(), e.value)) {
                 assert!(seen.insert(h), "{h:?} indexed twice");
                 refs[state as usize] += 1;
-                let pending = self.pending.is_some_and(|(p, loc)| p == h && loc == Loc { slot, idx: idx as u32 });
-                assert_eq!(state == EMPTY, pending, "{h:?}: only the pending block has the empty state");
+                live += usize::from(state != EMPTY);
                 assert!(
                     !self.states[state as usize].is_empty() || state == EMPTY,
                     "{h:?}: a non-empty id holds nothing"
                 );
             }
         }
-        assert_eq!(seen.len(), self.blocks, "block count");
+        assert_eq!(live, self.blocks, "block count");
         for (id, s) in self.states.iter().enumerate().skip(1) {
             assert_eq!(self.meta[id].refs, refs[id], "state {id} reference count");
             assert!(s.holders.windows(2).all(|w| w[0] < w[1]), "state {id} holders sorted");

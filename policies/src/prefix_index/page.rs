@@ -1,6 +1,7 @@
 //! Pages: the blocks of one page of chains (depths `32k..32k+31` after one prefix), side by
 //! side, in the order they were stored.
 
+use super::EMPTY;
 use engine::block_map::{BlockMap, HashEntry, HashFilter};
 use engine::BlockHash;
 
@@ -8,17 +9,24 @@ use engine::BlockHash;
 /// continuations of a prefix shared mid-page); smaller ones are scanned.
 const SCAN_PAGES: usize = 3;
 
+/// Tombstones a page keeps beyond twice its live blocks before it is compacted (tests
+/// compact sooner, to go through it often).
+const COMPACT_SLACK: usize = if cfg!(test) { 0 } else { 8 };
+
 /// The blocks of one page and their holder-set ids. Small pages keep the order blocks were
 /// stored in, which for a chain stored as a run is its order, so a query reads a run of a
-/// prompt's blocks in sequence; a block leaving shifts the ones after it.
+/// prompt's blocks in sequence. A block nobody holds any more stays in its place (state
+/// `EMPTY`, a tombstone) until the page is compacted: a demotion stores it again there, and
+/// a run of blocks leaving goes along the page without shifting it.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     pub(super) name: BlockHash,
     /// Each block's hash and state id (`value`), 12 bytes a block in one allocation.
     pub(super) entries: Vec<HashEntry>,
-    /// Positions by hash, for a page past the scan limit (then a block leaving swaps the last
-    /// one into its place).
+    /// Entries in the `EMPTY` state (tombstones).
+    pub(super) dead: u32,
+    /// Positions by hash, for a page past the scan limit.
     lookup: Option<Box<BlockMap<u32>>>,
     /// The hashes ever pushed since the page was emptied: a lookup of a block the page lacks
     /// (every new block's) usually ends here.
@@ -31,18 +39,19 @@ impl Page {
     }
 
     #[inline]
-    pub(super) fn hash(&self, i: usize) -> BlockHash {
-        self.entries[i].hash()
-    }
-
-    #[inline]
     pub(super) fn state(&self, i: usize) -> u32 {
         self.entries[i].value
     }
 
-    #[inline]
-    pub(super) fn set_state(&mut self, i: usize, state: u32) {
-        self.entries[i].value = state;
+    /// Blocks held by someone (entries that are not tombstones).
+    pub(super) fn live(&self) -> usize {
+        self.entries.len() - self.dead as usize
+    }
+
+    /// Whether the tombstones are many enough to be dropped (their positions go on costing
+    /// scans and memory; dropping them moves the blocks after them).
+    pub(super) fn mostly_dead(&self) -> bool {
+        self.dead as usize > 2 * self.live() + COMPACT_SLACK
     }
 
     /// Whether position `i` holds `hash`.
@@ -84,6 +93,7 @@ impl Page {
             self.entries.reserve_exact(page_blocks - i);
         }
         self.entries.push(HashEntry::new(hash, state));
+        self.dead += u32::from(state == EMPTY);
         self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
@@ -99,24 +109,10 @@ impl Page {
         i
     }
 
-    /// Takes out the block at `i`; returns its state.
-    pub(super) fn remove(&mut self, i: usize) -> u32 {
-        match &mut self.lookup {
-            None => self.entries.remove(i).value,
-            Some(lookup) => {
-                let gone = self.entries.swap_remove(i);
-                lookup.remove(gone.hash());
-                if let Some(moved) = self.entries.get(i) {
-                    lookup.set(moved.hash(), i as u32);
-                }
-                gone.value
-            }
-        }
-    }
-
     /// Keeps the blocks `keep` says yes to (the lookup rebuilt if any).
     pub(super) fn retain(&mut self, mut keep: impl FnMut(BlockHash, u32) -> bool) {
         self.entries.retain(|e| keep(e.hash(), e.value));
+        self.dead = self.entries.iter().filter(|e| e.value == EMPTY).count() as u32;
         if let Some(lookup) = &mut self.lookup {
             **lookup = BlockMap::default();
             for (j, e) in self.entries.iter().enumerate() {
@@ -131,6 +127,7 @@ impl Page {
             *self = Page::default();
         } else {
             self.entries.clear();
+            self.dead = 0;
             self.filter = HashFilter::default();
         }
     }
@@ -141,6 +138,8 @@ impl Page {
 
     /// Checks the lookup map against the positions.
     pub(super) fn check_invariants(&self) {
+        let dead = self.entries.iter().filter(|e| e.value == EMPTY).count();
+        assert_eq!(self.dead as usize, dead, "page {:?}: tombstones counted", self.name);
         if let Some(lookup) = &self.lookup {
             assert_eq!(lookup.len(), self.entries.len(), "page {:?}: lookup size", self.name);
             for (i, h) in self.entries.iter().map(HashEntry::hash).enumerate() {
