@@ -74,6 +74,9 @@ impl LowerHit {
     }
 }
 
+/// The most blocks an allocation's scratch lists keep room for between allocations.
+const KEPT_SCRATCH: usize = 4096;
+
 #[derive(Clone, Debug)]
 pub struct KvCache {
     pool: BlockPool,
@@ -238,6 +241,12 @@ impl KvCache {
             for &key in &self.evicting {
                 self.tree.record(KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page });
             }
+        }
+        // A rare allocation of most of L1 (a long prompt loaded from below) would leave every
+        // instance's scratch that large for good.
+        if self.evicting.capacity() > KEPT_SCRATCH {
+            self.evicting = Vec::new();
+            self.puts = Vec::new();
         }
     }
 
