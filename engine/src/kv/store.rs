@@ -87,7 +87,15 @@ struct Page {
 const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
 impl Page {
-    fn find(&self, hash: BlockHash) -> Option<usize> {
+    /// Where `hash` is held, trying the position after `near` and `near` itself first (a
+    /// prompt's walk reads a page's blocks in the order they were added).
+    #[inline]
+    fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
+        for i in [near + 1, near] {
+            if self.entries.get(i).is_some_and(|e| e.hash() == hash && e.value != HOLE) {
+                return Some(i);
+            }
+        }
         if !self.filter.may_hold(hash) {
             return None;
         }
@@ -204,6 +212,8 @@ pub struct BlockLru {
     /// The page last looked up or placed, with its slot: a run of blocks goes to one page,
     /// and the next block's lookup skips the map probe.
     last: Cell<Option<(BlockHash, u32)>>,
+    /// The position last found or placed, in any page: where the next lookup looks first.
+    near: Cell<u32>,
     /// Pages in slots; an empty page is a free slot (listed in `free`).
     pages: Vec<Page>,
     free: Vec<u32>,
@@ -247,7 +257,9 @@ impl BlockLru {
     /// Where `key` is: its page's slot and its position there.
     fn find(&self, key: PageKey) -> Option<(u32, usize)> {
         let slot = self.slot(key.page)?;
-        self.pages[slot as usize].find(key.hash).map(|i| (slot, i))
+        let i = self.pages[slot as usize].find(key.hash, self.near.get() as usize)?;
+        self.near.set(i as u32);
+        Some((slot, i))
     }
 
     /// The slot of `page`, if it holds blocks.
@@ -292,7 +304,8 @@ impl BlockLru {
             },
         };
         if let Some(slot) = found {
-            if let Some(i) = self.pages[slot as usize].find(key.hash) {
+            if let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) {
+                self.near.set(i as u32);
                 self.use_at(slot, i);
                 return Put::Refreshed;
             }
@@ -320,6 +333,7 @@ impl BlockLru {
         self.last.set(Some((key.page, slot)));
         let stamp = self.next_stamp;
         let i = self.pages[slot as usize].push(key.hash, stamp);
+        self.near.set(i as u32);
         self.len += 1;
         self.used(slot, i, stamp);
         Put::Added { evicted }
@@ -413,6 +427,7 @@ impl BlockLru {
     }
 
     /// Records a use of position `pos` of the page at `slot`, stamped `stamp`.
+    #[inline]
     fn used(&mut self, slot: u32, pos: usize, stamp: u32) {
         self.next_stamp = match stamp.wrapping_add(1) {
             HOLE => 0,
@@ -445,14 +460,20 @@ impl BlockLru {
         None
     }
 
-    /// Drops the stale uses once they outnumber twice the live ones, and the pages' holes
-    /// with them once they are many (the queue names blocks by position, so both are
-    /// renumbered at once).
+    /// Drops the stale uses once they outnumber twice the live ones (checked at every use:
+    /// inlined, the compaction itself not).
+    #[inline]
     fn compact_if_stale(&mut self) {
-        let live = self.len as usize;
-        if self.queued <= most_queued(live) {
-            return;
+        if self.queued > most_queued(self.len as usize) {
+            self.compact();
         }
+    }
+
+    /// Drops the stale uses, and the pages' holes with them once they are many (the queue
+    /// names blocks by position, so both are renumbered at once).
+    #[inline(never)]
+    fn compact(&mut self) {
+        let live = self.len as usize;
         // New positions, when holes go: each held block's rank among its page's held blocks,
         // at `base[slot] + position`.
         let renumber = self.holes > live / 4 + STALE_SLACK;

@@ -458,7 +458,9 @@ impl PrefixIndex {
         id
     }
 
-    /// One position fewer has state `id`.
+    /// One position fewer has state `id` (inlined: every event releases a state; freeing one
+    /// is rare).
+    #[inline]
     fn release(&mut self, id: u32) {
         if id == EMPTY {
             return;
@@ -466,14 +468,21 @@ impl PrefixIndex {
         let m = &mut self.meta[id as usize];
         m.refs -= 1;
         if m.refs == 0 {
-            m.gen = m.gen.wrapping_add(1);
-            let s = &mut self.states[id as usize];
-            if self.intern.get(&s.fp) == Some(&id) {
-                self.intern.remove(&s.fp);
-            }
-            s.set_holders(Vec::new(), false);
-            self.free_states.push(id);
+            self.free_state(id);
         }
+    }
+
+    /// Frees state `id`, which no position has any more.
+    #[inline(never)]
+    fn free_state(&mut self, id: u32) {
+        let m = &mut self.meta[id as usize];
+        m.gen = m.gen.wrapping_add(1);
+        let s = &mut self.states[id as usize];
+        if self.intern.get(&s.fp) == Some(&id) {
+            self.intern.remove(&s.fp);
+        }
+        s.set_holders(Vec::new(), false);
+        self.free_states.push(id);
     }
 
     /// Frees the slot of a page left empty.
