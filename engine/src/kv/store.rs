@@ -427,7 +427,7 @@ impl BlockLru {
     }
 
     /// Records a use of position `pos` of the page at `slot`, stamped `stamp`.
-    #[inline]
+    #[inline(always)]
     fn used(&mut self, slot: u32, pos: usize, stamp: u32) {
         self.next_stamp = match stamp.wrapping_add(1) {
             HOLE => 0,
