@@ -629,6 +629,7 @@ impl Fleet for SimFleet {
 impl SimFleet {
     /// Takes back the buffer of a KV event the controller has applied, for an engine to
     /// record into next (no buffer is allocated and grown again per step).
+    ///
     /// A buffer grown past [`MAX_KEPT_EVENTS`] by a rare large batch (a long prompt loaded
     /// from below L1 evicts thousands of blocks) is dropped: kept, every buffer in circulation
     /// would end up that large (130 MB of 440 on 64 instances).

@@ -91,8 +91,9 @@ impl Page {
     /// prompt's walk reads a page's blocks in the order they were added).
     #[inline]
     fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
+        let holds = |e: &HashEntry| e.hash() == hash && e.value != HOLE;
         for i in [near + 1, near] {
-            if self.entries.get(i).is_some_and(|e| e.hash() == hash && e.value != HOLE) {
+            if self.entries.get(i).is_some_and(holds) {
                 return Some(i);
             }
         }
@@ -101,7 +102,7 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.entries.iter().position(|e| e.hash() == hash && e.value != HOLE),
+            None => self.entries.iter().position(holds),
         }
     }
 

@@ -352,10 +352,8 @@ impl PrefixIndex {
     /// the count of blocks held; a block left to nobody becomes a tombstone.
     #[inline(always)]
     fn set(&mut self, loc: Loc, from: u32, to: u32) {
-        let p = &mut self.pages[loc.slot as usize];
-        p.entries[loc.idx as usize].value = to;
+        self.pages[loc.slot as usize].set_state(loc.idx as usize, from, to);
         if from == EMPTY {
-            p.dead -= 1;
             self.blocks += 1;
         }
         if to != EMPTY {
@@ -367,13 +365,12 @@ impl PrefixIndex {
         }
     }
 
-    /// Counts a new tombstone in the page in `slot`: a page left with tombstones only is
+    /// A block of the page in `slot` became a tombstone: a page left with tombstones only is
     /// freed, one mostly of them compacted.
     #[inline(never)]
     fn tombstone(&mut self, slot: u32) {
         self.blocks -= 1;
         let p = &mut self.pages[slot as usize];
-        p.dead += 1;
         if p.live() == 0 {
             self.free_page(slot);
         } else if p.mostly_dead() {

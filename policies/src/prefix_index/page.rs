@@ -24,8 +24,8 @@ pub(super) struct Page {
     pub(super) name: BlockHash,
     /// Each block's hash and state id (`value`), 12 bytes a block in one allocation.
     pub(super) entries: Vec<HashEntry>,
-    /// Entries in the `EMPTY` state (tombstones).
-    pub(super) dead: u32,
+    /// Entries in the `EMPTY` state (tombstones), counted where states are written.
+    dead: u32,
     /// Positions by hash, for a page past the scan limit.
     lookup: Option<Box<BlockMap<u32>>>,
     /// The hashes ever pushed since the page was emptied: a lookup of a block the page lacks
@@ -41,6 +41,18 @@ impl Page {
     #[inline]
     pub(super) fn state(&self, i: usize) -> u32 {
         self.entries[i].value
+    }
+
+    /// Moves position `i` from state `from` (its state now) to `to`, counting tombstones.
+    #[inline(always)]
+    pub(super) fn set_state(&mut self, i: usize, from: u32, to: u32) {
+        debug_assert_eq!(self.entries[i].value, from);
+        self.entries[i].value = to;
+        if from == EMPTY {
+            self.dead -= 1;
+        } else if to == EMPTY {
+            self.dead += 1;
+        }
     }
 
     /// Blocks held by someone (entries that are not tombstones).
