@@ -1,5 +1,9 @@
 //! Slab slots: items kept in a `Vec` and named by their index, with the indices of removed
 //! items kept for reuse so that the vector does not grow with churn.
+//!
+//! A slab grows by a quarter at a time, not by doubling: slabs live as long as the run and
+//! the largest (the KV stores' and the prefix index's pages, hundreds of thousands of records)
+//! would otherwise carry up to half their memory as unused capacity.
 
 /// Stores `item` in a freed slot of `items` if `free` has one, else at the end; returns its
 /// index.
@@ -10,10 +14,18 @@ pub fn place<T>(items: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
             s
         }
         None => {
-            items.push(item);
+            push(items, item);
             items.len() as u32 - 1
         }
     }
+}
+
+/// Appends `item`, growing `items` by a quarter when it is full (amortised O(1) still).
+pub fn push<T>(items: &mut Vec<T>, item: T) {
+    if items.len() == items.capacity() {
+        items.reserve_exact((items.len() / 4).max(4));
+    }
+    items.push(item);
 }
 
 #[cfg(test)]
@@ -24,5 +36,14 @@ mod tests {
         assert_eq!(super::place(&mut items, &mut free, 'c'), 0);
         assert_eq!(super::place(&mut items, &mut free, 'd'), 2);
         assert_eq!(items, ['c', 'b', 'd']);
+    }
+
+    #[test]
+    fn a_slab_grows_by_a_quarter() {
+        let mut items: Vec<u32> = Vec::with_capacity(100);
+        items.extend(0..100);
+        super::push(&mut items, 100);
+        assert_eq!(items.capacity(), 125);
+        assert_eq!(items.len(), 101);
     }
 }

@@ -74,8 +74,11 @@ impl LowerHit {
     }
 }
 
-/// The most blocks an allocation's scratch lists keep room for between allocations.
-const KEPT_SCRATCH: usize = 4096;
+/// The most blocks an allocation's scratch lists keep room for between allocations: a prefill
+/// chunk's worth (8,192 tokens of 16-token blocks is 512); a larger allocation, rarer and far
+/// costlier than allocating its lists, gives them back (40 bytes a block kept on every
+/// instance otherwise).
+const KEPT_SCRATCH: usize = 1024;
 
 #[derive(Clone, Debug)]
 pub struct KvCache {

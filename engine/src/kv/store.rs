@@ -113,6 +113,11 @@ impl Page {
 
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
         let i = self.entries.len();
+        if i == self.entries.capacity() && i < PAGE_BLOCKS {
+            // Pages fill up to their size (a demotion stores a run): one allocation, not
+            // three doublings up to it.
+            self.entries.reserve_exact(PAGE_BLOCKS - i);
+        }
         self.entries.push(HashEntry::new(hash, stamp));
         self.live += 1;
         self.filter.add(hash);
@@ -167,10 +172,22 @@ impl Uses {
 
     /// Appends a use of position `pos` of the page in `slot`, stamped `stamp`, to `order`:
     /// the last entry's next use, or a new entry.
+    #[inline(always)]
     fn append(order: &mut VecDeque<Uses>, slot: u32, pos: u32, stamp: u32) {
         if !order.back_mut().is_some_and(|u| u.extend(slot, pos, stamp)) {
+            if order.len() == order.capacity() {
+                Uses::grow(order);
+            }
             order.push_back(Uses { slot, first: pos, stamp, len: 1, down: false });
         }
+    }
+
+    /// Makes room in a full queue: by a quarter, not doubling (L3's queue holds a hundred
+    /// thousand runs).
+    #[cold]
+    #[inline(never)]
+    fn grow(order: &mut VecDeque<Uses>) {
+        order.reserve_exact(order.len() / 4 + 4);
     }
 
     /// Extends the run by a use of position `pos` stamped `stamp`, if it is the next one.
@@ -319,10 +336,11 @@ impl BlockLru {
         let slot = match found.map_or_else(|| self.slots.probe(key.page), Probe::Found) {
             Probe::Found(slot) => slot,
             Probe::Vacant(vacancy) => {
+                // A free slot keeps its page's buffer.
                 let slot = match self.free.pop() {
                     Some(s) => s,
                     None => {
-                        self.pages.push(Page::default());
+                        crate::slots::push(&mut self.pages, Page::default());
                         self.pages.len() as u32 - 1
                     }
                 };

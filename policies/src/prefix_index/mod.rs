@@ -320,10 +320,13 @@ impl PrefixIndex {
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
                 Probe::Vacant(vacancy) => {
-                    let slot = self.free_pages.pop().unwrap_or_else(|| {
-                        self.pages.push(Page::default());
-                        self.pages.len() as u32 - 1
-                    });
+                    let slot = match self.free_pages.pop() {
+                        Some(slot) => slot,
+                        None => {
+                            engine::slots::push(&mut self.pages, Page::default());
+                            self.pages.len() as u32 - 1
+                        }
+                    };
                     self.pages[slot as usize].name = page;
                     self.slots.fill(vacancy, page, slot);
                     (slot, 0)
