@@ -21,7 +21,7 @@ use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
 use crate::workload::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
 use cost::{CostModel, CostModelExecutor, Drafter};
-use engine::{BlockHash, Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
+use engine::{Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, Released, RouterConfig, Unplaced};
 use serde::{Deserialize, Serialize};
 
@@ -175,7 +175,7 @@ fn drive<S: Stopwatch>(
             if run.arrivals.is_multiple_of(PROGRESS_EVERY) {
                 progress(Progress { arrivals: run.arrivals, now: run.now });
             }
-            next = workload.next_arrival(run.spare_buffer())?;
+            next = workload.next_arrival(Vec::new())?;
             watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
             run.now = run.fleet.step();
@@ -192,7 +192,7 @@ fn drive<S: Stopwatch>(
             if let Some(a) = next.take() {
                 workload.put_back(a);
             }
-            next = workload.next_arrival(run.spare_buffer())?;
+            next = workload.next_arrival(Vec::new())?;
             watch.lap(Phase::Workload);
         }
     }
@@ -224,8 +224,6 @@ struct Run<'c> {
     finished: Vec<Finished>,
     evicted: Vec<(InstanceId, Request)>,
     commands: Vec<policies::Command>,
-    /// Hash buffers of finished requests, handed back to the workload to fill.
-    spare: Vec<Vec<BlockHash>>,
     /// Whether the workload hears of its requests' ends, and those it has not heard yet.
     closed_loop: bool,
     turn_ends: Vec<TurnEnd>,
@@ -285,7 +283,6 @@ impl<'c> Run<'c> {
             finished: Vec::new(),
             evicted: Vec::new(),
             commands: Vec::new(),
-            spare: Vec::new(),
             closed_loop: false,
             turn_ends: Vec::new(),
         };
@@ -356,7 +353,6 @@ impl<'c> Run<'c> {
             Released::Shed(shed) => {
                 self.metrics.record_shed(&shed.request);
                 self.turn_failed(&shed.request);
-                self.spare.push(shed.request.block_hashes);
             }
         }
     }
@@ -383,7 +379,6 @@ impl<'c> Run<'c> {
             None => format!("{}: {error}", request.id),
             Some(from) => format!("{} (evicted from {from}): {error}", request.id),
         });
-        self.spare.push(request.block_hashes);
     }
 
     /// After each step: the fleet's news to the controller, its finished requests to the
@@ -417,7 +412,6 @@ impl<'c> Run<'c> {
                 let finished = f.ended.is_none();
                 self.turn_ends.push(TurnEnd { session, at: f.finished_at, finished, within_slo });
             }
-            self.spare.push(f.request.block_hashes);
         }
         watch.lap(Phase::Metrics);
         let mut evicted = std::mem::take(&mut self.evicted);
@@ -440,13 +434,6 @@ impl<'c> Run<'c> {
                 "the fleet ended requests the controller never placed there"
             );
         }
-    }
-
-    /// An empty hash buffer for the workload to fill, a finished request's when there is one.
-    fn spare_buffer(&mut self) -> Vec<BlockHash> {
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf
     }
 
     /// A closed-loop session's request that will not finish: its session ends.
@@ -525,6 +512,7 @@ mod tests {
     use super::*;
     use crate::scenario::Scenario;
     use crate::workload::Arrival;
+    use engine::BlockHash;
     use std::collections::VecDeque;
 
     /// Arrivals given one by one.

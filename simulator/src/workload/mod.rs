@@ -92,8 +92,11 @@ pub struct Arrival {
 /// the arrival the caller holds, so the caller gives that one back ([`Workload::put_back`])
 /// and asks again. Order holds among what is handed out after each call.
 pub trait Workload: Send {
-    /// Next arrival in non-decreasing time order, or None at the end. `buf` is a recycled,
-    /// empty vector to fill with block hashes (so the hot loop does not allocate).
+    /// Next arrival in non-decreasing time order, or None at the end. `buf` is an empty
+    /// vector to fill with block hashes; a workload that reads past requests it leaves out
+    /// fills the same one again. The simulator passes a new one each time: a finished
+    /// request's, handed back, would keep the capacity of the longest prompt it ever held,
+    /// and every buffer in circulation would end up that large.
     fn next_arrival(&mut self, buf: Vec<BlockHash>) -> Result<Option<Arrival>, WorkloadError>;
 
     /// Whether arrivals depend on when earlier requests end.
