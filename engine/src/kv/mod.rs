@@ -365,8 +365,9 @@ impl KvCache {
         if from >= upto {
             return;
         }
+        let rest = hashes.len() - upto;
         let (cursor, shared) =
-            self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], &mut self.pool);
+            self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], rest, &mut self.pool);
         seq.tree_blocks = upto as u32;
         seq.node = Some(cursor);
         // A block newly cached in L1 while an old copy sits in L2 (it was computed again: L1

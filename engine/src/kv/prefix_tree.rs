@@ -284,6 +284,11 @@ impl PrefixTree {
         prefix.blocks.clear();
         prefix.hashes.extend(node.hashes.drain(..k));
         prefix.blocks.extend(node.blocks.drain(..k));
+        if node.hashes.capacity() > 2 * node.hashes.len() + SPARE_RUN_CAPACITY {
+            // The rest keeps the buffers of the whole run: give back the part cut off.
+            node.hashes.shrink_to_fit();
+            node.blocks.shrink_to_fit();
+        }
         prefix.start = node.start;
         prefix.page_above = node.page_above;
         node.start += k as u32;
@@ -350,16 +355,18 @@ impl PrefixTree {
     }
 
     /// Caches the blocks a sequence has just filled. `hashes` and `blocks` are the blocks
-    /// after `cursor` (the end of the path the sequence holds). Where another request cached
-    /// the same blocks meanwhile, they are shared: the sequence's copies go back to `pool`
-    /// and `blocks` is updated to the cached ones. Returns the new cursor and how many of the
-    /// blocks were shared (the rest are newly cached).
+    /// after `cursor` (the end of the path the sequence holds); `rest` more of its prompt may
+    /// follow them in later chunks. Where another request cached the same blocks meanwhile,
+    /// they are shared: the sequence's copies go back to `pool` and `blocks` is updated to the
+    /// cached ones. Returns the new cursor and how many of the blocks were shared (the rest
+    /// are newly cached).
     pub fn commit(
         &mut self,
         now: Time,
         mut cursor: NodeId,
         hashes: &[BlockHash],
         blocks: &mut [BlockId],
+        rest: usize,
         pool: &mut BlockPool,
     ) -> (NodeId, usize) {
         debug_assert_eq!(hashes.len(), blocks.len());
@@ -380,14 +387,19 @@ impl PrefixTree {
             self.emit_stored(cursor, &hashes[i..]);
             let node = self.node(cursor);
             let own_leaf = cursor != NodeId::ROOT && node.refs == 1 && node.children == 0;
+            // A run grows chunk by chunk up to the prompt's end: room for all of it at once
+            // (doubling would leave a quarter of L1's runs spare on average).
+            let room = hashes.len() - i + rest;
             if own_leaf {
                 // Only this sequence holds it and nothing follows it: grow the run in place.
                 let node = self.node_mut(cursor);
+                node.hashes.reserve_exact(room);
+                node.blocks.reserve_exact(room);
                 node.hashes.extend_from_slice(&hashes[i..]);
                 node.blocks.extend_from_slice(&blocks[i..]);
                 node.last_access = now;
             } else {
-                cursor = self.new_child(now, cursor, &hashes[i..], &blocks[i..]);
+                cursor = self.new_child(now, cursor, &hashes[i..], &blocks[i..], room);
             }
             self.cached += (hashes.len() - i) as u32;
             return (cursor, i);
@@ -409,11 +421,20 @@ impl PrefixTree {
         }
     }
 
-    /// A new run under `parent`, held by the caller.
-    fn new_child(&mut self, now: Time, parent: NodeId, hashes: &[BlockHash], blocks: &[BlockId]) -> NodeId {
+    /// A new run under `parent`, held by the caller, with room for `room` blocks.
+    fn new_child(
+        &mut self,
+        now: Time,
+        parent: NodeId,
+        hashes: &[BlockHash],
+        blocks: &[BlockId],
+        room: usize,
+    ) -> NodeId {
         let (slot, mut node) = self.take_slot();
         node.hashes.clear();
         node.blocks.clear();
+        node.hashes.reserve_exact(room);
+        node.blocks.reserve_exact(room);
         node.hashes.extend_from_slice(hashes);
         node.blocks.extend_from_slice(blocks);
         let p = &self.nodes[parent.0 as usize];
