@@ -97,8 +97,8 @@ impl Instance {
         if needed_blocks > available_blocks {
             return Err((Rejected::NoKvRoom { needed_blocks, available_blocks }, request));
         }
-        let table = self.spare_tables.pop().unwrap_or_default();
-        let mut seq = Seq::new(request, table, self.paused_clock(now));
+        let mut seq = Seq::new(request, self.paused_clock(now));
+        seq.reserve_table(self.config.block_size, self.kv.total_blocks());
         let ok = self.kv.allocate(&mut seq.kv, needed_blocks);
         debug_assert!(ok, "the blocks were counted available");
         seq.prefill_len = kv_tokens;
@@ -139,9 +139,6 @@ impl Instance {
         // A sending sequence's one token is out; a receiving one had its output to come.
         self.decode_tokens_left -= u64::from(seq.decode_left());
         self.kv.release(now, &mut seq.kv);
-        let mut table = std::mem::take(&mut seq.kv.blocks);
-        table.clear();
-        self.spare_tables.push(table);
         self.free_slots.push(s);
         self.debug_check_handoff();
         true

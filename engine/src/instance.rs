@@ -38,7 +38,7 @@
 
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::ids::{BlockHash, BlockId, RequestId};
+use crate::ids::{BlockHash, RequestId};
 use crate::kv::{KvCache, KvEvent, SeqKv, SharedStore};
 use crate::programs::{Hold, Holds, ProgramHold, Sessions};
 use crate::request::{CutShort, Evicted, Finished, Request};
@@ -204,8 +204,6 @@ pub struct Instance {
     /// Slot-indexed sequences; a slot is reused after its request finishes.
     pub(crate) slots: Vec<Option<Seq>>,
     pub(crate) free_slots: Vec<u32>,
-    /// Block-table vectors of finished sequences, kept to avoid allocating per request.
-    pub(crate) spare_tables: Vec<Vec<BlockId>>,
     /// Requests not yet admitted (or preempted), in order of service.
     pub(crate) waiting: VecDeque<u32>,
     /// Admitted requests in order of admission; preemption takes from the back.
@@ -250,7 +248,6 @@ impl Instance {
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            spare_tables: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             parked: Vec::new(),
@@ -364,8 +361,7 @@ impl Instance {
         if let (Some(_), Some(session)) = (self.config.program_hold, request.service.session) {
             self.sessions.arrived(now, session);
         }
-        let table = self.spare_tables.pop().unwrap_or_default();
-        let seq = Seq::new(request, table, self.paused_clock(now));
+        let seq = Seq::new(request, self.paused_clock(now));
         self.prefill_tokens_left += u64::from(seq.prefill_left());
         self.decode_tokens_left += u64::from(seq.decode_left());
         let slot = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
@@ -479,8 +475,6 @@ impl Instance {
         self.kv.release(now, &mut seq.kv);
         self.prefill_tokens_left -= u64::from(seq.prefill_left());
         self.decode_tokens_left -= u64::from(seq.decode_left());
-        let (_, table) = seq.into_finished(now, None);
-        self.spare_tables.push(table);
         self.free_slots.push(slot);
         if self.config.kv_protection.is_some() {
             self.update_admission(now);
@@ -614,19 +608,10 @@ impl Instance {
             self.prefill_tokens_left -= u64::from(seq.prefill_left());
             self.decode_tokens_left -= u64::from(seq.decode_left());
             let reason = CutShort::Runaway { generated_here: seq.generated_here(), limit };
-            let table = match p.runaway_action {
-                RunawayAction::Reroute => {
-                    let (request, table) = seq.into_evicted(now);
-                    evicted.push(Evicted { request, reason });
-                    table
-                }
-                RunawayAction::End => {
-                    let (done, table) = seq.into_finished(now, Some(reason));
-                    finished.push(done);
-                    table
-                }
-            };
-            self.spare_tables.push(table);
+            match p.runaway_action {
+                RunawayAction::Reroute => evicted.push(Evicted { request: seq.into_evicted(now), reason }),
+                RunawayAction::End => finished.push(seq.into_finished(now, Some(reason))),
+            }
             self.free_slots.push(s);
         }
     }
@@ -647,10 +632,8 @@ impl Instance {
             }
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
             self.release_finished(now, &mut seq);
-            let (done, table) = seq.into_finished(now, None);
-            self.spare_tables.push(table);
             self.free_slots.push(s);
-            finished.push(done);
+            finished.push(seq.into_finished(now, None));
         }
         self.running.truncate(kept);
     }

@@ -325,6 +325,7 @@ impl Instance {
         if seq.kv.private_blocks() > 0 || seq.is_decoding() {
             return;
         }
+        seq.reserve_table(block_size, self.kv.total_blocks());
         let max_blocks = (seq.prefill_len - 1) / block_size;
         let matched = self.kv.match_more(now, &mut seq.kv, &seq.request.block_hashes, max_blocks);
         let tokens = matched * block_size;

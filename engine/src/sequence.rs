@@ -61,7 +61,7 @@ pub(crate) enum Parked {
 impl Seq {
     /// A sequence for `request`; one resumed after an eviction recomputes its prompt and the
     /// tokens it generated, as after a preemption, and keeps its timeline.
-    pub fn new(request: Request, table: Vec<crate::ids::BlockId>, paused_mark: Dur) -> Seq {
+    pub fn new(request: Request, paused_mark: Dur) -> Seq {
         let resume = request.resume.as_deref().copied();
         let generated = request.generated_before();
         assert!(
@@ -72,7 +72,7 @@ impl Seq {
         Seq {
             prefill_len: request.prompt_tokens + generated,
             request,
-            kv: SeqKv { blocks: table, tree_blocks: 0, node: None },
+            kv: SeqKv::default(),
             kv_len: 0,
             generated,
             admitted_at: resume.map(|r| r.admitted_at),
@@ -134,14 +134,24 @@ impl Seq {
     }
 
     /// Tokens generated on this instance (the runaway rule's count).
+    /// Makes room in the block table for the whole request (its peak KV, at most
+    /// `most_blocks`) when it gets its first blocks: a table grown chunk by chunk and decode
+    /// block by decode block would double up to it, a quarter of it spare on average.
+    pub(crate) fn reserve_table(&mut self, block_size: u32, most_blocks: u32) {
+        if self.kv.blocks.capacity() == 0 {
+            let whole = self.request.peak_kv_tokens().div_ceil(u64::from(block_size)).min(u64::from(most_blocks));
+            self.kv.blocks.reserve_exact(whole as usize);
+        }
+    }
+
     pub fn generated_here(&self) -> u32 {
         self.generated - self.generated_before
     }
 
     /// The record of a request that left: finished, or `ended` early.
-    pub fn into_finished(self, now: Time, ended: Option<CutShort>) -> (Finished, Vec<crate::ids::BlockId>) {
+    pub fn into_finished(self, now: Time, ended: Option<CutShort>) -> Finished {
         let admitted_at = self.admitted_at.unwrap_or(now);
-        let finished = Finished {
+        Finished {
             admitted_at,
             first_token_at: self.first_token_at.unwrap_or(now),
             finished_at: now,
@@ -153,13 +163,12 @@ impl Seq {
             evictions: self.evictions,
             ended,
             request: self.request,
-        };
-        (finished, self.kv.blocks)
+        }
     }
 
     /// The request of an evicted sequence (its KV already released), carrying its timeline
     /// to the instance that takes it next.
-    pub fn into_evicted(mut self, now: Time) -> (Request, Vec<crate::ids::BlockId>) {
+    pub fn into_evicted(mut self, now: Time) -> Request {
         self.request.resume = Some(Box::new(Resume {
             generated: self.generated,
             admitted_at: self.admitted_at.unwrap_or(now),
@@ -170,6 +179,6 @@ impl Seq {
             paused_wait: self.paused_wait,
             evictions: self.evictions + 1,
         }));
-        (self.request, self.kv.blocks)
+        self.request
     }
 }
