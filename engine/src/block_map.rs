@@ -4,10 +4,10 @@
 
 use crate::ids::BlockHash;
 
-/// Block hash to a small value `V`: open addressing with linear probing over 12-byte entries, so that
-/// a probe of a map far larger than the caches usually costs one cache miss (hashbrown keeps
-/// control bytes and buckets apart: two dependent misses), and a store probes once for both
-/// "is it there" and "where would it go".
+/// Block hash to a small value `V`: open addressing with linear probing over 12-byte entries
+/// (with a `u32` value), so that a probe of a map far larger than the caches usually costs one
+/// cache miss (hashbrown keeps control bytes and buckets apart: two dependent misses), and a
+/// store probes once for both "is it there" and "where would it go".
 #[derive(Clone, Debug)]
 pub struct BlockMap<V> {
     /// A power of two long (or empty); a key of 0 marks a free entry.

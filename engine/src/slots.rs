@@ -20,6 +20,15 @@ pub fn place<T>(items: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
     }
 }
 
+/// A freed slot of `items` if `free` has one, its item left as it is (a page keeps its
+/// buffer for the next one), else a new default item at the end; returns its index.
+pub fn reuse<T: Default>(items: &mut Vec<T>, free: &mut Vec<u32>) -> u32 {
+    free.pop().unwrap_or_else(|| {
+        push(items, T::default());
+        items.len() as u32 - 1
+    })
+}
+
 /// Appends `item`, growing `items` by a quarter when it is full (amortised O(1) still).
 pub fn push<T>(items: &mut Vec<T>, item: T) {
     if items.len() == items.capacity() {
@@ -43,7 +52,16 @@ mod tests {
         let mut items: Vec<u32> = Vec::with_capacity(100);
         items.extend(0..100);
         super::push(&mut items, 100);
-        assert_eq!(items.capacity(), 125);
+        assert!((125..200).contains(&items.capacity()), "grew to {}, not doubled", items.capacity());
         assert_eq!(items.len(), 101);
+    }
+
+    #[test]
+    fn a_reused_slot_keeps_its_item() {
+        let (mut items, mut free) = (vec![vec![1], vec![2]], vec![0]);
+        assert_eq!(super::reuse(&mut items, &mut free), 0);
+        assert_eq!(items[0], [1]);
+        assert_eq!(super::reuse(&mut items, &mut free), 2);
+        assert!(items[2].is_empty());
     }
 }

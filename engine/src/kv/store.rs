@@ -336,14 +336,7 @@ impl BlockLru {
         let slot = match found.map_or_else(|| self.slots.probe(key.page), Probe::Found) {
             Probe::Found(slot) => slot,
             Probe::Vacant(vacancy) => {
-                // A free slot keeps its page's buffer.
-                let slot = match self.free.pop() {
-                    Some(s) => s,
-                    None => {
-                        crate::slots::push(&mut self.pages, Page::default());
-                        self.pages.len() as u32 - 1
-                    }
-                };
+                let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
                 self.pages[slot as usize].name = key.page;
                 self.slots.fill(vacancy, key.page, slot);
                 slot

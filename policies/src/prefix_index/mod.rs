@@ -320,13 +320,7 @@ impl PrefixIndex {
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
                 Probe::Vacant(vacancy) => {
-                    let slot = match self.free_pages.pop() {
-                        Some(slot) => slot,
-                        None => {
-                            engine::slots::push(&mut self.pages, Page::default());
-                            self.pages.len() as u32 - 1
-                        }
-                    };
+                    let slot = engine::slots::reuse(&mut self.pages, &mut self.free_pages);
                     self.pages[slot as usize].name = page;
                     self.slots.fill(vacancy, page, slot);
                     (slot, 0)
