@@ -221,6 +221,19 @@ pub struct HashEntry {
     pub value: u32,
 }
 
+/// Appends `hash` with `value` to a page's `entries`; returns its position. A page fills up
+/// to its size (`page_blocks`; a run is stored in order), so the first block reserves all of
+/// it: one allocation, not three doublings up to it.
+#[inline]
+pub fn push_page_entry(entries: &mut Vec<HashEntry>, hash: BlockHash, value: u32, page_blocks: usize) -> usize {
+    let i = entries.len();
+    if i == entries.capacity() && i < page_blocks {
+        entries.reserve_exact(page_blocks - i);
+    }
+    entries.push(HashEntry::new(hash, value));
+    i
+}
+
 impl HashEntry {
     pub fn new(hash: BlockHash, value: u32) -> HashEntry {
         HashEntry { hash: [hash.0 as u32, (hash.0 >> 32) as u32], value }

@@ -133,7 +133,6 @@ impl Seq {
         self.first_token_at.is_none() && self.preemptions == 0
     }
 
-    /// Tokens generated on this instance (the runaway rule's count).
     /// Makes room in the block table for the whole request (its peak KV, at most
     /// `most_blocks`) when it gets its first blocks: a table grown chunk by chunk and decode
     /// block by decode block would double up to it, a quarter of it spare on average.
@@ -144,6 +143,7 @@ impl Seq {
         }
     }
 
+    /// Tokens generated on this instance (the runaway rule's count).
     pub fn generated_here(&self) -> u32 {
         self.generated - self.generated_before
     }

@@ -32,9 +32,14 @@ pub fn reuse<T: Default>(items: &mut Vec<T>, free: &mut Vec<u32>) -> u32 {
 /// Appends `item`, growing `items` by a quarter when it is full (amortised O(1) still).
 pub fn push<T>(items: &mut Vec<T>, item: T) {
     if items.len() == items.capacity() {
-        items.reserve_exact((items.len() / 4).max(4));
+        items.reserve_exact(growth(items.len()));
     }
     items.push(item);
+}
+
+/// Room a full slab of `len` items grows by: a quarter (at least 4).
+pub fn growth(len: usize) -> usize {
+    (len / 4).max(4)
 }
 
 #[cfg(test)]

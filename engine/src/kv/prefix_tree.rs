@@ -83,6 +83,16 @@ struct Node {
 }
 
 impl Node {
+    /// Appends blocks to the run, with room for `room` blocks from its current end (the rest
+    /// of the prompt: a run grown chunk by chunk would double up to it, a quarter of L1's runs
+    /// spare on average).
+    fn extend_run(&mut self, hashes: &[BlockHash], blocks: &[BlockId], room: usize) {
+        self.hashes.reserve_exact(room);
+        self.blocks.reserve_exact(room);
+        self.hashes.extend_from_slice(hashes);
+        self.blocks.extend_from_slice(blocks);
+    }
+
     fn len(&self) -> u32 {
         self.blocks.len() as u32
     }
@@ -387,16 +397,11 @@ impl PrefixTree {
             self.emit_stored(cursor, &hashes[i..]);
             let node = self.node(cursor);
             let own_leaf = cursor != NodeId::ROOT && node.refs == 1 && node.children == 0;
-            // A run grows chunk by chunk up to the prompt's end: room for all of it at once
-            // (doubling would leave a quarter of L1's runs spare on average).
             let room = hashes.len() - i + rest;
             if own_leaf {
                 // Only this sequence holds it and nothing follows it: grow the run in place.
                 let node = self.node_mut(cursor);
-                node.hashes.reserve_exact(room);
-                node.blocks.reserve_exact(room);
-                node.hashes.extend_from_slice(&hashes[i..]);
-                node.blocks.extend_from_slice(&blocks[i..]);
+                node.extend_run(&hashes[i..], &blocks[i..], room);
                 node.last_access = now;
             } else {
                 cursor = self.new_child(now, cursor, &hashes[i..], &blocks[i..], room);
@@ -433,10 +438,7 @@ impl PrefixTree {
         let (slot, mut node) = self.take_slot();
         node.hashes.clear();
         node.blocks.clear();
-        node.hashes.reserve_exact(room);
-        node.blocks.reserve_exact(room);
-        node.hashes.extend_from_slice(hashes);
-        node.blocks.extend_from_slice(blocks);
+        node.extend_run(hashes, blocks, room);
         let p = &self.nodes[parent.0 as usize];
         node.start = p.start + p.len();
         node.page_above = match node.start % PAGE_BLOCKS as u32 {

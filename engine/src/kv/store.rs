@@ -26,7 +26,7 @@
 //! around suffice: a stale entry is dropped within three store capacities of uses, long before
 //! its stamp comes round again.
 
-use crate::block_map::{BlockMap, HashEntry, HashFilter, Probe};
+use crate::block_map::{push_page_entry, BlockMap, HashEntry, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -112,13 +112,7 @@ impl Page {
     }
 
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
-        let i = self.entries.len();
-        if i == self.entries.capacity() && i < PAGE_BLOCKS {
-            // Pages fill up to their size (a demotion stores a run): one allocation, not
-            // three doublings up to it.
-            self.entries.reserve_exact(PAGE_BLOCKS - i);
-        }
-        self.entries.push(HashEntry::new(hash, stamp));
+        let i = push_page_entry(&mut self.entries, hash, stamp, PAGE_BLOCKS);
         self.live += 1;
         self.filter.add(hash);
         match &mut self.lookup {
@@ -182,12 +176,12 @@ impl Uses {
         }
     }
 
-    /// Makes room in a full queue: by a quarter, not doubling (L3's queue holds a hundred
+    /// Makes room in a full queue as a slab grows, not doubling (L3's queue holds a hundred
     /// thousand runs).
     #[cold]
     #[inline(never)]
     fn grow(order: &mut VecDeque<Uses>) {
-        order.reserve_exact(order.len() / 4 + 4);
+        order.reserve_exact(crate::slots::growth(order.len()));
     }
 
     /// Extends the run by a use of position `pos` stamped `stamp`, if it is the next one.

@@ -2,7 +2,7 @@
 //! side, in the order they were stored.
 
 use super::EMPTY;
-use engine::block_map::{BlockMap, HashEntry, HashFilter};
+use engine::block_map::{push_page_entry, BlockMap, HashEntry, HashFilter};
 use engine::BlockHash;
 
 /// Pages with more blocks than this many times the page size get a lookup map (the many
@@ -99,12 +99,7 @@ impl Page {
 
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
     pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
-        let i = self.entries.len();
-        if i == self.entries.capacity() && i < page_blocks {
-            // A page fills up to its size: one allocation instead of doubling up to it.
-            self.entries.reserve_exact(page_blocks - i);
-        }
-        self.entries.push(HashEntry::new(hash, state));
+        let i = push_page_entry(&mut self.entries, hash, state, page_blocks);
         self.dead += u32::from(state == EMPTY);
         self.filter.add(hash);
         match &mut self.lookup {
