@@ -31,7 +31,7 @@
 //! interactive request decodes, lower classes' chunks in one iteration can be capped
 //! (`lower_class_step_tokens`), so its steps stay within its TPOT target.
 
-use crate::batch::BatchEntry;
+use crate::batch::{BatchEntry, BatchStats};
 use crate::instance::{FairPrefill, Instance, PrefillPolicy};
 use crate::kv::{LowerHit, Tier};
 use crate::sequence::Seq;
@@ -88,6 +88,13 @@ impl Instance {
     /// Forms the next batch: `with_block_tables` for an executor that reads KV memory,
     /// `draft_tokens` drafts verified per decode for a speculating one (0: none).
     pub(crate) fn form_batch(&mut self, now: Time, with_block_tables: bool, draft_tokens: u32) {
+        if draft_tokens == 0 && repeat_allowed() && self.repeat_decodes() {
+            if with_block_tables {
+                self.batch.block_tables.clear();
+                self.fill_block_tables();
+            }
+            return;
+        }
         self.batch.clear();
         self.batch_slots.clear();
         let mut budget = Budget { tokens: self.config.max_batch_tokens, seqs: self.config.max_seqs };
@@ -120,6 +127,48 @@ impl Instance {
         if with_block_tables {
             self.fill_block_tables();
         }
+    }
+
+    /// The batch after one that decoded every running sequence, when nothing waits to join
+    /// it: the same entries one token further, each taking its next block where it needs
+    /// one, in running order, as the passes below would. This is ~99% of a long-context
+    /// fleet's steps, so they skip the passes. Returns false, changing nothing, where the
+    /// passes could do otherwise: a prefill or a waiting request, a changed running queue,
+    /// or a block that would need a preemption.
+    fn repeat_decodes(&mut self) -> bool {
+        let n = self.batch.entries.len() as u32;
+        if n == 0
+            || self.batch.stats.prefill_seqs > 0
+            || !self.waiting.is_empty()
+            || n > self.config.max_seqs
+            || n > self.config.max_batch_tokens
+            || self.batch_slots != self.running
+        {
+            return false;
+        }
+        let block_size = self.config.block_size;
+        // A sequence's next token needs a block when its last one is full.
+        let needs_block = |seq: &Seq| seq.kv_len == seq.kv.blocks.len() as u32 * block_size;
+        if self.batch.entries.iter().any(|e| e.new_tokens != 1) {
+            return false;
+        }
+        let need = self.running.iter().filter(|&&s| needs_block(self.seq(s))).count();
+        if need as u32 > self.kv.available_blocks() {
+            return false;
+        }
+        let mut context = 0;
+        for k in 0..self.batch_slots.len() {
+            let seq = self.slots[self.batch_slots[k] as usize].as_mut().expect("running slot is empty");
+            if needs_block(seq) {
+                let ok = self.kv.allocate(&mut seq.kv, 1);
+                debug_assert!(ok, "the blocks were counted available");
+            }
+            seq.in_batch = true;
+            self.batch.entries[k].context_tokens = seq.kv_len;
+            context += u64::from(seq.kv_len) + 1;
+        }
+        self.batch.stats = BatchStats { decode_seqs: n, decode_context_tokens: context, ..BatchStats::default() };
+        true
     }
 
     /// Whether an interactive request is past its prompt, generating.
@@ -464,4 +513,18 @@ impl Instance {
             self.batch.entries[k].blocks = (start, self.batch.block_tables.len() as u32);
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Forms every batch by the full passes (for the test that compares them with
+    /// [`Instance::repeat_decodes`]).
+    pub(crate) static PASSES_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn repeat_allowed() -> bool {
+    #[cfg(test)]
+    return !PASSES_ONLY.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    true
 }

@@ -614,6 +614,66 @@ proptest! {
     }
 }
 
+/// Every step's batch, duration and the requests finished, of `reqs` (arrival µs, prompt,
+/// output, shared prefix group) run to the end on an instance of `config`.
+fn trace_of(
+    config: &InstanceConfig,
+    l3_blocks: Option<u32>,
+    reqs: &[(u64, u32, u32, u64)],
+) -> Vec<(Time, Vec<BatchEntry>, BatchStats, Vec<RequestId>)> {
+    let mut inst = Instance::with_shared_store(config.clone(), l3_blocks.map(SharedStore::new));
+    let mut queue: Vec<(Time, Request)> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, p, o, g))| (Time(t), req(i as u64, p, o, &[g, g + 10, g + 20])))
+        .collect();
+    queue.sort_by_key(|(t, r)| (*t, r.id));
+    let mut queue = queue.into_iter().peekable();
+    let (mut now, mut trace, mut done, mut evicted) = (Time::ZERO, Vec::new(), Vec::new(), Vec::new());
+    loop {
+        while let Some((_, r)) = queue.next_if(|(t, _)| *t <= now) {
+            let _ = inst.enqueue(now, r);
+        }
+        match inst.begin_step(now, &mut Fixed).expect("fixed executor") {
+            Some(d) => {
+                let batch = (now, inst.batch().entries.clone(), inst.batch().stats, Vec::new());
+                now += d;
+                inst.end_step(now, &mut done, &mut evicted);
+                trace.push(batch);
+                trace.last_mut().expect("pushed").3 = done.drain(..).map(|f| f.request.id).collect();
+            }
+            None => match queue.peek() {
+                Some((t, _)) => now = *t,
+                None => return trace,
+            },
+        }
+    }
+}
+
+proptest! {
+    /// A decode batch repeated without the scheduler's passes (`repeat_decodes`) is the batch
+    /// the passes form: the same entries, aggregates, durations and finished requests at
+    /// every step, on small contended instances where blocks run out, sequences are
+    /// preempted and prefixes come back from L2 and L3.
+    #[test]
+    fn repeated_decode_batches_are_those_the_passes_form(
+        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 1u32..60, 0u64..3), 1..30),
+        blocks in 40u32..80,
+        budget in 4u32..64,
+        l2_blocks in 0u32..20,
+        l3_blocks in proptest::option::of(0u32..30),
+        fair_prefill in any::<bool>(),
+    ) {
+        let prefill = if fair_prefill { fair(8, 0.1, 4) } else { PrefillPolicy::Fcfs };
+        let config = InstanceConfig { total_blocks: blocks, l2_blocks, prefill, ..config(blocks, budget) };
+        let fast = trace_of(&config, l3_blocks, &reqs);
+        crate::scheduler::PASSES_ONLY.with(|p| p.set(true));
+        let passes = trace_of(&config, l3_blocks, &reqs);
+        crate::scheduler::PASSES_ONLY.with(|p| p.set(false));
+        prop_assert_eq!(fast, passes);
+    }
+}
+
 #[test]
 fn every_generated_token_is_reported_as_emitted_once() {
     let mut inst = Instance::new(config(64, 8));
