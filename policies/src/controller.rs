@@ -133,6 +133,15 @@ impl Controller {
         &self.fleet
     }
 
+    /// Whether a load report must reach the controller when it is made: while prefills wait
+    /// for a decode instance, a decode instance's report schedules their retry at its time.
+    /// Otherwise a report only replaces the instance's last one (and resets what was routed
+    /// since), which nothing reads before the next decision, so a driver may hold reports
+    /// back and deliver each instance's latest just before it routes, ticks or samples.
+    pub fn wants_loads_at_once(&self) -> bool {
+        self.pd.as_ref().is_some_and(Pd::has_waiting)
+    }
+
     pub fn on_event(&mut self, now: Time, event: &FleetEvent) {
         match *event {
             FleetEvent::InstanceUp { instance, capacity_tokens } => self.fleet.up(instance, capacity_tokens),

@@ -162,6 +162,11 @@ impl Pd {
         }
     }
 
+    /// Whether prefills wait for a decode instance (a decode instance's load retries them).
+    pub(crate) fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     pub(crate) fn on_load(&mut self, now: Time, instance: InstanceId, role: Role) {
         if let Some(r) = self.reserved.get_mut(instance.0 as usize) {
             *r = Reserved::default();

@@ -18,7 +18,7 @@
 use crate::queue::EventQueue;
 use cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use engine::kv::{KvEvent, SharedStore};
-use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Request, RequestId, Time};
+use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Load, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, Role, Route, TransferHints};
 use std::collections::VecDeque;
 
@@ -54,6 +54,8 @@ struct SimInstance {
     /// An iteration is running or about to start.
     busy: bool,
     role: Role,
+    /// The load its last step ended with, held back ([`SimFleet::hold_loads`]).
+    held_load: Option<Load>,
 }
 
 /// How a disaggregated fleet runs: pool sizes, start-up time, KV transfers.
@@ -112,6 +114,10 @@ pub struct SimFleet {
     gpu_clock: Time,
     /// Instances that share one GPU ([`SimFleet::share_gpus`]).
     shared: Option<SharedGpus>,
+    /// Whether step ends hold their loads back ([`SimFleet::hold_loads`]), and the instances
+    /// holding one, in the order they began to.
+    hold_loads: bool,
+    holding_loads: Vec<InstanceId>,
 }
 
 /// Engines sharing a GPU share its time: without MPS the driver time-slices their contexts
@@ -199,6 +205,8 @@ impl SimFleet {
             held_us: 0,
             gpu_clock: Time::ZERO,
             shared: None,
+            hold_loads: false,
+            holding_loads: Vec::new(),
         };
         for _ in 0..count {
             fleet.add_instance(Time::ZERO, Role::Colocated, true);
@@ -242,7 +250,7 @@ impl SimFleet {
         if self.executor.drafter().is_some() {
             self.drafting.push(self.executor.for_instance(id));
         }
-        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role });
+        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role, held_load: None });
         if ready {
             self.instance_up(id);
         } else {
@@ -304,6 +312,9 @@ impl SimFleet {
         let inst = &mut self.instances[id.0 as usize];
         if inst.state == State::Draining && !inst.busy && inst.engine.in_flight() == 0 {
             inst.state = State::Down;
+            if let Some(load) = inst.held_load.take() {
+                self.events.push(FleetEvent::Load { instance: id, load });
+            }
             self.events.push(FleetEvent::InstanceDown { instance: id });
             self.advance_gpu_clock(now);
             self.holding -= 1;
@@ -375,22 +386,49 @@ impl SimFleet {
             }
         }
         inst.engine.take_handoffs(&mut self.handoff_scratch);
-        for h in self.handoff_scratch.drain(..) {
-            let resume = h.request.resume.as_deref().expect("a handoff carries its first token");
-            self.events.push(FleetEvent::PrefillDone {
-                instance: id,
-                request: h.request.id,
-                kv_tokens: u64::from(h.kv_tokens),
-                output_tokens: h.request.max_output_tokens,
-                ttft: resume.first_token_at.since(h.request.arrival),
-            });
-            self.handoffs.push((id, h));
+        if !self.handoff_scratch.is_empty() {
+            for h in self.handoff_scratch.drain(..) {
+                let resume = h.request.resume.as_deref().expect("a handoff carries its first token");
+                self.events.push(FleetEvent::PrefillDone {
+                    instance: id,
+                    request: h.request.id,
+                    kv_tokens: u64::from(h.kv_tokens),
+                    output_tokens: h.request.max_output_tokens,
+                    ttft: resume.first_token_at.since(h.request.arrival),
+                });
+                self.handoffs.push((id, h));
+            }
         }
-        for e in self.evicted_scratch.drain(..) {
-            self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
-            self.evicted.push((id, e.request));
+        if !self.evicted_scratch.is_empty() {
+            for e in self.evicted_scratch.drain(..) {
+                self.events.push(FleetEvent::RequestEvicted { instance: id, request: e.request.id, reason: e.reason });
+                self.evicted.push((id, e.request));
+            }
         }
-        self.events.push(FleetEvent::Load { instance: id, load: inst.engine.load() });
+        let load = inst.engine.load();
+        if !self.hold_loads {
+            inst.held_load = None;
+            self.events.push(FleetEvent::Load { instance: id, load });
+        } else if inst.held_load.replace(load).is_none() {
+            self.holding_loads.push(id);
+        }
+    }
+
+    /// Lets step ends hold their loads back until [`SimFleet::take_loads`] (`on`), or report
+    /// them at once. A load changes nothing until the controller next decides (routes,
+    /// ticks, samples), so a driver that takes them before each decision sees what it would
+    /// have seen, without a report per step: most steps change nothing else.
+    pub fn hold_loads(&mut self, on: bool) {
+        self.hold_loads = on;
+    }
+
+    /// The latest load of every instance holding one back, in the order they began to.
+    pub fn take_loads(&mut self, out: &mut Vec<FleetEvent>) {
+        for id in self.holding_loads.drain(..) {
+            if let Some(load) = self.instances[id.0 as usize].held_load.take() {
+                out.push(FleetEvent::Load { instance: id, load });
+            }
+        }
     }
 
     /// A shared GPU's first step is due to end (unless the event is stale): every step whose

@@ -178,6 +178,7 @@ fn drive<S: Stopwatch>(
             next = workload.next_arrival(Vec::new())?;
             watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
+            run.fleet.hold_loads(!run.controller.wants_loads_at_once());
             run.now = run.fleet.step();
             watch.lap(Phase::Engine);
         } else {
@@ -304,6 +305,7 @@ impl<'c> Run<'c> {
             self.fleet.pool_counts()
         );
         self.now = self.now.max(t);
+        self.hear_loads();
         self.controller.tick(self.now, &mut self.commands);
         for c in self.commands.drain(..) {
             self.fleet.apply(self.now, &c);
@@ -328,6 +330,7 @@ impl<'c> Run<'c> {
             b.observe(&request, self.config.instance.block_size);
         }
         watch.lap(Phase::Metrics);
+        self.hear_loads();
         let r = self.controller.offer(&mut self.flow, &mut self.fleet, self.now, request, ());
         self.outcome(r);
         watch.lap(Phase::Routing);
@@ -362,6 +365,7 @@ impl<'c> Run<'c> {
         if !self.flow.is_on() {
             return;
         }
+        self.hear_loads();
         let mut released = std::mem::take(&mut self.released);
         self.controller.release(&mut self.flow, &mut self.fleet, self.now, &mut released);
         for r in released.drain(..) {
@@ -397,6 +401,9 @@ impl<'c> Run<'c> {
                 _ => watch.lap(Phase::Controller),
             }
         }
+        if self.timeline.as_ref().is_some_and(|tl| tl.due(now)) {
+            self.hear_loads();
+        }
         if let Some(tl) = self.timeline.as_mut().filter(|tl| tl.due(now)) {
             let sizes = Sizes::from_counts(&self.fleet.pool_counts(), self.fleet.holding(), self.gpus_per_instance);
             tl.sample(now, sizes, &self.controller);
@@ -416,6 +423,9 @@ impl<'c> Run<'c> {
         watch.lap(Phase::Metrics);
         let mut evicted = std::mem::take(&mut self.evicted);
         self.fleet.take_evicted(&mut evicted);
+        if !evicted.is_empty() {
+            self.hear_loads();
+        }
         for (from, request) in evicted.drain(..) {
             self.metrics.record_eviction();
             match self.controller.place(&mut self.fleet, now, request, (), Some(from)) {
@@ -436,6 +446,15 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// Delivers the loads the fleet held back ([`SimFleet::hold_loads`]): the controller
+    /// hears each instance's latest before it routes, ticks or is sampled.
+    fn hear_loads(&mut self) {
+        self.fleet.take_loads(&mut self.events);
+        for e in self.events.drain(..) {
+            self.controller.on_event(self.now, &e);
+        }
+    }
+
     /// A closed-loop session's request that will not finish: its session ends.
     fn turn_failed(&mut self, request: &Request) {
         if let Some(session) = request.service.session.filter(|_| self.closed_loop) {
@@ -445,6 +464,7 @@ impl<'c> Run<'c> {
 
     /// The run's summary, CDFs and pools report, once every request has left the fleet.
     fn finish(mut self, sessions: Option<SessionStats>) -> RunOutput {
+        self.hear_loads();
         let (config, now) = (self.config, self.now);
         assert_eq!(self.fleet.in_flight(), 0, "the fleet went idle with requests in flight");
         let mut metrics = self.metrics;
