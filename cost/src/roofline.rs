@@ -304,13 +304,21 @@ impl CostModel {
         let attention_memory_s = k.kv_s_per_token * kv_tokens / cp * rank_share;
         let memory_s = weights_s + attention_memory_s;
 
-        let (load_s, load_exposed_s) =
-            self.load_time(s.load_l2_tokens as f64 * rank_share / cp, s.load_l3_tokens as f64 * rank_share / cp);
+        // Most steps load nothing: their zeros need no conversions (the same numbers).
+        let (load_s, load_exposed_s) = if s.load_l2_tokens == 0 && s.load_l3_tokens == 0 {
+            (0.0, 0.0)
+        } else {
+            self.load_time(s.load_l2_tokens as f64 * rank_share / cp, s.load_l3_tokens as f64 * rank_share / cp)
+        };
         // Nobody waits for a prefetch's first layer or the store's latency: only the transfer counts.
-        let prefetch_s = self.transfer_time(
-            s.prefetch_l2_tokens as f64 * rank_share / cp,
-            s.prefetch_l3_tokens as f64 * rank_share / cp,
-        );
+        let prefetch_s = if s.prefetch_l2_tokens == 0 && s.prefetch_l3_tokens == 0 {
+            self.transfer_time(0.0, 0.0)
+        } else {
+            self.transfer_time(
+                s.prefetch_l2_tokens as f64 * rank_share / cp,
+                s.prefetch_l3_tokens as f64 * rank_share / cp,
+            )
+        };
         let mut comm_s = k.comm_s_per_step
             + k.comm_s_per_rank_token * rank_tokens
             + k.comm_s_per_token * tokens
