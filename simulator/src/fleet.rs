@@ -370,6 +370,20 @@ impl SimFleet {
         now
     }
 
+    /// Steps as [`SimFleet::step`], and goes on stepping while its steps leave nothing for
+    /// the driver (no event, nothing finished or evicted: with loads held back, most decode
+    /// steps) and its next thing comes before `before`: the driver would only come back to it.
+    /// Returns the time of the last step.
+    pub fn step_on(&mut self, before: Time) -> Time {
+        loop {
+            let now = self.step();
+            let quiet = self.events.is_empty() && self.finished.is_empty() && self.evicted.is_empty();
+            if !quiet || self.next_time().is_none_or(|t| t >= before) {
+                return now;
+            }
+        }
+    }
+
     /// Ends the step of instance `id` at `now`: its finished, handed-off and evicted requests
     /// and its load go out as events.
     fn end_step(&mut self, now: Time, id: InstanceId) {

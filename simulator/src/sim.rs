@@ -179,7 +179,7 @@ fn drive<S: Stopwatch>(
             watch.lap(Phase::Workload);
         } else if t_fleet.is_some() {
             run.fleet.hold_loads(!run.controller.wants_loads_at_once());
-            run.now = run.fleet.step();
+            run.now = run.fleet.step_on(run.quiet_until(t_arrival, t_tick));
             watch.lap(Phase::Engine);
         } else {
             break;
@@ -444,6 +444,17 @@ impl<'c> Run<'c> {
                 "the fleet ended requests the controller never placed there"
             );
         }
+    }
+
+    /// Until when the fleet may step on without the driver ([`SimFleet::step_on`]): before
+    /// the next arrival, tick, shedding or time-series window, whichever comes first; not at
+    /// all with flow control, which may release requests after any step.
+    fn quiet_until(&self, arrival: Option<Time>, tick: Option<Time>) -> Time {
+        if self.flow.is_on() {
+            return Time::ZERO;
+        }
+        let window = self.timeline.as_ref().map(Timeline::next_due);
+        [arrival, tick, self.flow.next_deadline(), window].into_iter().flatten().min().unwrap_or(Time(u64::MAX))
     }
 
     /// Delivers the loads the fleet held back ([`SimFleet::hold_loads`]): the controller

@@ -153,6 +153,11 @@ impl Timeline {
         now >= self.next
     }
 
+    /// The current window's end.
+    pub fn next_due(&self) -> Time {
+        self.next
+    }
+
     /// Closes every window that ended by `now` with the fleet as it is.
     pub fn sample(&mut self, now: Time, sizes: Sizes, controller: &Controller) {
         while now >= self.next {
