@@ -2,7 +2,9 @@
 //! predicts, advanced by an event queue in virtual time.
 //!
 //! KV events, when the controller wants them, reach it `event_delay` after the iteration
-//! that caused them (the time a real event bus takes); every other event is immediate.
+//! that caused them (the time a real event bus takes); load reports, when the driver asks,
+//! wait for it to take them before its next decision ([`SimFleet::hold_loads`]); every other
+//! event is immediate.
 //! Requests an instance evicts (KV high-water protection) wait in the fleet, counted in
 //! flight, until the driver takes them to place them again.
 //!

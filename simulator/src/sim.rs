@@ -8,6 +8,13 @@
 //! [`policies::Controller::reroute`]). Arrivals win ties with fleet events, so requests that
 //! arrive at the same microsecond share an iteration, as they would in a real engine.
 //!
+//! Most fleet events are decode steps that change nothing the controller reads before its
+//! next decision. The fleet holds their load reports back ([`SimFleet::hold_loads`]; the
+//! controller hears each instance's latest before it routes, ticks, places, releases or is
+//! sampled) and steps on without coming back to the loop while it has nothing to hand over
+//! and nothing else is due ([`SimFleet::step_on`]): the same events in the same order, without
+//! a pass of the loop per step.
+//!
 //! An evicted request keeps its id, arrival and progress (`Request::resume`): the next
 //! instance recomputes its prompt and output so far and generates the rest, and it is
 //! recorded once, when it finishes (or counted as refused if no instance can take it).
