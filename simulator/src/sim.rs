@@ -613,54 +613,55 @@ mod tests {
         }
     }
 
-    /// Every example scenario, each of its runs (tiers, KV protection, P/D pools, drafters)
-    /// on its first arrivals, with the controller's view checked after every event.
+    /// Runs `check` on every example scenario's runs (tiers, KV protection, P/D pools,
+    /// drafters, flow control, closed-loop sessions) on their first `max_requests` arrivals;
+    /// returns how many there were.
+    fn every_example_run(max_requests: u64, mut check: impl FnMut(&str, &dyn Fn() -> RunOutput)) -> usize {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
+        files.sort();
+        let mut runs = 0;
+        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
+            let mut s = Scenario::load(path).expect("loads");
+            s.workload.max_requests = Some(max_requests);
+            let settings = s.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for spec in &settings.routers {
+                let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(spec) };
+                let once = || {
+                    let workload = settings.open_workload(settings.rate_scale).expect("opens");
+                    run(&config, workload, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                };
+                check(&format!("{} {}", path.display(), config.label), &once);
+                runs += 1;
+            }
+        }
+        runs
+    }
+
+    /// Every example's runs with the controller's view checked after every event.
     #[test]
     fn the_controllers_view_matches_the_fleet_in_every_example() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
-        files.sort();
-        let mut runs = 0;
-        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
-            let mut s = Scenario::load(path).expect("loads");
-            s.workload.max_requests = Some(300);
-            let settings = s.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            for spec in &settings.routers {
-                let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(spec) };
-                let workload = settings.open_workload(settings.rate_scale).expect("opens");
-                run(&config, workload, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                runs += 1;
-            }
-        }
+        let runs = every_example_run(300, |_, once| {
+            once();
+        });
         assert!(runs >= 40, "only {runs} runs");
     }
-    /// Held loads and steps without the loop change nothing: every example, each of its runs
-    /// (P/D pools with waiting handoffs, flow control, time series, closed-loop sessions,
-    /// drafters, shared GPUs) on its first arrivals, gives the same report as a run that
-    /// reports every step's load at once and passes the loop after every step.
+
+    /// Held loads and steps without the loop change nothing: every example's runs (P/D pools
+    /// with waiting handoffs, flow control, time series, closed-loop sessions, drafters,
+    /// shared GPUs) give the same report as runs that report every step's load at once and
+    /// pass the loop after every step.
     #[test]
     fn held_loads_and_quiet_steps_change_no_result() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-        let mut files: Vec<_> = std::fs::read_dir(&dir).expect("examples").flatten().map(|e| e.path()).collect();
-        files.sort();
-        let mut runs = 0;
-        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
-            let mut s = Scenario::load(path).expect("loads");
-            s.workload.max_requests = Some(400);
-            let settings = s.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            for spec in &settings.routers {
-                let config = SimConfig { infinite_cache_bound: false, ..settings.sim_config(spec) };
-                let report = |step_by_step: bool| {
-                    STEP_BY_STEP.with(|s| s.set(step_by_step));
-                    let workload = settings.open_workload(settings.rate_scale).expect("opens");
-                    let out = run(&config, workload, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                    STEP_BY_STEP.with(|s| s.set(false));
-                    serde_json::to_string(&(&out.summary, &out.ttft_cdf, &out.tpot_cdf, &out.decisions)).expect("JSON")
-                };
-                assert_eq!(report(false), report(true), "{} {}", path.display(), config.label);
-                runs += 1;
-            }
-        }
+        let report = |once: &dyn Fn() -> RunOutput, step_by_step: bool| {
+            STEP_BY_STEP.with(|s| s.set(step_by_step));
+            let out = once();
+            STEP_BY_STEP.with(|s| s.set(false));
+            serde_json::to_string(&(&out.summary, &out.ttft_cdf, &out.tpot_cdf, &out.decisions)).expect("JSON")
+        };
+        let runs = every_example_run(400, |name, once| {
+            assert_eq!(report(once, false), report(once, true), "{name}");
+        });
         assert!(runs >= 40, "only {runs} runs");
     }
 
