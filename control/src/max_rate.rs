@@ -11,6 +11,11 @@
 //! they could try (2^k − 1 runs for k levels, whichever way each goes). Only the runs the
 //! sequential search would have made decide, so the result is the same, byte for byte, on
 //! any number of threads (`RAYON_NUM_THREADS=1` is the sequential search).
+//!
+//! A run that misses the target is used only for that verdict, so on a trace (the same
+//! requests at every rate) a search's runs stop as soon as their misses put the target out
+//! of reach ([`simulator::sim::GiveUp`]); the first run, whose summary is reported when no
+//! rate meets the target, always runs to the end.
 
 use crate::cli::{describe, SimFlags};
 use crate::simulate::run_routers;
@@ -22,6 +27,7 @@ use rayon::prelude::*;
 use simulator::metrics::Summary;
 use simulator::report::{max_rate_table, write_json, MaxRateReport, MaxRateRun};
 use simulator::scenario::{RunSpec, Settings};
+use simulator::sim::GiveUp;
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -93,9 +99,13 @@ pub(crate) fn run_at(
     measure_bound: bool,
     multi: &MultiProgress,
 ) -> Result<Summary, Failure> {
-    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound, multi)?;
+    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound, None, multi)?;
     Ok(out.remove(0).summary)
 }
+
+/// A search's run at one rate: its summary, or none when it stopped as soon as it could no
+/// longer meet the target (a miss).
+type Ran = Option<Summary>;
 
 /// Runs one search makes at once: its share of rayon's threads (shared by `searches`), as
 /// the size of a full tree of bisection levels (1, 3, 7, ...). Rounded down: six searches on
@@ -131,9 +141,25 @@ pub(crate) fn search(
     width: usize,
     multi: &MultiProgress,
 ) -> Result<(f64, Summary), Failure> {
+    search_giving_up(settings, run, target, width, multi, true)
+}
+
+/// [`search`], whose runs stop early as misses where they can (`give_up`) or all run to the end.
+fn search_giving_up(
+    settings: &Settings,
+    run: &RunSpec,
+    target: Target,
+    width: usize,
+    multi: &MultiProgress,
+    give_up: bool,
+) -> Result<(f64, Summary), Failure> {
     let first = run_at(settings, run, settings.rate_scale, true, multi)?;
     let bound = first.max_hit_rate;
-    let search = Search { settings, run, target, width, multi };
+    // Every run reads the first one's requests when they come from a trace; a class's
+    // attainment needs the class's count, which is not known ahead.
+    let give_up = (give_up && settings.fixed_request_count() && target.class.is_none())
+        .then(|| GiveUp { attainment: target.attainment, requests: first.requests + first.rejected });
+    let search = Search { settings, run, target, width, give_up, multi };
     let (scale, mut best) = search.bisect(first)?;
     best.max_hit_rate = bound;
     Ok((scale, best))
@@ -146,26 +172,37 @@ struct Search<'a> {
     target: Target,
     /// Runs made at once.
     width: usize,
+    /// When a run may stop as a miss.
+    give_up: Option<GiveUp>,
     multi: &'a MultiProgress,
 }
 
 impl Search<'_> {
-    fn meets(&self, s: &Summary) -> bool {
-        self.target.met_by(s)
+    /// The run's summary if it met the target.
+    fn met(&self, s: Ran) -> Option<Summary> {
+        s.filter(|s| self.target.met_by(s))
     }
 
     /// Runs at every scale given, side by side; the results in the same order.
-    fn runs_at(&self, scales: &[f64]) -> Vec<Result<Summary, Failure>> {
-        scales.par_iter().map(|&scale| run_at(self.settings, self.run, scale, false, self.multi)).collect()
+    fn runs_at(&self, scales: &[f64]) -> Vec<Result<Ran, Failure>> {
+        scales
+            .par_iter()
+            .map(|&scale| {
+                let runs = std::slice::from_ref(self.run);
+                let mut out = run_routers(self.settings, runs, scale, false, self.give_up, self.multi)?;
+                let out = out.remove(0);
+                Ok((!out.gave_up).then_some(out.summary))
+            })
+            .collect()
     }
 
     /// Brackets then bisects the rate scale, from the run at the scenario's rate.
     fn bisect(&self, first: Summary) -> Result<(f64, Summary), Failure> {
         let start = self.settings.rate_scale;
-        let (mut low, mut high, mut best) = if self.meets(&first) {
+        let (mut low, mut high, mut best) = if self.target.met_by(&first) {
             // Doubling until a rate misses; meeting the target at every rate tried reports
             // the highest.
-            let b = self.bracket(start, 2.0, |s| !self.meets(s))?;
+            let b = self.bracket(start, 2.0, false)?;
             let best = b.last_run.unwrap_or(first);
             match b.stop {
                 Some((high, _)) => (b.last, high, best),
@@ -174,10 +211,10 @@ impl Search<'_> {
         } else {
             // Halving until a rate meets it; missing even at a tiny rate means the SLO is out
             // of reach for this fleet.
-            let b = self.bracket(start, 0.5, |s| self.meets(s))?;
+            let b = self.bracket(start, 0.5, true)?;
             match b.stop {
-                Some((low, best)) => (low, b.last, best),
-                None => return Ok((0.0, first)),
+                Some((low, Some(best))) => (low, b.last, best),
+                _ => return Ok((0.0, first)),
             }
         };
         while high / low > PRECISION {
@@ -200,28 +237,31 @@ impl Search<'_> {
             }
             let scales: Vec<f64> = tree.iter().flatten().copied().collect();
             let mut results = self.runs_at(&scales).into_iter();
-            let mut results: Vec<Option<Result<Summary, Failure>>> =
+            let mut results: Vec<Option<Result<Ran, Failure>>> =
                 tree.iter().map(|m| m.and_then(|_| results.next())).collect();
             // Down the path the sequential search takes.
             let mut i = 0;
             while let Some(mid) = tree.get(i).copied().flatten() {
                 let s = results[i].take().expect("a run for every rate of the tree")?;
-                if self.meets(&s) {
-                    low = mid;
-                    best = s;
-                    i = 2 * i + 2;
-                } else {
-                    high = mid;
-                    i = 2 * i + 1;
+                match self.met(s) {
+                    Some(s) => {
+                        low = mid;
+                        best = s;
+                        i = 2 * i + 2;
+                    }
+                    None => {
+                        high = mid;
+                        i = 2 * i + 1;
+                    }
                 }
             }
         }
         Ok((low, best))
     }
 
-    /// Multiplies the scale by `factor` from `start` until `stop` holds, at most
-    /// `MAX_BRACKET_STEPS` times, `width` runs at once.
-    fn bracket(&self, start: f64, factor: f64, stop: impl Fn(&Summary) -> bool) -> Result<Bracket, Failure> {
+    /// Multiplies the scale by `factor` from `start` until a run meets the target (`until_met`)
+    /// or misses it, at most `MAX_BRACKET_STEPS` times, `width` runs at once.
+    fn bracket(&self, start: f64, factor: f64, until_met: bool) -> Result<Bracket, Failure> {
         let (mut last, mut last_run) = (start, None);
         let mut steps = 0;
         while steps < MAX_BRACKET_STEPS {
@@ -230,11 +270,11 @@ impl Search<'_> {
             let scales: Vec<f64> = (1..=n as i32).map(|j| last * factor.powi(j)).collect();
             for (scale, s) in scales.iter().zip(self.runs_at(&scales)) {
                 steps += 1;
-                let s = s?;
-                if stop(&s) {
-                    return Ok(Bracket { last, last_run, stop: Some((*scale, s)) });
+                match (self.met(s?), until_met) {
+                    (Some(s), true) => return Ok(Bracket { last, last_run, stop: Some((*scale, Some(s))) }),
+                    (None, false) => return Ok(Bracket { last, last_run, stop: Some((*scale, None)) }),
+                    (s, _) => (last, last_run) = (*scale, s),
                 }
-                (last, last_run) = (*scale, Some(s));
             }
         }
         Ok(Bracket { last, last_run, stop: None })
@@ -243,9 +283,41 @@ impl Search<'_> {
 
 /// Where [`Search::bracket`] ended.
 struct Bracket {
-    /// The last scale before the stop (the start if none), and its run.
+    /// The last scale before the stop (the start if none), and its run if it met the target.
     last: f64,
     last_run: Option<Summary>,
-    /// The scale where it stopped, and its run; none if it never did.
-    stop: Option<(f64, Summary)>,
+    /// The scale where it stopped, and its run if it met the target; none if it never did.
+    stop: Option<(f64, Option<Summary>)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use simulator::scenario::Scenario;
+
+    /// Runs that stop as soon as they miss change no search: every router of the tiered
+    /// Mooncake example, from a rate that meets the target (doubling) and from one that
+    /// misses it (halving), finds the same scale and reports the same summary as runs to the
+    /// end.
+    #[test]
+    fn giving_up_on_missing_runs_changes_no_result() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mooncake-tiers.toml");
+        let mut scenario = Scenario::load(&path).expect("loads");
+        scenario.workload.max_requests = Some(400);
+        let mut settings = scenario.resolve().expect("valid");
+        let multi = MultiProgress::new();
+        let target = Target { attainment: 0.9, class: None };
+        for start in [1.0, 64.0] {
+            settings.rate_scale = start;
+            for run in &settings.routers {
+                let json = |give_up| {
+                    let Ok((scale, summary)) = search_giving_up(&settings, run, target, 3, &multi, give_up) else {
+                        panic!("{} from x{start}: the search failed", run.label())
+                    };
+                    serde_json::to_string(&(scale, summary)).expect("JSON")
+                };
+                assert_eq!(json(true), json(false), "{} from x{start}", run.label());
+            }
+        }
+    }
 }

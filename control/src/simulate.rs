@@ -12,7 +12,7 @@ use cost::{check_steps, load_profile, StepCheck};
 use simulator::plot::{plot_cdfs, plot_timeline, CdfSeries, TimelineSeries};
 use simulator::report::{comparison_table, groups_table, pools_table, sessions_table, write_json, Report, RunReport};
 use simulator::scenario::{RunSpec, Settings};
-use simulator::sim::{self, RunOutput, SimConfig};
+use simulator::sim::{self, GiveUp, RunOutput, SimConfig};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -54,7 +54,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
         None => None,
     };
-    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true, &MultiProgress::new())?;
+    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true, None, &MultiProgress::new())?;
     for o in &outputs {
         if let Some(why) = &o.first_rejection {
             eprintln!("warning: {}: {} requests refused; first: {why}", o.router, o.summary.rejected);
@@ -109,6 +109,7 @@ pub fn run_routers(
     routers: &[RunSpec],
     rate_scale: f64,
     measure_bound: bool,
+    give_up: Option<GiveUp>,
     multi: &MultiProgress,
 ) -> Result<Vec<RunOutput>, Failure> {
     let results: Vec<Result<RunOutput, Failure>> = routers
@@ -117,7 +118,8 @@ pub fn run_routers(
         .map(|(i, run)| {
             let mut progress = RunProgress::new(multi, run.label());
             let workload = settings.open_workload(rate_scale).map_err(|e| Failure::Input(e.into()))?;
-            let config = SimConfig { infinite_cache_bound: measure_bound && i == 0, ..settings.sim_config(run) };
+            let config =
+                SimConfig { infinite_cache_bound: measure_bound && i == 0, give_up, ..settings.sim_config(run) };
             sim::run(&config, workload, &mut |p| progress.update(p)).map_err(|e| Failure::Input(e.into()))
         })
         .collect();

@@ -75,6 +75,18 @@ pub struct SimConfig {
     pub class_slos: Option<[Slo; 3]>,
     /// Tenants' names by id, for the per-tenant report (empty: none).
     pub tenants: Vec<String>,
+    /// Stop as soon as the run cannot meet this SLO attainment (for a search, which needs
+    /// only the verdict of a run that misses); `None`: run to the end.
+    pub give_up: Option<GiveUp>,
+}
+
+/// A run's SLO attainment target over its known number of requests ([`SimConfig::give_up`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GiveUp {
+    pub attainment: f64,
+    /// The workload's requests (the same at every rate for a trace:
+    /// [`crate::scenario::Settings::fixed_request_count`]).
+    pub requests: u64,
 }
 
 /// Controller ticks in a row with no arrival and no fleet event left, after which a run with
@@ -117,6 +129,9 @@ pub struct RunOutput {
     pub first_rejection: Option<String>,
     /// A sample of routing decisions with their reasons.
     pub decisions: Vec<Decision>,
+    /// The run stopped early: it could no longer meet [`SimConfig::give_up`]'s attainment
+    /// (its summary covers the requests recorded until then).
+    pub gave_up: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -204,10 +219,14 @@ fn drive<S: Stopwatch>(
             next = workload.next_arrival(Vec::new())?;
             watch.lap(Phase::Workload);
         }
+        if config.give_up.is_some_and(|g| run.metrics.cannot_reach(g.attainment, g.requests)) {
+            progress(Progress { arrivals: run.arrivals, now: run.now });
+            return Ok(run.finish(workload.sessions(), true));
+        }
     }
     progress(Progress { arrivals: run.arrivals, now: run.now });
     assert!(run.flow.is_empty(), "the run ended with {} requests queued by flow control", run.flow.len());
-    Ok(run.finish(workload.sessions()))
+    Ok(run.finish(workload.sessions(), false))
 }
 
 #[cfg(test)]
@@ -496,11 +515,12 @@ impl<'c> Run<'c> {
         }
     }
 
-    /// The run's summary, CDFs and pools report, once every request has left the fleet.
-    fn finish(mut self, sessions: Option<SessionStats>) -> RunOutput {
+    /// The run's summary, CDFs and pools report, once every request has left the fleet (or
+    /// once it `gave_up`: of the requests recorded so far).
+    fn finish(mut self, sessions: Option<SessionStats>, gave_up: bool) -> RunOutput {
         self.hear_loads();
         let (config, now) = (self.config, self.now);
-        assert_eq!(self.fleet.in_flight(), 0, "the fleet went idle with requests in flight");
+        assert!(gave_up || self.fleet.in_flight() == 0, "the fleet went idle with requests in flight");
         let mut metrics = self.metrics;
         metrics.record_admission_paused(self.fleet.admission_paused(now));
         let gpus = config.instances.div_ceil(config.instances_per_gpu.max(1)) * config.cost.gpus();
@@ -557,6 +577,7 @@ impl<'c> Run<'c> {
             tpot_cdf: metrics.tpot_cdf(),
             first_rejection: self.first_rejection,
             decisions: self.decisions,
+            gave_up,
         }
     }
 }

@@ -183,6 +183,14 @@ impl Metrics {
         self.len() == 0
     }
 
+    /// Whether a run of `requests` requests can no longer reach `attainment`: even if every
+    /// request not yet recorded met the SLO, fewer than that share would (the summary's
+    /// `slo_attainment`, computed the same way).
+    pub fn cannot_reach(&self, attainment: f64, requests: u64) -> bool {
+        let missed = self.len() - self.slo_met;
+        ratio(requests.saturating_sub(missed) as f64, requests as f64) < attainment
+    }
+
     /// Takes one finished request into account. Allocates nothing.
     /// The targets a request of `class` is held to.
     pub fn slo_of(&self, class: engine::Class) -> Slo {

@@ -151,7 +151,15 @@ impl Settings {
             flow: run.flow.flow,
             class_slos: self.class_slos(),
             tenants: self.classes.as_ref().map(ClassesConfig::tenant_names).unwrap_or_default(),
+            give_up: None,
         }
+    }
+
+    /// Whether every run reads the same number of requests whatever its rate scale: a trace's
+    /// lines are the same at any rate (a synthetic, phased or closed-loop workload may make
+    /// more or fewer).
+    pub fn fixed_request_count(&self) -> bool {
+        matches!(self.workload, WorkloadSource::Trace { .. })
     }
 
     /// Opens the workload afresh (each run reads the same arrivals), at `rate_scale`.
