@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use simulator::metrics::Summary;
 use simulator::report::{max_rate_table, write_json, MaxRateReport, MaxRateRun};
 use simulator::scenario::{RunSpec, Settings};
-use simulator::sim::GiveUp;
+use simulator::sim::{GiveUp, RunOutput};
 use std::path::PathBuf;
 
 #[derive(ClapArgs, Debug)]
@@ -99,8 +99,20 @@ pub(crate) fn run_at(
     measure_bound: bool,
     multi: &MultiProgress,
 ) -> Result<Summary, Failure> {
-    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound, None, multi)?;
-    Ok(out.remove(0).summary)
+    Ok(run_one(settings, run, scale, measure_bound, None, multi)?.summary)
+}
+
+/// One run at rate `scale`, stopping early as [`GiveUp`] says (none: to the end).
+fn run_one(
+    settings: &Settings,
+    run: &RunSpec,
+    scale: f64,
+    measure_bound: bool,
+    give_up: Option<GiveUp>,
+    multi: &MultiProgress,
+) -> Result<RunOutput, Failure> {
+    let mut out = run_routers(settings, std::slice::from_ref(run), scale, measure_bound, give_up, multi)?;
+    Ok(out.remove(0))
 }
 
 /// A search's run at one rate: its summary, or none when it stopped as soon as it could no
@@ -188,9 +200,7 @@ impl Search<'_> {
         scales
             .par_iter()
             .map(|&scale| {
-                let runs = std::slice::from_ref(self.run);
-                let mut out = run_routers(self.settings, runs, scale, false, self.give_up, self.multi)?;
-                let out = out.remove(0);
+                let out = run_one(self.settings, self.run, scale, false, self.give_up, self.multi)?;
                 Ok((!out.gave_up).then_some(out.summary))
             })
             .collect()

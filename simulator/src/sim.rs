@@ -445,10 +445,10 @@ impl<'c> Run<'c> {
         }
         if self.timeline.as_ref().is_some_and(|tl| tl.due(now)) {
             self.hear_loads();
-        }
-        if let Some(tl) = self.timeline.as_mut().filter(|tl| tl.due(now)) {
             let sizes = Sizes::from_counts(&self.fleet.pool_counts(), self.fleet.holding(), self.gpus_per_instance);
-            tl.sample(now, sizes, &self.controller);
+            if let Some(tl) = &mut self.timeline {
+                tl.sample(now, sizes, &self.controller);
+            }
         }
         self.fleet.take_finished(&mut self.finished);
         for f in self.finished.drain(..) {
