@@ -41,6 +41,21 @@ enum Wake {
     Arrived { request: RequestId, from: InstanceId },
 }
 
+impl Wake {
+    /// Where this event of instance `id` stands among the queue's events at the same time:
+    /// by instance, then by kind (see [`EventQueue`]).
+    fn tie(self, id: InstanceId) -> u64 {
+        let kind = match self {
+            Wake::Up => 0,
+            Wake::Arrived { .. } => 1,
+            Wake::Start => 2,
+            Wake::StepDone => 3,
+            Wake::SharedDone { .. } => 4,
+        };
+        u64::from(id.0) << 8 | kind
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Asked for, holding its GPUs, not serving yet.
@@ -257,7 +272,7 @@ impl SimFleet {
             self.instance_up(id);
         } else {
             let startup = self.pools.map_or(Dur::ZERO, |p| p.startup);
-            self.queue.push(now + startup, (id, Wake::Up));
+            self.wake(now + startup, id, Wake::Up);
         }
     }
 
@@ -309,6 +324,11 @@ impl SimFleet {
         self.holding
     }
 
+    /// Queues `wake` for instance `id` at `at`.
+    fn wake(&mut self, at: Time, id: InstanceId, wake: Wake) {
+        self.queue.push(at, wake.tie(id), (id, wake));
+    }
+
     /// Takes a draining instance down once it holds no request.
     fn maybe_down(&mut self, now: Time, id: InstanceId) {
         let inst = &mut self.instances[id.0 as usize];
@@ -350,7 +370,7 @@ impl SimFleet {
                 return t;
             }
         }
-        let (now, (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
+        let ((now, _, _), (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
         match wake {
             Wake::Up => {
                 self.instance_up(id);
@@ -472,7 +492,7 @@ impl SimFleet {
         let Some(gpus) = &mut self.shared else { return };
         let (gpu, efficiency) = gpus.gpu(id);
         if let Some((at, first, generation)) = gpu.next_done(efficiency) {
-            self.queue.push(at, (first, Wake::SharedDone { generation }));
+            self.wake(at, first, Wake::SharedDone { generation });
         }
     }
 
@@ -503,7 +523,7 @@ impl SimFleet {
         // The cost model never fails; an error here is a bug in it, not an input problem.
         match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
             Some(d) => match &mut self.shared {
-                None => self.queue.push(now + d, (id, Wake::StepDone)),
+                None => self.wake(now + d, id, Wake::StepDone),
                 Some(gpus) => {
                     let (gpu, efficiency) = gpus.gpu(id);
                     gpu.advance(now, efficiency);
@@ -533,7 +553,7 @@ impl SimFleet {
         match self.instances[to.0 as usize].engine.receive_transfer(now, h.request) {
             Ok(()) => {
                 let took = self.pools.map_or(Dur::ZERO, |p| p.transfer.time(kv_tokens));
-                self.queue.push(now + took, (to, Wake::Arrived { request, from }));
+                self.wake(now + took, to, Wake::Arrived { request, from });
             }
             Err((_, back)) => {
                 self.handoffs.push((from, Handoff { request: back, kv_tokens: kv_tokens as u32 }));
@@ -553,7 +573,7 @@ impl SimFleet {
             let inst = &mut self.instances[id.0 as usize];
             if !inst.busy && inst.engine.has_work() {
                 inst.busy = true;
-                self.queue.push(now, (id, Wake::Start));
+                self.wake(now, id, Wake::Start);
             }
         }
         self.maybe_down(now, from);
@@ -651,7 +671,7 @@ impl Fleet for SimFleet {
         queued.map_err(|(reason, r)| (DispatchError::Refused { instance: id, reason }, r, ()))?;
         if !inst.busy {
             inst.busy = true;
-            self.queue.push(now, (id, Wake::Start));
+            self.wake(now, id, Wake::Start);
         }
         Ok(())
     }
@@ -667,7 +687,7 @@ impl Fleet for SimFleet {
                 self.events.push(FleetEvent::InstanceDraining { instance });
                 if !inst.busy {
                     inst.busy = true;
-                    self.queue.push(now, (instance, Wake::Start));
+                    self.wake(now, instance, Wake::Start);
                 }
             }
             Command::Start { role } => self.add_instance(now, role, false),

@@ -4,13 +4,19 @@ use engine::Time;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// A min-heap of events by time; events at the same time come out in the order they were
-/// pushed (a sequence number breaks ties), so runs are deterministic.
+/// A min-heap of events by time, then by a tie key the caller gives (the simulated fleet's:
+/// the instance, then the kind of event), then by push order, so runs are deterministic.
+/// Ties go by what the event is, not by when it was pushed: an instance that queues one
+/// event for several steps ([`crate::fleet`]'s coasting) pushes it at another moment than
+/// step by step would, and must not change the order of events at the same time.
 #[derive(Debug)]
 pub struct EventQueue<E> {
-    heap: BinaryHeap<Reverse<(Time, u64, Slot<E>)>>,
+    heap: BinaryHeap<Reverse<(Key, Slot<E>)>>,
     seq: u64,
 }
+
+/// Where an event stands among those at the same time: (time, tie, push order).
+pub type Key = (Time, u64, u64);
 
 /// Wrapper that keeps `E` out of the ordering.
 #[derive(Debug)]
@@ -40,17 +46,17 @@ impl<E> Default for EventQueue<E> {
 }
 
 impl<E> EventQueue<E> {
-    pub fn push(&mut self, at: Time, event: E) {
-        self.heap.push(Reverse((at, self.seq, Slot(event))));
+    pub fn push(&mut self, at: Time, tie: u64, event: E) {
+        self.heap.push(Reverse(((at, tie, self.seq), Slot(event))));
         self.seq += 1;
     }
 
     pub fn peek_time(&self) -> Option<Time> {
-        self.heap.peek().map(|Reverse((t, _, _))| *t)
+        self.heap.peek().map(|Reverse(((t, _, _), _))| *t)
     }
 
-    pub fn pop(&mut self) -> Option<(Time, E)> {
-        self.heap.pop().map(|Reverse((t, _, Slot(e)))| (t, e))
+    pub fn pop(&mut self) -> Option<(Key, E)> {
+        self.heap.pop().map(|Reverse((k, Slot(e)))| (k, e))
     }
 }
 
@@ -59,12 +65,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_at_the_same_time_leave_in_push_order() {
+    fn events_at_the_same_time_leave_by_tie_key_then_in_push_order() {
         let mut q = EventQueue::default();
-        q.push(Time(5), "b");
-        q.push(Time(1), "a");
-        q.push(Time(5), "c");
-        let out: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
-        assert_eq!(out, [(Time(1), "a"), (Time(5), "b"), (Time(5), "c")]);
+        q.push(Time(5), 2, "c");
+        q.push(Time(5), 1, "b");
+        q.push(Time(1), 9, "a");
+        q.push(Time(5), 2, "d");
+        let out: Vec<_> = std::iter::from_fn(|| q.pop()).map(|((t, _, _), e)| (t, e)).collect();
+        assert_eq!(out, [(Time(1), "a"), (Time(5), "b"), (Time(5), "c"), (Time(5), "d")]);
     }
 }
