@@ -20,7 +20,10 @@ use super::speculative::Drafter;
 pub struct CostModelExecutor {
     model: CostModel,
     spec: Option<Speculation>,
-    time: GpuTime,
+    /// The steps' time, summed in whole microseconds (step times are whole microseconds: the
+    /// sum does not depend on the order steps are priced in), and their prefill part.
+    busy: Dur,
+    prefill_s: f64,
 }
 
 /// Where an executor's GPU time went: every step's time, and the part of it that its prefill
@@ -85,7 +88,7 @@ impl SpeculationTally {
 
 impl CostModelExecutor {
     pub fn new(model: CostModel) -> CostModelExecutor {
-        CostModelExecutor { model, spec: None, time: GpuTime::default() }
+        CostModelExecutor { model, spec: None, busy: Dur::ZERO, prefill_s: 0.0 }
     }
 
     /// Speculates with `drafter`; acceptance draws derive from `seed` (the run's).
@@ -104,7 +107,7 @@ impl CostModelExecutor {
             tally: SpeculationTally::default(),
             ..s.clone()
         });
-        CostModelExecutor { model: self.model.clone(), spec, time: GpuTime::default() }
+        CostModelExecutor { model: self.model.clone(), spec, busy: Dur::ZERO, prefill_s: 0.0 }
     }
 
     pub fn cost_model(&self) -> &CostModel {
@@ -122,15 +125,14 @@ impl CostModelExecutor {
 
     /// The GPU time of the steps priced so far.
     pub fn gpu_time(&self) -> GpuTime {
-        self.time
+        GpuTime { busy_s: self.busy.as_secs_f64(), prefill_s: self.prefill_s }
     }
 
     /// Adds a step of `total` to the GPU time; `plain` is the step priced without speculation,
     /// whose prefill part is what its prefill chunks add to the step its decodes alone would
     /// take (the decode aggregates come only from decode entries, so they are that step's).
     fn account(&mut self, stats: &BatchStats, total: Dur, plain: Dur) {
-        let total_s = total.as_secs_f64();
-        self.time.busy_s += total_s;
+        self.busy += total;
         if stats.prefill_tokens == 0 {
             return;
         }
@@ -140,7 +142,7 @@ impl CostModelExecutor {
             ..BatchStats::default()
         };
         let decodes_s = self.model.step_time(&decodes).as_secs_f64();
-        self.time.prefill_s += (plain.as_secs_f64() - decodes_s).clamp(0.0, total_s);
+        self.prefill_s += (plain.as_secs_f64() - decodes_s).clamp(0.0, total.as_secs_f64());
     }
 }
 
