@@ -128,6 +128,12 @@ impl CostModelExecutor {
         GpuTime { busy_s: self.busy.as_secs_f64(), prefill_s: self.prefill_s }
     }
 
+    /// Adds `total` of decode-only steps priced by [`CostModel::step_time`] outside
+    /// [`Executor::execute`] (a simulator's coasted steps) to the GPU time.
+    pub fn count_steps(&mut self, total: Dur) {
+        self.busy += total;
+    }
+
     /// Adds a step of `total` to the GPU time; `plain` is the step priced without speculation,
     /// whose prefill part is what its prefill chunks add to the step its decodes alone would
     /// take (the decode aggregates come only from decode entries, so they are that step's).

@@ -218,10 +218,10 @@ pub struct Instance {
     pub(crate) batch_slots: Vec<u32>,
     /// A copy of a queue the scheduler walks while changing it (kept to avoid allocating).
     pub(crate) scratch: Vec<u32>,
-    output: StepOutput,
+    pub(crate) output: StepOutput,
     /// Requests that produced a token in the last step, in batch order, once per token.
-    emitted: Vec<RequestId>,
-    stepping: bool,
+    pub(crate) emitted: Vec<RequestId>,
+    pub(crate) stepping: bool,
     pub(crate) prefill_tokens_left: u64,
     pub(crate) decode_tokens_left: u64,
     /// Last turn handed out to a prefill (fair prefill's rotation).

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod block_map;
+mod coast;
 pub mod executor;
 mod handoff;
 pub mod ids;

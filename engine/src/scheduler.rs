@@ -522,7 +522,7 @@ thread_local! {
     pub(crate) static PASSES_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn repeat_allowed() -> bool {
+pub(crate) fn repeat_allowed() -> bool {
     #[cfg(test)]
     return !PASSES_ONLY.with(std::cell::Cell::get);
     #[cfg(not(test))]

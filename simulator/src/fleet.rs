@@ -39,6 +39,9 @@ enum Wake {
     Up,
     /// The KV of `request` has arrived from `from` on this instance.
     Arrived { request: RequestId, from: InstanceId },
+    /// The last step of a coast ends ([`Coast`]): valid while the instance's coast
+    /// `generation` is still this one (a coast cut short moves it).
+    CoastDone { generation: u32 },
 }
 
 impl Wake {
@@ -49,7 +52,8 @@ impl Wake {
             Wake::Up => 0,
             Wake::Arrived { .. } => 1,
             Wake::Start => 2,
-            Wake::StepDone => 3,
+            // A coast's end stands for its last step's.
+            Wake::StepDone | Wake::CoastDone { .. } => 3,
             Wake::SharedDone { .. } => 4,
         };
         u64::from(id.0) << 8 | kind
@@ -73,6 +77,25 @@ struct SimInstance {
     role: Role,
     /// The load its last step ended with, held back ([`SimFleet::hold_loads`]).
     held_load: Option<Load>,
+    coast: Coast,
+}
+
+/// Steps an instance runs through with one queued event ([`engine::Instance::coast`]): while
+/// it only decodes, with nothing finishing and no block needed, its step ends leave nothing
+/// for anyone but a held load, so the fleet prices them all when the first begins, queues
+/// the last one's end, and credits them then. Whatever reaches the instance before (a
+/// request, a load taken) finds it as the steps one by one would have left it: the step ends
+/// before that moment, in queue order ([`SimFleet::seen_below`]), are credited or heard then.
+#[derive(Default)]
+struct Coast {
+    on: bool,
+    /// End times of the coast's steps, the one in progress at its start first; the last is
+    /// queued (`Wake::CoastDone`).
+    ends: Vec<Time>,
+    /// Step ends whose load has been held so far.
+    held: u32,
+    /// Bumped when a coast is cut short, which makes its queued end stale.
+    generation: u32,
 }
 
 /// How a disaggregated fleet runs: pool sizes, start-up time, KV transfers.
@@ -135,6 +158,13 @@ pub struct SimFleet {
     /// holding one, in the order they began to.
     hold_loads: bool,
     holding_loads: Vec<InstanceId>,
+    /// Whether instances may coast ([`SimFleet::coast`]), and those coasting now.
+    coast: bool,
+    coasting: Vec<InstanceId>,
+    /// Queue events ordered below this (time, tie) have happened: those popped, and at a
+    /// driver's call at `now`, every one before `now` (it handles arrivals and ticks before
+    /// fleet events at the same time). A coast's step ends below it have ended.
+    seen_below: (Time, u64),
 }
 
 /// Engines sharing a GPU share its time: without MPS the driver time-slices their contexts
@@ -224,6 +254,9 @@ impl SimFleet {
             shared: None,
             hold_loads: false,
             holding_loads: Vec::new(),
+            coast: false,
+            coasting: Vec::new(),
+            seen_below: (Time::ZERO, 0),
         };
         for _ in 0..count {
             fleet.add_instance(Time::ZERO, Role::Colocated, true);
@@ -267,7 +300,14 @@ impl SimFleet {
         if self.executor.drafter().is_some() {
             self.drafting.push(self.executor.for_instance(id));
         }
-        self.instances.push(SimInstance { engine, state: State::Starting, busy: false, role, held_load: None });
+        self.instances.push(SimInstance {
+            engine,
+            state: State::Starting,
+            busy: false,
+            role,
+            held_load: None,
+            coast: Coast::default(),
+        });
         if ready {
             self.instance_up(id);
         } else {
@@ -350,7 +390,8 @@ impl SimFleet {
     }
 
     /// Time of the next thing the fleet will do on its own.
-    pub fn next_time(&self) -> Option<Time> {
+    pub fn next_time(&mut self) -> Option<Time> {
+        self.drop_stale_coasts();
         let kv = self.kv_in_flight.front().map(|&(t, _, _)| t);
         match (self.queue.peek_time(), kv) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -367,10 +408,13 @@ impl SimFleet {
                     let (_, instance, events) = self.kv_in_flight.pop_front().expect("a front element");
                     self.events.push(FleetEvent::Kv { instance, events });
                 }
+                self.observe(t);
                 return t;
             }
         }
-        let ((now, _, _), (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
+        self.drop_stale_coasts();
+        let ((now, tie, _), (id, wake)) = self.queue.pop().expect("step called on an idle fleet");
+        self.seen_below = (now, tie + 1);
         match wake {
             Wake::Up => {
                 self.instance_up(id);
@@ -386,6 +430,10 @@ impl SimFleet {
             }
             Wake::Start => {}
             Wake::StepDone => self.end_step(now, id),
+            Wake::CoastDone { .. } => {
+                self.end_coast(id);
+                self.end_step(now, id);
+            }
         }
         self.start_step(now, id);
         self.publish_kv(now, id);
@@ -458,8 +506,13 @@ impl SimFleet {
         self.hold_loads = on;
     }
 
-    /// The latest load of every instance holding one back, in the order they began to.
-    pub fn take_loads(&mut self, out: &mut Vec<FleetEvent>) {
+    /// The latest load at `now` of every instance holding one back, in the order they began
+    /// to (coasting ones after those).
+    pub fn take_loads(&mut self, now: Time, out: &mut Vec<FleetEvent>) {
+        self.observe(now);
+        for k in 0..self.coasting.len() {
+            self.hold_coasted_load(self.coasting[k]);
+        }
         for id in self.holding_loads.drain(..) {
             if let Some(load) = self.instances[id.0 as usize].held_load.take() {
                 out.push(FleetEvent::Load { instance: id, load });
@@ -496,6 +549,103 @@ impl SimFleet {
         }
     }
 
+    /// Lets instances coast ([`Coast`]): where they can, and only while loads are held
+    /// back (a coasted step's load is heard when the controller next decides). The driver
+    /// asks for it only where nothing else looks at the fleet between its decisions (no flow
+    /// control, which may release requests after any step).
+    pub fn coast(&mut self, on: bool) {
+        self.coast = on && self.shared.is_none() && self.drafting.is_empty() && self.pools.is_none();
+    }
+
+    /// The driver acts at `now`: every queue event before it has happened.
+    fn observe(&mut self, now: Time) {
+        self.seen_below = self.seen_below.max((now, 0));
+    }
+
+    /// Starts a coast of instance `id` whose step in progress ends at `first_end`, through
+    /// `steps` more steps (none: the step's end is queued as usual).
+    fn begin_coast(&mut self, id: InstanceId, first_end: Time, steps: u32) {
+        if steps == 0 {
+            self.wake(first_end, id, Wake::StepDone);
+            return;
+        }
+        let inst = &mut self.instances[id.0 as usize];
+        let coast = &mut inst.coast;
+        coast.ends.clear();
+        coast.ends.push(first_end);
+        let mut at = first_end;
+        for j in 1..=steps {
+            // Priced as the executor prices the batch when it runs (no drafter here).
+            at += self.executor.cost_model().step_time(&inst.engine.coast_stats(j));
+            coast.ends.push(at);
+        }
+        coast.on = true;
+        coast.held = 0;
+        let generation = coast.generation;
+        self.coasting.push(id);
+        self.wake(at, id, Wake::CoastDone { generation });
+    }
+
+    /// The coast's step ends that have happened ([`SimFleet::seen_below`]), its last one
+    /// excepted (a queued event).
+    fn coasted(&self, id: InstanceId) -> u32 {
+        let ends = &self.instances[id.0 as usize].coast.ends;
+        let tie = Wake::StepDone.tie(id);
+        ends[..ends.len() - 1].partition_point(|&t| (t, tie) < self.seen_below) as u32
+    }
+
+    /// Holds the load instance `id` reports after its latest coasted step end, if one ended
+    /// since the last it held.
+    fn hold_coasted_load(&mut self, id: InstanceId) {
+        let ended = self.coasted(id);
+        let inst = &mut self.instances[id.0 as usize];
+        if ended > inst.coast.held {
+            inst.coast.held = ended;
+            if inst.held_load.replace(inst.engine.load_after(ended)).is_none() {
+                self.holding_loads.push(id);
+            }
+        }
+    }
+
+    /// Ends the coast of instance `id` where it has come to: the step ends that happened are
+    /// credited, their GPU time counted and their load held; returns when the step in
+    /// progress ends (its queued end, if later, goes stale).
+    fn end_coast(&mut self, id: InstanceId) -> Time {
+        self.hold_coasted_load(id);
+        let ended = self.coasted(id);
+        let inst = &mut self.instances[id.0 as usize];
+        let coast = &mut inst.coast;
+        inst.engine.coast(ended);
+        let ends = &coast.ends;
+        // The steps begun since the coast's first: their time, as each begin would count it.
+        self.executor.count_steps(ends[ended as usize].since(ends[0]));
+        coast.on = false;
+        coast.generation = coast.generation.wrapping_add(1);
+        let pos = self.coasting.iter().position(|&c| c == id).expect("a coasting instance is listed");
+        self.coasting.swap_remove(pos);
+        coast.ends[ended as usize]
+    }
+
+    /// Ends every coast where it has come to at `now` (a run that stops early counts the
+    /// GPU time of the steps begun).
+    pub fn end_coasts(&mut self, now: Time) {
+        self.observe(now);
+        while let Some(&id) = self.coasting.last() {
+            let at = self.end_coast(id);
+            self.wake(at, id, Wake::StepDone);
+        }
+    }
+
+    /// Pops the queued ends of coasts cut short, where they come first.
+    fn drop_stale_coasts(&mut self) {
+        while let Some((_, &(id, Wake::CoastDone { generation }))) = self.queue.peek() {
+            if self.instances[id.0 as usize].coast.generation == generation {
+                return;
+            }
+            self.queue.pop();
+        }
+    }
+
     /// Sends the KV events instance `id` recorded on their way.
     fn publish_kv(&mut self, now: Time, id: InstanceId) {
         if !self.kv.publish_events {
@@ -523,6 +673,10 @@ impl SimFleet {
         // The cost model never fails; an error here is a bug in it, not an input problem.
         match inst.engine.begin_step(now, exec).expect("cost model executor failed") {
             Some(d) => match &mut self.shared {
+                None if self.coast && self.hold_loads => {
+                    let steps = inst.engine.coastable_steps();
+                    self.begin_coast(id, now + d, steps);
+                }
                 None => self.wake(now + d, id, Wake::StepDone),
                 Some(gpus) => {
                     let (gpu, efficiency) = gpus.gpu(id);
@@ -661,9 +815,16 @@ impl Fleet for SimFleet {
         route: &Route,
     ) -> Result<(), (DispatchError, Request, ())> {
         let id = route.prefill;
-        let Some(inst) = self.instances.get_mut(id.0 as usize).filter(|i| i.state == State::Serving) else {
+        let Some(inst) = self.instances.get(id.0 as usize).filter(|i| i.state == State::Serving) else {
             return Err((DispatchError::NotServing { instance: id }, request, ()));
         };
+        if inst.coast.on {
+            // The request joins the step in progress now, as one by one.
+            self.observe(now);
+            let at = self.end_coast(id);
+            self.wake(at, id, Wake::StepDone);
+        }
+        let inst = &mut self.instances[id.0 as usize];
         let queued = match inst.role {
             Role::Prefill => inst.engine.enqueue_prefill_only(now, request),
             Role::Colocated | Role::Decode => inst.engine.enqueue(now, request),

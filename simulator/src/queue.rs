@@ -51,6 +51,10 @@ impl<E> EventQueue<E> {
         self.seq += 1;
     }
 
+    pub fn peek(&self) -> Option<(Key, &E)> {
+        self.heap.peek().map(|Reverse((k, Slot(e)))| (*k, e))
+    }
+
     pub fn peek_time(&self) -> Option<Time> {
         self.heap.peek().map(|Reverse(((t, _, _), _))| *t)
     }

@@ -300,12 +300,14 @@ impl<'c> Run<'c> {
             Some(pd) => SimFleet::disaggregated(pd.pool_options(&config.cost), &instance, executor, kv),
         };
         fleet.share_gpus(config.instances_per_gpu, config.gpu_share_efficiency);
+        let flow = Flow::new(&config.flow, &hints, targets);
+        fleet.coast(quiet_steps() && !flow.is_on());
         if controller.wants_latencies() {
             fleet.report_latencies();
         }
         let mut run = Run {
             config,
-            flow: Flow::new(&config.flow, &hints, targets),
+            flow,
             released: Vec::new(),
             controller,
             fleet,
@@ -502,7 +504,7 @@ impl<'c> Run<'c> {
     /// Delivers the loads the fleet held back ([`SimFleet::hold_loads`]): the controller
     /// hears each instance's latest before it routes, ticks or is sampled.
     fn hear_loads(&mut self) {
-        self.fleet.take_loads(&mut self.events);
+        self.fleet.take_loads(self.now, &mut self.events);
         for e in self.events.drain(..) {
             self.controller.on_event(self.now, &e);
         }
@@ -519,6 +521,7 @@ impl<'c> Run<'c> {
     /// once it `gave_up`: of the requests recorded so far).
     fn finish(mut self, sessions: Option<SessionStats>, gave_up: bool) -> RunOutput {
         self.hear_loads();
+        self.fleet.end_coasts(self.now);
         let (config, now) = (self.config, self.now);
         assert!(gave_up || self.fleet.in_flight() == 0, "the fleet went idle with requests in flight");
         let mut metrics = self.metrics;
