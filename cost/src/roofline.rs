@@ -89,6 +89,42 @@ pub struct CpPrefillLayer {
     pub peak_kv_bytes: f64,
 }
 
+/// A step's terms but those that grow with its decodes' context ([`CostModel::step_breakdown`]
+/// in two parts, so that a run of decode steps works the rest out once).
+struct ContextFreeTerms {
+    /// Everything but compute, memory and their attention parts.
+    terms: StepBreakdown,
+    compute_but_attention_s: f64,
+    weights_s: f64,
+    prefill_pairs: u64,
+    prefill_read: f64,
+    tokens: f64,
+    cp: f64,
+    rank_share: f64,
+    attention_s_per_pair: f64,
+    kv_s_per_token: f64,
+}
+
+impl ContextFreeTerms {
+    /// The step's terms when its decodes' contexts sum to `decode_context_tokens`.
+    #[inline]
+    fn at_context(&self, decode_context_tokens: u64) -> StepBreakdown {
+        let pairs = (self.prefill_pairs + decode_context_tokens) as f64 / self.cp;
+        let attention_compute_s = self.attention_s_per_pair * pairs * self.rank_share;
+        // KV read: a decode step reads its whole context (see `context_free_terms` for the
+        // prefill's part); KV written: one entry per new token.
+        let kv_tokens = decode_context_tokens as f64 + self.prefill_read + self.tokens;
+        let attention_memory_s = self.kv_s_per_token * kv_tokens / self.cp * self.rank_share;
+        StepBreakdown {
+            compute_s: self.compute_but_attention_s + attention_compute_s,
+            memory_s: self.weights_s + attention_memory_s,
+            attention_compute_s,
+            attention_memory_s,
+            ..self.terms
+        }
+    }
+}
+
 /// The terms of one step's time, in seconds. [`StepBreakdown::total_s`] is the step time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepBreakdown {
@@ -260,11 +296,35 @@ impl CostModel {
         Dur::from_secs_f64(self.step_breakdown(stats).total_s())
     }
 
+    /// [`CostModel::step_time`] of `stats` and of the `steps - 1` batches after it that are
+    /// the same decodes one token further each (`decode_context_tokens` grown by
+    /// `decode_seqs` a step), in order: the same durations, with the terms that do not
+    /// depend on the context worked out once.
+    pub fn decode_step_times(&self, stats: &BatchStats, steps: u32, mut each: impl FnMut(Dur)) {
+        let grow = u64::from(stats.decode_seqs);
+        let at =
+            |j: u32| BatchStats { decode_context_tokens: stats.decode_context_tokens + grow * u64::from(j), ..*stats };
+        if self.decode_table.is_some() || stats.is_empty() {
+            (0..steps).for_each(|j| each(self.step_time(&at(j))));
+            return;
+        }
+        let terms = self.context_free_terms(stats);
+        for j in 0..steps {
+            each(Dur::from_secs_f64(terms.at_context(stats.decode_context_tokens + grow * u64::from(j)).total_s()));
+        }
+    }
+
     /// The terms of [`CostModel::step_time`]; all zero for an empty batch.
     pub fn step_breakdown(&self, s: &BatchStats) -> StepBreakdown {
         if s.is_empty() {
             return StepBreakdown::default();
         }
+        self.context_free_terms(s).at_context(s.decode_context_tokens)
+    }
+
+    /// The terms of a non-empty batch's step that do not depend on its decodes' context,
+    /// and what finishes them for a context ([`ContextFreeTerms::at_context`]).
+    fn context_free_terms(&self, s: &BatchStats) -> ContextFreeTerms {
         let k = &self.k;
         // Context parallelism: each of the `cp` replicas runs its shard of every prefill chunk
         // and every decode token, and attends, reads and loads its shard of the KV. Dividing
@@ -276,16 +336,13 @@ impl CostModel {
             s.tokens() as f64
         };
         let samples = f64::from(s.prefill_seqs) + f64::from(s.decode_seqs);
-        let pairs = (s.prefill_attention_pairs + s.decode_context_tokens) as f64 / cp;
         // The busiest attention rank's share of the batch: exactly 1 under plain TP.
         let rank_share =
             self.dp_imbalance_factor(s.prefill_seqs + s.decode_seqs) / f64::from(self.deployment.dp_attention);
         let rank_tokens = tokens * rank_share;
-        let attention_compute_s = k.attention_s_per_pair * pairs * rank_share;
-        let compute_s = k.attention_gemm_s_per_token * rank_tokens
-            + k.gemm_s_per_token * tokens
-            + k.lm_head_s_per_sample * samples
-            + attention_compute_s;
+        // All but the attention, which `at_context` adds last (the same sum, in the same order).
+        let compute_but_attention_s =
+            k.attention_gemm_s_per_token * rank_tokens + k.gemm_s_per_token * tokens + k.lm_head_s_per_sample * samples;
 
         let weights_s = k.always_read_weights_s
             + k.routed.map_or(0.0, |r| r.experts * (1.0 - (tokens * r.ln_miss).exp()) * r.s_per_expert);
@@ -300,9 +357,6 @@ impl CostModel {
         } else {
             0.0
         };
-        let kv_tokens = s.decode_context_tokens as f64 + prefill_read + s.tokens() as f64;
-        let attention_memory_s = k.kv_s_per_token * kv_tokens / cp * rank_share;
-        let memory_s = weights_s + attention_memory_s;
 
         // Most steps load nothing: their zeros need no conversions (the same numbers).
         let (load_s, load_exposed_s) = if s.load_l2_tokens == 0 && s.load_l3_tokens == 0 {
@@ -328,17 +382,25 @@ impl CostModel {
         }
         let step_overhead_s = if s.prefill_tokens > 0 { k.overhead_s + k.prefill_overhead_s } else { k.overhead_s };
         let overhead_s = step_overhead_s + k.sequence_overhead_s * samples;
-        StepBreakdown {
-            compute_s,
-            memory_s,
-            attention_compute_s,
-            attention_memory_s,
-            serial_attention: self.params.serial_attention,
-            comm_s,
-            overhead_s,
-            load_s,
-            load_exposed_s,
-            prefetch_s,
+        ContextFreeTerms {
+            terms: StepBreakdown {
+                serial_attention: self.params.serial_attention,
+                comm_s,
+                overhead_s,
+                load_s,
+                load_exposed_s,
+                prefetch_s,
+                ..StepBreakdown::default()
+            },
+            compute_but_attention_s,
+            weights_s,
+            prefill_pairs: s.prefill_attention_pairs,
+            prefill_read,
+            tokens: s.tokens() as f64,
+            cp,
+            rank_share,
+            attention_s_per_pair: k.attention_s_per_pair,
+            kv_s_per_token: k.kv_s_per_token,
         }
     }
 
@@ -795,5 +857,39 @@ mod tests {
         assert!(one < 0.1 * all_weights_s, "{one} vs {all_weights_s}");
         // 512 tokens touch almost every expert (256 × (1 − (31/32)^512) ≈ 256).
         assert!(many > 0.9 * all_weights_s, "{many} vs {all_weights_s}");
+    }
+
+    proptest::proptest! {
+        /// A run of decode steps priced at once costs what each step priced alone does, to
+        /// the microsecond, on plain TP, attention DP with experts, context parallelism and
+        /// a serial-attention GPU.
+        #[test]
+        fn decode_step_times_are_each_steps_own_time(
+            layout_at in 0usize..4,
+            seqs in 1u32..300,
+            context in 0u32..200_000,
+            steps in 1u32..20,
+        ) {
+            let c = match layout_at {
+                0 => cost("llama-3.1-8b", "h100", 1),
+                1 => layout("deepseek-v3", "h200", 1, 8, 8),
+                2 => context_parallel(4, CpMode::Ring),
+                _ => {
+                    let (m, g) = (model_by_name("llama-3.1-8b").expect("model"), gpu_by_name("h100").expect("gpu"));
+                    let params = CostParams { serial_attention: true, ..CostParams::default() };
+                    CostModel::new(m, g, Deployment::tensor_parallel(1), params).expect("fits")
+                }
+            };
+            let first = decode(seqs, context);
+            let mut priced = Vec::new();
+            c.decode_step_times(&first, steps, |d| priced.push(d));
+            let one_by_one: Vec<Dur> = (0..steps)
+                .map(|j| {
+                    let grown = u64::from(seqs) * u64::from(j);
+                    c.step_time(&BatchStats { decode_context_tokens: first.decode_context_tokens + grown, ..first })
+                })
+                .collect();
+            proptest::prop_assert_eq!(priced, one_by_one);
+        }
     }
 }

@@ -574,11 +574,11 @@ impl SimFleet {
         coast.ends.clear();
         coast.ends.push(first_end);
         let mut at = first_end;
-        for j in 1..=steps {
-            // Priced as the executor prices the batch when it runs (no drafter here).
-            at += self.executor.cost_model().step_time(&inst.engine.coast_stats(j));
+        // Priced as the executor prices each batch when it runs (no drafter here).
+        self.executor.cost_model().decode_step_times(&inst.engine.coast_stats(1), steps, |d| {
+            at += d;
             coast.ends.push(at);
-        }
+        });
         coast.on = true;
         coast.held = 0;
         let generation = coast.generation;
