@@ -13,7 +13,10 @@
 //! controller hears each instance's latest before it routes, ticks, places, releases or is
 //! sampled) and steps on without coming back to the loop while it has nothing to hand over
 //! and nothing else is due ([`SimFleet::step_on`]): the same events in the same order, without
-//! a pass of the loop per step.
+//! a pass of the loop per step. An instance that only decodes goes further: it coasts through
+//! its steps up to the next that matters on one queued event (`fleet::Coast`), and whatever
+//! the driver does to it or reads of it before then finds it where the steps one by one would
+//! have left it.
 //!
 //! An evicted request keeps its id, arrival and progress (`Request::resume`): the next
 //! instance recomputes its prompt and output so far and generates the rest, and it is
@@ -671,10 +674,10 @@ mod tests {
         assert!(runs >= 40, "only {runs} runs");
     }
 
-    /// Held loads and steps without the loop change nothing: every example's runs (P/D pools
-    /// with waiting handoffs, flow control, time series, closed-loop sessions, drafters,
-    /// shared GPUs) give the same report as runs that report every step's load at once and
-    /// pass the loop after every step.
+    /// Held loads, steps without the loop and coasting change nothing: every example's runs
+    /// (P/D pools with waiting handoffs, flow control, time series, closed-loop sessions,
+    /// drafters, shared GPUs) give the same report as runs that report every step's load at
+    /// once, pass the loop after every step and never coast.
     #[test]
     fn held_loads_and_quiet_steps_change_no_result() {
         let report = |once: &dyn Fn() -> RunOutput, step_by_step: bool| {
