@@ -614,13 +614,22 @@ proptest! {
     }
 }
 
+/// One step of [`trace_of`]: its start, batch, aggregates, the requests it finished and the
+/// load after it.
+type TracedStep = (Time, Vec<BatchEntry>, BatchStats, Vec<RequestId>, Load);
+
 /// Every step's batch, duration and the requests finished, of `reqs` (arrival µs, prompt,
-/// output, shared prefix group) run to the end on an instance of `config`.
+/// output, shared prefix group) run to the end on an instance of `config`. With `coast`, the
+/// instance coasts ([`Instance::coast`]) through a number of the steps it may (drawn from
+/// the seed) that end before the next arrival, and those steps are traced as they would
+/// have run.
 fn trace_of(
     config: &InstanceConfig,
     l3_blocks: Option<u32>,
     reqs: &[(u64, u32, u32, u64)],
-) -> Vec<(Time, Vec<BatchEntry>, BatchStats, Vec<RequestId>)> {
+    coast: Option<u64>,
+) -> Vec<TracedStep> {
+    let mut draws = coast.map(<rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64);
     let mut inst = Instance::with_shared_store(config.clone(), l3_blocks.map(SharedStore::new));
     let mut queue: Vec<(Time, Request)> = reqs
         .iter()
@@ -635,12 +644,33 @@ fn trace_of(
             let _ = inst.enqueue(now, r);
         }
         match inst.begin_step(now, &mut Fixed).expect("fixed executor") {
-            Some(d) => {
-                let batch = (now, inst.batch().entries.clone(), inst.batch().stats, Vec::new());
+            Some(mut d) => {
+                if let Some(rng) = &mut draws {
+                    let most = rand::Rng::random_range(rng, 0..=inst.coastable_steps());
+                    let next_arrival = queue.peek().map_or(Time(u64::MAX), |(t, _)| *t);
+                    let mut steps = 0;
+                    // Coasted step `j` ends at `now + d`; the next one starts there.
+                    while steps < most && now + d < next_arrival {
+                        let mut entries = inst.batch().entries.clone();
+                        entries.iter_mut().for_each(|e| e.context_tokens += steps);
+                        let stats = inst.coast_stats(steps);
+                        let start = now;
+                        now += d;
+                        steps += 1;
+                        trace.push((start, entries, stats, Vec::new(), inst.load_after(steps)));
+                        let mut next = Batch::default();
+                        next.stats = inst.coast_stats(steps);
+                        d = Fixed.execute(&next, &mut StepOutput::default()).expect("fixed executor");
+                    }
+                    inst.coast(steps);
+                }
+                let batch = (now, inst.batch().entries.clone(), inst.batch().stats, Vec::new(), Load::default());
                 now += d;
                 inst.end_step(now, &mut done, &mut evicted);
                 trace.push(batch);
-                trace.last_mut().expect("pushed").3 = done.drain(..).map(|f| f.request.id).collect();
+                let last = trace.last_mut().expect("pushed");
+                last.3 = done.drain(..).map(|f| f.request.id).collect();
+                last.4 = inst.load();
             }
             None => match queue.peek() {
                 Some((t, _)) => now = *t,
@@ -666,11 +696,35 @@ proptest! {
     ) {
         let prefill = if fair_prefill { fair(8, 0.1, 4) } else { PrefillPolicy::Fcfs };
         let config = InstanceConfig { total_blocks: blocks, l2_blocks, prefill, ..config(blocks, budget) };
-        let fast = trace_of(&config, l3_blocks, &reqs);
+        let fast = trace_of(&config, l3_blocks, &reqs, None);
         crate::scheduler::PASSES_ONLY.with(|p| p.set(true));
-        let passes = trace_of(&config, l3_blocks, &reqs);
+        let passes = trace_of(&config, l3_blocks, &reqs, None);
         crate::scheduler::PASSES_ONLY.with(|p| p.set(false));
         prop_assert_eq!(fast, passes);
+    }
+}
+
+proptest! {
+    /// Coasting through the steps `coastable_steps` allows (any number of them, up to the
+    /// next arrival) leaves the instance as the steps one by one would: the coasted steps'
+    /// batches, aggregates and loads after them are those of the steps run one by one, and
+    /// every step after, with the same finished requests (contended instances, L2 and L3,
+    /// either prefill policy).
+    #[test]
+    fn coasted_steps_are_the_steps_one_by_one(
+        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 1u32..60, 0u64..3), 1..30),
+        blocks in 40u32..80,
+        budget in 4u32..64,
+        l2_blocks in 0u32..20,
+        l3_blocks in proptest::option::of(0u32..30),
+        fair_prefill in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let prefill = if fair_prefill { fair(8, 0.1, 4) } else { PrefillPolicy::Fcfs };
+        let config = InstanceConfig { total_blocks: blocks, l2_blocks, prefill, ..config(blocks, budget) };
+        let coasted = trace_of(&config, l3_blocks, &reqs, Some(seed));
+        let one_by_one = trace_of(&config, l3_blocks, &reqs, None);
+        prop_assert_eq!(coasted, one_by_one);
     }
 }
 
