@@ -658,8 +658,7 @@ fn trace_of(
                         now += d;
                         steps += 1;
                         trace.push((start, entries, stats, Vec::new(), inst.load_after(steps)));
-                        let mut next = Batch::default();
-                        next.stats = inst.coast_stats(steps);
+                        let next = Batch { stats: inst.coast_stats(steps), ..Batch::default() };
                         d = Fixed.execute(&next, &mut StepOutput::default()).expect("fixed executor");
                     }
                     inst.coast(steps);
