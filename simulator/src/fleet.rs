@@ -946,6 +946,54 @@ mod tests {
         (all, kv)
     }
 
+    /// A second request dispatched at any moment of the first one's decode, also exactly as
+    /// one of its steps ends (the driver handles an arrival before a step ending at the same
+    /// microsecond), finds the instance where the steps one by one would have left it: the
+    /// same load heard, the same finished requests at the same times, the same GPU time,
+    /// with coasting as step by step.
+    #[test]
+    fn a_request_reaching_a_coasting_instance_finds_it_as_step_by_step() {
+        let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h100"));
+        let cost =
+            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
+                .expect("fits");
+        let config = InstanceConfig { total_blocks: 1024, ..InstanceConfig::default() };
+        let run = |coast: bool, join_at: Option<Time>| {
+            let mut f = SimFleet::new(1, &config, CostModelExecutor::new(cost.clone()), KvOptions::default());
+            f.hold_loads(true);
+            f.coast(coast);
+            f.dispatch(Time::ZERO, request(1, 160, 120), (), &route(0)).expect("serving");
+            let (mut ends, mut heard, mut pending) = (Vec::new(), Vec::new(), join_at);
+            while let Some(t) = f.next_time() {
+                if let Some(at) = pending.filter(|&at| at <= t) {
+                    // As the driver does: loads heard, then the request placed.
+                    f.take_loads(at, &mut heard);
+                    f.dispatch(at, request(2, 48, 30), (), &route(0)).expect("serving");
+                    pending = None;
+                    continue;
+                }
+                ends.push(f.step());
+            }
+            let mut done = Vec::new();
+            f.take_finished(&mut done);
+            let done: Vec<_> = done.iter().map(|d| (d.request.id, d.first_token_at, d.finished_at)).collect();
+            (ends, (heard, done, f.gpu_time().busy_s))
+        };
+        let (ends, _) = run(false, None);
+        let (coasted_ends, _) = run(true, None);
+        assert!(
+            coasted_ends.len() * 4 < ends.len(),
+            "the decode coasts: {} events for {} steps",
+            coasted_ends.len(),
+            ends.len()
+        );
+        for &end in &ends[4..ends.len() - 2] {
+            for at in [end, end + Dur(1)] {
+                assert_eq!(run(true, Some(at)).1, run(false, Some(at)).1, "second request at {at:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_transfer_holds_kv_on_both_sides_then_only_on_the_decode_side() {
         let mut f = fleet(1, 1, Dur::ZERO);
