@@ -3,7 +3,7 @@
 //!
 //! Attainment falls as the rate rises, so the search brackets the answer by doubling (or
 //! halving) the rate scale from the starting `--rate-scale`, then bisects on a log scale
-//! until the bracket is narrower than 1%. The reported scale is the highest one that was
+//! until the bracket is narrower than `--precision` (1%). The reported scale is the highest one that was
 //! seen to meet the target, with the summary of that run.
 //!
 //! All cores: the routers' searches run side by side, and each evaluates several steps at
@@ -44,6 +44,11 @@ pub struct Args {
     #[arg(long, value_name = "CLASS")]
     pub target_class: Option<engine::Class>,
 
+    /// The search stops when the rate is known within this share (the bisection's bracket);
+    /// halving it costs about one more run a search.
+    #[arg(long, value_name = "SHARE", default_value_t = DEFAULT_PRECISION)]
+    pub precision: f64,
+
     /// Write {"runs":[{"router":..., "max_rate_scale":X, "summary":{...}}]} as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -51,8 +56,17 @@ pub struct Args {
 
 /// Doublings or halvings tried before giving up on a bracket.
 const MAX_BRACKET_STEPS: u32 = 12;
-/// The bisection stops when high / low is below this.
-pub(crate) const PRECISION: f64 = 1.01;
+/// The bisection stops when high / low is below 1 + this.
+pub(crate) const DEFAULT_PRECISION: f64 = 0.01;
+
+/// Checks a `--precision`.
+pub(crate) fn check_precision(precision: f64) -> Result<f64, Failure> {
+    if (1e-4..=0.5).contains(&precision) {
+        Ok(precision)
+    } else {
+        Err(Failure::Input(anyhow::anyhow!("--precision must be in [0.0001, 0.5], got {precision}")))
+    }
+}
 
 pub fn run(args: Args) -> Result<(), Failure> {
     if !(args.target_attainment > 0.0 && args.target_attainment <= 1.0) {
@@ -62,7 +76,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
         )));
     }
     let settings = args.flags.settings()?;
-    let target = Target { attainment: args.target_attainment, class: args.target_class };
+    let precision = check_precision(args.precision)?;
+    let target = Target { attainment: args.target_attainment, class: args.target_class, precision };
     if let Some(class) = target.class {
         if settings.classes.as_ref().is_none_or(|c| !c.mix.iter().any(|m| m.class == class)) {
             return Err(Failure::Input(anyhow::anyhow!(
@@ -132,6 +147,8 @@ pub(crate) fn batch_width(searches: usize) -> usize {
 pub(crate) struct Target {
     pub attainment: f64,
     pub class: Option<engine::Class>,
+    /// The share of the rate within which the search pins it down.
+    pub precision: f64,
 }
 
 impl Target {
@@ -227,14 +244,15 @@ impl Search<'_> {
                 _ => return Ok((0.0, first)),
             }
         };
-        while high / low > PRECISION {
+        let bracket = 1.0 + self.target.precision;
+        while high / low > bracket {
             // The next levels of bisection, every way they could go, breadth first: node i's
             // halves are nodes 2i + 1 (it missed) and 2i + 2 (it met the target).
             let mut tree = vec![None; self.width];
             let mut brackets = vec![(low, high); self.width];
             for i in 0..self.width {
                 let (lo, hi) = brackets[i];
-                if (i > 0 && tree[(i - 1) / 2].is_none()) || hi / lo <= PRECISION {
+                if (i > 0 && tree[(i - 1) / 2].is_none()) || hi / lo <= bracket {
                     continue;
                 }
                 let mid = (lo * hi).sqrt();
@@ -316,7 +334,7 @@ mod tests {
         scenario.workload.max_requests = Some(400);
         let mut settings = scenario.resolve().expect("valid");
         let multi = MultiProgress::new();
-        let target = Target { attainment: 0.9, class: None };
+        let target = Target { attainment: 0.9, class: None, precision: DEFAULT_PRECISION };
         for start in [1.0, 64.0] {
             settings.rate_scale = start;
             for run in &settings.routers {

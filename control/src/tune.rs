@@ -15,7 +15,7 @@
 //! not count).
 
 use crate::cli::{describe, SimFlags};
-use crate::max_rate::{batch_width, run_at, search, Target, PRECISION};
+use crate::max_rate::{batch_width, check_precision, run_at, search, Target, DEFAULT_PRECISION};
 use crate::Failure;
 use anyhow::anyhow;
 use clap::{Args as ClapArgs, ValueEnum};
@@ -61,6 +61,11 @@ pub struct Args {
     /// Share of requests that must meet both SLO targets (max-rate's target; cost's floor).
     #[arg(long, value_name = "X", default_value_t = 0.9)]
     pub target_attainment: f64,
+
+    /// Max-rate's precision (see `fleetplane max-rate --precision`): the share within which
+    /// each search pins the rate down, and the least gain on the held-out slice counted as one.
+    #[arg(long, value_name = "SHARE", default_value_t = DEFAULT_PRECISION)]
+    pub precision: f64,
 
     /// Simulations of the search (whole generations: rounded up to the population size).
     #[arg(long, value_name = "N", default_value_t = 48)]
@@ -117,10 +122,10 @@ impl Objective {
     }
 
     /// `a` is better than `b` by more than the objective's precision: max-rate's search
-    /// stops within 1%, so a smaller gain may be the bisection's and not the policy's.
-    fn beats(self, a: f64, b: f64) -> bool {
+    /// stops within `precision`, so a smaller gain may be the bisection's and not the policy's.
+    fn beats(self, a: f64, b: f64, precision: f64) -> bool {
         match self {
-            Objective::MaxRate => a > b * PRECISION,
+            Objective::MaxRate => a > b * (1.0 + precision),
             _ => self.better(a, b),
         }
     }
@@ -203,6 +208,8 @@ fn held_out_seed(seed: u64) -> u64 {
 struct TuneReport {
     objective: Objective,
     target_attainment: f64,
+    /// Max-rate's precision (the least held-out gain counted as one).
+    precision: f64,
     seed: u64,
     train: Slice,
     held_out: Slice,
@@ -226,6 +233,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if !(args.target_attainment > 0.0 && args.target_attainment <= 1.0) {
         return Err(input(format!("--target-attainment must be in (0, 1], got {}", args.target_attainment)));
     }
+    check_precision(args.precision)?;
     if !(args.train_share > 0.0 && args.train_share < 1.0) {
         return Err(input(format!("--train-share must be in (0, 1), got {}", args.train_share)));
     }
@@ -276,6 +284,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         scenario: &scenario,
         objective: args.objective,
         target: args.target_attainment,
+        precision: args.precision,
         quiet: MultiProgress::with_draw_target(ProgressDrawTarget::hidden()),
     };
 
@@ -323,7 +332,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         })
         .collect::<Result<Vec<_>, Failure>>()?;
     let improved = match (held_out_runs[0].value, held_out_runs[1].value) {
-        (Some(t), Some(u)) => args.objective.beats(t, u),
+        (Some(t), Some(u)) => args.objective.beats(t, u, args.precision),
         (Some(_), None) => true,
         _ => false,
     };
@@ -363,6 +372,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         let report = TuneReport {
             objective: args.objective,
             target_attainment: args.target_attainment,
+            precision: args.precision,
             seed: settings.seed,
             train,
             held_out,
@@ -421,6 +431,7 @@ struct Judge<'a> {
     scenario: &'a Scenario,
     objective: Objective,
     target: f64,
+    precision: f64,
     /// Runs inside a search show no spinners: the trials' bar says how far it is.
     quiet: MultiProgress,
 }
@@ -447,7 +458,7 @@ impl Judge<'_> {
                 }
                 let run = &settings.routers[0];
                 // Zero: the target is out of reach at any rate (long prompts alone miss it).
-                let target = Target { attainment: self.target, class: None };
+                let target = Target { attainment: self.target, class: None, precision: self.precision };
                 let (scale, summary) = search(&settings, run, target, width, &self.quiet)?;
                 Ok(Eval { value: (scale > 0.0).then_some(scale), summary })
             }

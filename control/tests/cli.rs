@@ -112,6 +112,39 @@ fn max_rate_finds_a_scale_per_router_and_writes_json() {
     }
 }
 
+/// `--precision` narrows the same bisection further: the finer answer lies in the bracket the
+/// default 1% stopped at; a precision out of range is refused, naming the flag.
+#[test]
+fn a_finer_max_rate_precision_narrows_the_same_bracket() {
+    let dir = tests::scratch_dir("max-rate-precision");
+    let scale = |precision: &str| {
+        let json = dir.join(format!("max-{precision}.json"));
+        let o = fleetplane(&[
+            "max-rate",
+            "--trace",
+            &mooncake(),
+            "--instances",
+            "4",
+            "--router",
+            "least-outstanding",
+            "--max-requests",
+            "300",
+            "--precision",
+            precision,
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        v["runs"][0]["max_rate_scale"].as_f64().unwrap()
+    };
+    let (coarse, fine) = (scale("0.01"), scale("0.001"));
+    assert!(coarse > 0.0 && coarse <= fine && fine <= coarse * 1.01, "{coarse} then {fine}");
+    let o = fleetplane(&["max-rate", "--trace", &mooncake(), "--precision", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--precision must be in"), "{}", stderr(&o));
+}
+
 /// The search evaluates several rates at once on many threads; only the runs the sequential
 /// search makes decide, so one thread and seven give the same file, byte for byte (a bracket
 /// found by halving from a rate too high, then bisection levels run as trees of 1 and 7).
