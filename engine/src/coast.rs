@@ -22,19 +22,12 @@ impl Instance {
     /// protection, sessions' holds), or the batch is not one that repeats (a prefill, a
     /// request waiting, speculation).
     pub fn coastable_steps(&self) -> u32 {
-        let n = self.batch.entries.len() as u32;
         if !self.stepping
             || !crate::scheduler::repeat_allowed()
             || self.config.kv_protection.is_some()
             || self.config.program_hold.is_some()
-            || n == 0
-            || self.batch.stats.prefill_seqs > 0
-            || !self.waiting.is_empty()
-            || n > self.config.max_seqs
-            || n > self.config.max_batch_tokens
             || !self.output.accepted.is_empty()
-            || self.batch_slots != self.running
-            || self.batch.entries.iter().any(|e| e.new_tokens != 1)
+            || !self.batch_repeats()
         {
             return 0;
         }

@@ -136,22 +136,13 @@ impl Instance {
     /// passes could do otherwise: a prefill or a waiting request, a changed running queue,
     /// or a block that would need a preemption.
     fn repeat_decodes(&mut self) -> bool {
-        let n = self.batch.entries.len() as u32;
-        if n == 0
-            || self.batch.stats.prefill_seqs > 0
-            || !self.waiting.is_empty()
-            || n > self.config.max_seqs
-            || n > self.config.max_batch_tokens
-            || self.batch_slots != self.running
-        {
+        if !self.batch_repeats() {
             return false;
         }
+        let n = self.batch.entries.len() as u32;
         let block_size = self.config.block_size;
         // A sequence's next token needs a block when its last one is full.
         let needs_block = |seq: &Seq| seq.kv_len == seq.kv.blocks.len() as u32 * block_size;
-        if self.batch.entries.iter().any(|e| e.new_tokens != 1) {
-            return false;
-        }
         let need = self.running.iter().filter(|&&s| needs_block(self.seq(s))).count();
         if need as u32 > self.kv.available_blocks() {
             return false;
@@ -169,6 +160,20 @@ impl Instance {
         }
         self.batch.stats = BatchStats { decode_seqs: n, decode_context_tokens: context, ..BatchStats::default() };
         true
+    }
+
+    /// Whether the batch formed last is one the next can repeat one token further: one
+    /// decode token for every running sequence, nothing else, nothing waiting, within the
+    /// budget ([`Instance::repeat_decodes`], and coasting's steps).
+    pub(crate) fn batch_repeats(&self) -> bool {
+        let n = self.batch.entries.len() as u32;
+        n > 0
+            && self.batch.stats.prefill_seqs == 0
+            && self.waiting.is_empty()
+            && n <= self.config.max_seqs
+            && n <= self.config.max_batch_tokens
+            && self.batch_slots == self.running
+            && self.batch.entries.iter().all(|e| e.new_tokens == 1)
     }
 
     /// Whether an interactive request is past its prompt, generating.

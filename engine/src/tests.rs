@@ -683,34 +683,12 @@ proptest! {
     /// A decode batch repeated without the scheduler's passes (`repeat_decodes`) is the batch
     /// the passes form: the same entries, aggregates, durations and finished requests at
     /// every step, on small contended instances where blocks run out, sequences are
-    /// preempted and prefixes come back from L2 and L3.
+    /// preempted and prefixes come back from L2 and L3. And coasting through the steps
+    /// `coastable_steps` allows (any number of them, up to the next arrival) leaves the
+    /// instance as the steps one by one would: the coasted steps' batches, aggregates and
+    /// loads after them are those of the steps run one by one, and so is every step after.
     #[test]
-    fn repeated_decode_batches_are_those_the_passes_form(
-        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 1u32..60, 0u64..3), 1..30),
-        blocks in 40u32..80,
-        budget in 4u32..64,
-        l2_blocks in 0u32..20,
-        l3_blocks in proptest::option::of(0u32..30),
-        fair_prefill in any::<bool>(),
-    ) {
-        let prefill = if fair_prefill { fair(8, 0.1, 4) } else { PrefillPolicy::Fcfs };
-        let config = InstanceConfig { total_blocks: blocks, l2_blocks, prefill, ..config(blocks, budget) };
-        let fast = trace_of(&config, l3_blocks, &reqs, None);
-        crate::scheduler::PASSES_ONLY.with(|p| p.set(true));
-        let passes = trace_of(&config, l3_blocks, &reqs, None);
-        crate::scheduler::PASSES_ONLY.with(|p| p.set(false));
-        prop_assert_eq!(fast, passes);
-    }
-}
-
-proptest! {
-    /// Coasting through the steps `coastable_steps` allows (any number of them, up to the
-    /// next arrival) leaves the instance as the steps one by one would: the coasted steps'
-    /// batches, aggregates and loads after them are those of the steps run one by one, and
-    /// every step after, with the same finished requests (contended instances, L2 and L3,
-    /// either prefill policy).
-    #[test]
-    fn coasted_steps_are_the_steps_one_by_one(
+    fn repeated_and_coasted_decode_batches_are_those_the_passes_form(
         reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 1u32..60, 0u64..3), 1..30),
         blocks in 40u32..80,
         budget in 4u32..64,
@@ -721,9 +699,13 @@ proptest! {
     ) {
         let prefill = if fair_prefill { fair(8, 0.1, 4) } else { PrefillPolicy::Fcfs };
         let config = InstanceConfig { total_blocks: blocks, l2_blocks, prefill, ..config(blocks, budget) };
+        let fast = trace_of(&config, l3_blocks, &reqs, None);
+        crate::scheduler::PASSES_ONLY.with(|p| p.set(true));
+        let passes = trace_of(&config, l3_blocks, &reqs, None);
+        crate::scheduler::PASSES_ONLY.with(|p| p.set(false));
         let coasted = trace_of(&config, l3_blocks, &reqs, Some(seed));
-        let one_by_one = trace_of(&config, l3_blocks, &reqs, None);
-        prop_assert_eq!(coasted, one_by_one);
+        prop_assert_eq!(&fast, &passes);
+        prop_assert_eq!(coasted, fast);
     }
 }
 

@@ -511,7 +511,8 @@ impl SimFleet {
     pub fn take_loads(&mut self, now: Time, out: &mut Vec<FleetEvent>) {
         self.observe(now);
         for k in 0..self.coasting.len() {
-            self.hold_coasted_load(self.coasting[k]);
+            let id = self.coasting[k];
+            self.hold_coasted_load(id, self.coasted(id));
         }
         for id in self.holding_loads.drain(..) {
             if let Some(load) = self.instances[id.0 as usize].held_load.take() {
@@ -595,9 +596,8 @@ impl SimFleet {
     }
 
     /// Holds the load instance `id` reports after its latest coasted step end, if one ended
-    /// since the last it held.
-    fn hold_coasted_load(&mut self, id: InstanceId) {
-        let ended = self.coasted(id);
+    /// since the last it held (`ended`: [`SimFleet::coasted`]).
+    fn hold_coasted_load(&mut self, id: InstanceId, ended: u32) {
         let inst = &mut self.instances[id.0 as usize];
         if ended > inst.coast.held {
             inst.coast.held = ended;
@@ -611,8 +611,8 @@ impl SimFleet {
     /// credited, their GPU time counted and their load held; returns when the step in
     /// progress ends (its queued end, if later, goes stale).
     fn end_coast(&mut self, id: InstanceId) -> Time {
-        self.hold_coasted_load(id);
         let ended = self.coasted(id);
+        self.hold_coasted_load(id, ended);
         let inst = &mut self.instances[id.0 as usize];
         let coast = &mut inst.coast;
         inst.engine.coast(ended);
@@ -889,12 +889,17 @@ mod tests {
     use engine::{BlockHash, RequestId};
     use policies::Why;
 
-    fn fleet(prefill: u32, decode: u32, startup: Dur) -> SimFleet {
+    /// Llama-3.1-8B on one H100, and instances of 1,024 blocks.
+    fn cost_and_config() -> (CostModel, InstanceConfig) {
         let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h100"));
         let cost =
             CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
                 .expect("fits");
-        let config = InstanceConfig { total_blocks: 1024, ..InstanceConfig::default() };
+        (cost, InstanceConfig { total_blocks: 1024, ..InstanceConfig::default() })
+    }
+
+    fn fleet(prefill: u32, decode: u32, startup: Dur) -> SimFleet {
+        let (cost, config) = cost_and_config();
         let transfer = TransferHints { bytes_per_token: 131_072.0, bytes_per_s: 50e9, latency: Dur::from_millis(1) };
         let pools = PoolOptions { prefill, decode, startup, transfer };
         SimFleet::disaggregated(pools, &config, CostModelExecutor::new(cost), KvOptions::default())
@@ -953,11 +958,7 @@ mod tests {
     /// with coasting as step by step.
     #[test]
     fn a_request_reaching_a_coasting_instance_finds_it_as_step_by_step() {
-        let (m, g) = (model_by_name("llama-3.1-8b"), gpu_by_name("h100"));
-        let cost =
-            CostModel::new(m.expect("model"), g.expect("gpu"), Deployment::tensor_parallel(1), CostParams::default())
-                .expect("fits");
-        let config = InstanceConfig { total_blocks: 1024, ..InstanceConfig::default() };
+        let (cost, config) = cost_and_config();
         let run = |coast: bool, join_at: Option<Time>| {
             let mut f = SimFleet::new(1, &config, CostModelExecutor::new(cost.clone()), KvOptions::default());
             f.hold_loads(true);
