@@ -302,6 +302,7 @@ impl BlockLru {
 
     /// Like [`BlockLru::insert`], telling a refresh from an addition (only an addition is news
     /// for an index).
+    #[inline(always)]
     pub fn put(&mut self, key: PageKey) -> Put {
         if self.capacity == 0 {
             return Put::Added { evicted: Some(key) };

@@ -229,49 +229,62 @@ impl PrefixIndex {
 
     /// Applies events in order, as [`PrefixIndex::apply`] does one by one. An engine publishes
     /// runs: events of one stream on neighbouring blocks of one page, in the same state. The
-    /// next block of a run gets the run's transition directly (no cursor search, no transition
-    /// lookup); anything else goes the general way.
+    /// blocks after a run's first take the run's transition directly (no cursor search, no
+    /// transition lookup, the holder sets' counts moved once for the run); anything else goes
+    /// the general way.
     pub fn apply_batch(&mut self, instance: InstanceId, events: &[KvEvent]) {
-        let mut run: Option<Step> = None;
-        for event in events {
-            if let Some(step) = run.as_mut() {
-                if self.continue_run(step, event) {
-                    continue;
-                }
+        let mut next = 0;
+        while let Some(event) = events.get(next) {
+            next += 1;
+            if let Some(run) = self.apply_one(instance, event).filter(|s| s.to != s.from) {
+                next += self.extend_run(run, &events[next..]);
             }
-            run = self.apply_one(instance, event).filter(|s| s.to != s.from);
         }
     }
 
-    /// Applies `event` as the next block of `run` if it is one (same stream and page, on a
-    /// block beside the run's last, in the state the run changes, or a block new to the page
-    /// stored after the run's last, the page's last); false, changing nothing, when it is not.
+    /// Applies the events at the start of `events` that continue `run` (same stream and page,
+    /// each on a block beside the one before, in the state the run changes, or a block new to
+    /// the page stored after the run's last, the page's last); returns how many it applied.
+    fn extend_run(&mut self, mut run: Step, events: &[KvEvent]) -> usize {
+        if run.to == EMPTY {
+            // Blocks left to nobody may free or compact the page: one at a time.
+            return events.iter().take_while(|e| self.continue_run(&mut run, e)).count();
+        }
+        let page_blocks = self.page_blocks as usize;
+        let p = &mut self.pages[run.loc.slot as usize];
+        let mut at = run.loc.idx as usize;
+        let mut applied = 0;
+        for event in events {
+            let Some(idx) = run_next(p, &run, at, event, page_blocks) else { break };
+            p.set_state(idx, run.from, run.to);
+            at = idx;
+            applied += 1;
+        }
+        if applied > 0 {
+            run.loc.idx = at as u32;
+            self.cursors[run.stream] = Some((run.page, run.loc));
+            self.last_stream = run.stream;
+            if run.from == EMPTY {
+                self.blocks += applied;
+            }
+            self.meta[run.to as usize].refs += applied as u32;
+            self.release_n(run.from, applied as u32);
+        }
+        applied
+    }
+
+    /// Applies `event` as the next block of `run` if it is one (see
+    /// [`PrefixIndex::extend_run`]); false, changing nothing, when it is not.
     #[inline]
     fn continue_run(&mut self, run: &mut Step, event: &KvEvent) -> bool {
-        let (stream, hash, page) = match *event {
-            KvEvent::Stored { tier, hash, page } => (tier.index(), hash, page),
-            KvEvent::Removed { tier, hash, page } => (3 + tier.index(), hash, page),
-            KvEvent::Cleared => return false,
-        };
-        if stream != run.stream || page != run.page {
-            return false;
-        }
         let p = &mut self.pages[run.loc.slot as usize];
-        let at = run.loc.idx as usize;
-        let idx = match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.has_at(i, hash)) {
-            Some(idx) if p.state(idx) == run.from => idx,
-            Some(_) => return false,
-            // A run of new blocks (a prompt's blocks cached for the first time) grows at the
-            // page's end, as `find_or_add` would place them.
-            None if run.from == EMPTY && at + 1 == p.len() && stream < 3 && p.lacks(hash) => {
-                p.push(hash, EMPTY, self.page_blocks as usize)
-            }
-            None => return false,
+        let Some(idx) = run_next(p, run, run.loc.idx as usize, event, self.page_blocks as usize) else {
+            return false;
         };
         run.loc.idx = idx as u32;
         // The cursor first: freeing the page (its last block leaving) clears it.
-        self.cursors[stream] = Some((page, run.loc));
-        self.last_stream = stream;
+        self.cursors[run.stream] = Some((run.page, run.loc));
+        self.last_stream = run.stream;
         self.set(run.loc, run.from, run.to);
         true
     }
@@ -456,11 +469,17 @@ impl PrefixIndex {
     /// is rare).
     #[inline]
     fn release(&mut self, id: u32) {
+        self.release_n(id, 1);
+    }
+
+    /// `n` positions fewer have state `id`.
+    #[inline]
+    fn release_n(&mut self, id: u32, n: u32) {
         if id == EMPTY {
             return;
         }
         let m = &mut self.meta[id as usize];
-        m.refs -= 1;
+        m.refs -= n;
         if m.refs == 0 {
             self.free_state(id);
         }
@@ -584,5 +603,29 @@ impl PrefixIndex {
             assert!(self.meta[id as usize].refs > 0, "interned state {id} is live");
             assert_eq!(self.states[id as usize].fp, fp, "interned state {id} fingerprint");
         }
+    }
+}
+
+/// The position in `p` (the page of `run`, whose last block is at `at`) of the block `event`
+/// changes, if the event continues the run: same stream and page, a block beside `at` in the
+/// state the run changes, or a block new to the page stored after the run's last, the page's
+/// last (a prompt's blocks cached for the first time grow at the page's end, as
+/// `find_or_add` would place them). A new block is pushed; nothing else changes.
+#[inline(always)]
+fn run_next(p: &mut Page, run: &Step, at: usize, event: &KvEvent, page_blocks: usize) -> Option<usize> {
+    let (stream, hash, page) = match *event {
+        KvEvent::Stored { tier, hash, page } => (tier.index(), hash, page),
+        KvEvent::Removed { tier, hash, page } => (3 + tier.index(), hash, page),
+        KvEvent::Cleared => return None,
+    };
+    if stream != run.stream || page != run.page {
+        return None;
+    }
+    match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.has_at(i, hash)) {
+        Some(idx) => (p.state(idx) == run.from).then_some(idx),
+        None if run.from == EMPTY && at + 1 == p.len() && stream < 3 && p.lacks(hash) => {
+            Some(p.push(hash, EMPTY, page_blocks))
+        }
+        None => None,
     }
 }
