@@ -291,6 +291,7 @@ impl PrefixIndex {
 
     fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
         let loc = self.find_or_add(hash, page, stream);
+        self.pages[loc.slot as usize].run_start = loc.idx;
         let (from, to) = self.change_at(loc, change);
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;
@@ -299,6 +300,7 @@ impl PrefixIndex {
 
     fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Option<Step> {
         let loc = self.find(hash, page, stream)?;
+        self.pages[loc.slot as usize].run_start = loc.idx;
         // The cursor first: freeing the page (its last block leaving) clears it.
         self.cursors[stream] = Some((page, loc));
         self.last_stream = stream;

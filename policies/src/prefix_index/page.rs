@@ -26,6 +26,10 @@ pub(super) struct Page {
     pub(super) entries: Vec<HashEntry>,
     /// Entries in the `EMPTY` state (tombstones), counted where states are written.
     dead: u32,
+    /// Where the last run of events that found this page started: an engine publishes a
+    /// demotion tier by tier, each a run over the same blocks, so the next run on the page
+    /// usually starts there too (only a guess, checked by comparing hashes).
+    pub(super) run_start: u32,
     /// Positions by hash, for a page past the scan limit.
     lookup: Option<Box<BlockMap<u32>>>,
     /// The hashes ever pushed since the page was emptied: a lookup of a block the page lacks
@@ -72,12 +76,12 @@ impl Page {
         self.entries.get(i).is_some_and(|e| e.hash() == hash)
     }
 
-    /// Where `hash` is, trying position `near` and its neighbours first: a run's next block
-    /// follows the block before it when stored, and precedes it when evicted (leaf first), and
-    /// a demotion names the same block twice.
+    /// Where `hash` is, trying position `near` and its neighbours first (a run's next block
+    /// follows the block before it when stored, and precedes it when evicted, leaf first, and
+    /// a demotion names the same block twice), then where the page's last run started.
     #[inline]
     pub(super) fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
-        for i in [near, near + 1, near.wrapping_sub(1)] {
+        for i in [near, near + 1, near.wrapping_sub(1), self.run_start as usize] {
             if self.has_at(i, hash) {
                 return Some(i);
             }
@@ -135,6 +139,7 @@ impl Page {
         } else {
             self.entries.clear();
             self.dead = 0;
+            self.run_start = 0;
             self.filter = HashFilter::default();
         }
     }
