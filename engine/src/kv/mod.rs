@@ -352,7 +352,10 @@ impl KvCache {
         }
         let ok = self.allocate(seq, n);
         debug_assert!(ok, "available blocks were checked");
-        self.commit(now, seq, hashes, from as u32 + n);
+        // No copy of them is left in L2 for `commit` to supersede: L2's were just moved up,
+        // and a block found in L3 was looked for in L2 first.
+        let upto = self.insert(now, seq, hashes, from as u32 + n).1;
+        debug_assert!((from..upto).all(|i| !self.l2.contains(PageKey::at(hashes, i))));
         true
     }
 
@@ -360,26 +363,33 @@ impl KvCache {
     /// from the cursor up to `full_blocks` (blocks whose every token has KV). A block already
     /// cached by another sequence is shared instead, and the private copy freed.
     pub fn commit(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], full_blocks: u32) {
+        let (new, upto) = self.insert(now, seq, hashes, full_blocks);
+        // A block newly cached in L1 while an old copy sits in L2 (it was computed again: L1
+        // lacked room to load it then) supersedes that copy, so that no block is in both
+        // tiers. Shared blocks were in L1 already, hence not in L2.
+        if !self.l2.is_empty() {
+            for key in (new..upto).map(|i| PageKey::at(hashes, i)) {
+                if self.l2.remove(key) {
+                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
+                }
+            }
+        }
+    }
+
+    /// The tree part of [`KvCache::commit`]: returns the positions of the blocks it newly
+    /// cached in L1 (`new..upto`; those before `new` were there already, and shared).
+    fn insert(&mut self, now: Time, seq: &mut SeqKv, hashes: &[BlockHash], full_blocks: u32) -> (usize, usize) {
         let upto = (full_blocks as usize).min(hashes.len()).min(seq.blocks.len());
         let from = seq.tree_blocks as usize;
         if from >= upto {
-            return;
+            return (upto, upto);
         }
         let rest = hashes.len() - upto;
         let (cursor, shared) =
             self.tree.commit(now, seq.cursor(), &hashes[from..upto], &mut seq.blocks[from..upto], rest, &mut self.pool);
         seq.tree_blocks = upto as u32;
         seq.node = Some(cursor);
-        // A block newly cached in L1 while an old copy sits in L2 (it was computed again: L1
-        // lacked room to load it then) supersedes that copy, so that no block is in both
-        // tiers. Shared blocks were in L1 already, hence not in L2.
-        if !self.l2.is_empty() {
-            for key in (from + shared..upto).map(|i| PageKey::at(hashes, i)) {
-                if self.l2.remove(key) {
-                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
-                }
-            }
-        }
+        (from + shared, upto)
     }
 
     /// Gives back everything the sequence holds: private blocks to the pool, references on its

@@ -83,6 +83,9 @@ struct Page {
     filter: HashFilter,
 }
 
+/// The slot `BlockLru::last` names for a page the store lacks.
+const ABSENT: u32 = u32::MAX;
+
 /// Pages with more positions than this are looked up, not scanned.
 const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
@@ -221,8 +224,9 @@ pub struct BlockLru {
     len: u32,
     /// Page name to its slot in `pages`.
     slots: BlockMap<u32>,
-    /// The page last looked up or placed, with its slot: a run of blocks goes to one page,
-    /// and the next block's lookup skips the map probe.
+    /// The page last looked up or placed, with its slot (`ABSENT`: not here): a run of blocks
+    /// goes to one page, and the next block's lookup skips the map probe (a run checked
+    /// against a store that lacks its page, as a commit's is against L2, probes once).
     last: Cell<Option<(BlockHash, u32)>>,
     /// The position last found or placed, in any page: where the next lookup looks first.
     near: Cell<u32>,
@@ -277,11 +281,11 @@ impl BlockLru {
     /// The slot of `page`, if it holds blocks.
     fn slot(&self, page: BlockHash) -> Option<u32> {
         match self.last.get() {
-            Some((name, slot)) if name == page => Some(slot),
+            Some((name, slot)) if name == page => (slot != ABSENT).then_some(slot),
             _ => {
-                let slot = self.slots.get(page)?;
-                self.last.set(Some((page, slot)));
-                Some(slot)
+                let slot = self.slots.get(page);
+                self.last.set(Some((page, slot.unwrap_or(ABSENT))));
+                slot
             }
         }
     }
@@ -310,7 +314,7 @@ impl BlockLru {
         // One probe of the page map for the lookup and, usually, the placement (none on the
         // page of the last block).
         let mut found = match self.last.get() {
-            Some((name, slot)) if name == key.page => Some(slot),
+            Some((name, slot)) if name == key.page => (slot != ABSENT).then_some(slot),
             _ => match self.slots.probe(key.page) {
                 Probe::Found(slot) => Some(slot),
                 Probe::Vacant(_) => None,
@@ -532,7 +536,8 @@ impl BlockLru {
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
         if let Some((name, slot)) = self.last.get() {
-            assert_eq!(self.slots.get(name), Some(slot), "the last page looked up is where the map says");
+            let slot = (slot != ABSENT).then_some(slot);
+            assert_eq!(self.slots.get(name), slot, "the last page looked up is where the map says");
         }
         assert!(self.free.iter().all(|&s| self.pages[s as usize].entries.is_empty()), "free slots are empty");
         assert!(
