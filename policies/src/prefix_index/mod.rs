@@ -33,7 +33,8 @@
 //! | `Page` | 12 bytes a block (hash, state id), stored runs in order, read in order by queries |
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
-//! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup |
+//! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup; the run's holder-set counts move once |
+//! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
 //!
