@@ -70,6 +70,8 @@ pub(super) struct State {
     pub(super) in_l3: bool,
     /// [`holder_fp`] summed over `holders`, plus `L3_FP` if in L3: the intern key.
     pub(super) fp: u64,
+    /// Listed in `PrefixIndex::dormant` (once at most).
+    pub(super) dormant: bool,
 }
 
 impl State {
@@ -99,7 +101,7 @@ impl State {
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Meta {
     /// Positions with this state (`EMPTY`, the tombstones', is not counted); at
-    /// zero the state is freed.
+    /// zero the state goes dormant, to be freed later (`PrefixIndex::dormant`).
     pub(super) refs: u32,
     /// Bumped when the id is freed or the set changes in place, which invalidates the
     /// cached transitions that name it.

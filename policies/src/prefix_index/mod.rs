@@ -84,6 +84,8 @@ const EMPTY: u32 = 0;
 const NO_STATE: u32 = u32::MAX;
 /// Slots of the direct-mapped transition cache.
 const TRANSITION_BITS: u32 = 12;
+/// Holder sets kept dormant, at most, before they are freed.
+const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
 mod holders;
 mod matches;
@@ -131,6 +133,12 @@ pub struct PrefixIndex {
     /// Reference counts and generations of `states`, by the same id.
     meta: Vec<Meta>,
     free_states: Vec<u32>,
+    /// States no position has any more, kept as they were (interned, their cached
+    /// transitions valid) until [`DORMANT_STATES`] of them pile up: blocks leave a holder set
+    /// and come back to it over and over (a demotion goes through the same sets every time),
+    /// and a set kept is found again instead of formed. May name an id twice, or one in use
+    /// again.
+    dormant: Vec<u32>,
     /// Fingerprint to state id, for the states that are interned (a fingerprint collision
     /// leaves the newer state out: duplicates only split runs, they do not change results).
     intern: FxHashMap<u64, u32>,
@@ -173,6 +181,7 @@ impl PrefixIndex {
             states: vec![State::default()],
             meta: vec![Meta::default()],
             free_states: Vec::new(),
+            dormant: Vec::new(),
             intern: FxHashMap::default(),
             transitions: vec![NO_TRANSITION; 1 << TRANSITION_BITS].into_boxed_slice(),
             cursors: [None; 6],
@@ -484,7 +493,28 @@ impl PrefixIndex {
         let m = &mut self.meta[id as usize];
         m.refs -= n;
         if m.refs == 0 {
-            self.free_state(id);
+            self.rest(id);
+        }
+    }
+
+    /// State `id` is no position's any more: kept dormant, the dormant ones freed once they
+    /// are many (those not in use again).
+    #[inline(never)]
+    fn rest(&mut self, id: u32) {
+        let s = &mut self.states[id as usize];
+        if !s.dormant {
+            s.dormant = true;
+            self.dormant.push(id);
+        }
+        if self.dormant.len() > DORMANT_STATES {
+            let mut dormant = std::mem::take(&mut self.dormant);
+            for id in dormant.drain(..) {
+                self.states[id as usize].dormant = false;
+                if self.meta[id as usize].refs == 0 {
+                    self.free_state(id);
+                }
+            }
+            self.dormant = dormant;
         }
     }
 
@@ -603,7 +633,10 @@ impl PrefixIndex {
             assert_eq!(s.twice, s.holders.windows(2).any(|w| w[0] >> 1 == w[1] >> 1), "state {id} twice");
         }
         for (&fp, &id) in &self.intern {
-            assert!(self.meta[id as usize].refs > 0, "interned state {id} is live");
+            assert!(
+                self.meta[id as usize].refs > 0 || self.states[id as usize].dormant,
+                "interned state {id} is live or dormant"
+            );
             assert_eq!(self.states[id as usize].fp, fp, "interned state {id} fingerprint");
         }
     }
