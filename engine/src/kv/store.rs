@@ -114,6 +114,7 @@ impl Page {
         self.entries.get(i).is_some_and(|e| e.value == stamp)
     }
 
+    #[inline]
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
         let i = push_page_entry(&mut self.entries, hash, stamp, PAGE_BLOCKS);
         self.live += 1;
@@ -127,6 +128,8 @@ impl Page {
     }
 
     /// Builds the lookup of held blocks' positions.
+    #[cold]
+    #[inline(never)]
     fn index(&mut self) {
         let mut lookup = Box::<BlockMap<u32>>::default();
         for (j, e) in self.entries.iter().enumerate() {

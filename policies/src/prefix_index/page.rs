@@ -102,22 +102,28 @@ impl Page {
     }
 
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
+    #[inline]
     pub(super) fn push(&mut self, hash: BlockHash, state: u32, page_blocks: usize) -> usize {
         let i = push_page_entry(&mut self.entries, hash, state, page_blocks);
         self.dead += u32::from(state == EMPTY);
         self.filter.add(hash);
         match &mut self.lookup {
             Some(lookup) => lookup.insert(hash, i as u32),
-            None if i >= SCAN_PAGES * page_blocks => {
-                let mut lookup = Box::<BlockMap<u32>>::default();
-                for (j, e) in self.entries.iter().enumerate() {
-                    lookup.insert(e.hash(), j as u32);
-                }
-                self.lookup = Some(lookup);
-            }
+            None if i >= SCAN_PAGES * page_blocks => self.index(),
             None => {}
         }
         i
+    }
+
+    /// Builds the lookup of positions by hash.
+    #[cold]
+    #[inline(never)]
+    fn index(&mut self) {
+        let mut lookup = Box::<BlockMap<u32>>::default();
+        for (j, e) in self.entries.iter().enumerate() {
+            lookup.insert(e.hash(), j as u32);
+        }
+        self.lookup = Some(lookup);
     }
 
     /// Keeps the blocks `keep` says yes to (the lookup rebuilt if any).
