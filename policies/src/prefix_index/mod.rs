@@ -34,6 +34,7 @@
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup; the run's holder-set counts move once |
+//! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
@@ -136,8 +137,8 @@ pub struct PrefixIndex {
     /// States no position has any more, kept as they were (interned, their cached
     /// transitions valid) until [`DORMANT_STATES`] of them pile up: blocks leave a holder set
     /// and come back to it over and over (a demotion goes through the same sets every time),
-    /// and a set kept is found again instead of formed. May name an id twice, or one in use
-    /// again.
+    /// and a set kept is found again instead of formed. Names an id once at most
+    /// (`State::dormant`); one may be in use again by the time they are freed.
     dormant: Vec<u32>,
     /// Fingerprint to state id, for the states that are interned (a fingerprint collision
     /// leaves the newer state out: duplicates only split runs, they do not change results).
