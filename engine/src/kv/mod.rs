@@ -33,7 +33,7 @@ mod store;
 mod tier;
 
 pub use pool::BlockPool;
-pub use prefix_tree::{Evicted, NodeId, PrefixTree};
+pub use prefix_tree::{NodeId, PrefixTree};
 pub use store::{BlockLru, PageKey, Put, SharedStore, PAGE_BLOCKS};
 pub use tier::{KvEvent, Tier};
 
@@ -207,11 +207,7 @@ impl KvCache {
             return true;
         }
         self.evicting.clear();
-        for _ in free..n {
-            let e = self.tree.evict_one().expect("available blocks counted an unevictable node");
-            seq.blocks.push(e.block);
-            self.evicting.push(PageKey { hash: e.hash, page: e.page });
-        }
+        self.tree.evict(n - free, &mut seq.blocks, &mut self.evicting);
         self.demote_evicted();
         true
     }

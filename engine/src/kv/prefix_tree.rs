@@ -139,16 +139,6 @@ impl Hasher for PassThrough {
     }
 }
 
-/// A block taken out of the tree: its physical slot for reuse, and what it held (for a lower
-/// tier to keep).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Evicted {
-    pub block: BlockId,
-    pub hash: BlockHash,
-    /// Its page, for the lower tiers' stores.
-    pub page: BlockHash,
-}
-
 #[derive(Clone, Debug)]
 pub struct PrefixTree {
     /// Slot 0 is the root; dead slots are reused through `free_slots`.
@@ -504,24 +494,34 @@ impl PrefixTree {
         }
     }
 
-    /// Evicts the last block of the least recently used unreferenced leaf and returns it. Its
-    /// removal is not recorded: the caller publishes it with the demotion it causes.
-    pub fn evict_one(&mut self) -> Option<Evicted> {
-        let n = self.lru_head;
-        if n == NIL {
-            return None;
+    /// Evicts `n` blocks, each the last block of the least recently used unreferenced leaf
+    /// (a leaf's blocks from its end, then the next leaf), appending each block to `blocks`
+    /// and its store key to `keys`. The caller has counted `n` unreferenced blocks. The
+    /// removals are not recorded: the caller publishes them with the demotion they cause.
+    pub fn evict(&mut self, mut n: u32, blocks: &mut Vec<BlockId>, keys: &mut Vec<PageKey>) {
+        while n > 0 {
+            let leaf = self.lru_head;
+            assert!(leaf != NIL, "available blocks counted an unevictable node");
+            let node = &mut self.nodes[leaf as usize];
+            debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
+            let len = node.hashes.len();
+            let kept = len - (n as usize).min(len);
+            for i in (kept..len).rev() {
+                blocks.push(node.blocks[i]);
+                keys.push(node.key(i));
+            }
+            // The block taken last: the run's first when the leaf is emptied.
+            let last = node.hashes[kept];
+            node.blocks.truncate(kept);
+            node.hashes.truncate(kept);
+            let taken = (len - kept) as u32;
+            self.unreferenced -= taken;
+            self.cached -= taken;
+            n -= taken;
+            if kept == 0 {
+                self.remove_leaf(leaf, last);
+            }
         }
-        let node = &mut self.nodes[n as usize];
-        debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
-        let page = node.key(node.hashes.len() - 1).page;
-        let block = node.blocks.pop().expect("a live node has blocks");
-        let hash = node.hashes.pop().expect("a live node has blocks");
-        self.unreferenced -= 1;
-        self.cached -= 1;
-        if self.nodes[n as usize].hashes.is_empty() {
-            self.remove_leaf(n, hash);
-        }
-        Some(Evicted { block, hash, page })
     }
 
     /// Takes an emptied leaf whose run started with `first` out of the tree.
