@@ -237,9 +237,8 @@ impl KvCache {
             }
         }
         if recording {
-            for &key in &self.evicting {
-                self.tree.record(KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page });
-            }
+            let removed = |key: &PageKey| KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page };
+            self.tree.record_all(self.evicting.iter().map(removed));
         }
         // A rare allocation of most of L1 (a long prompt loaded from below) would leave every
         // instance's scratch that large for good.
@@ -259,14 +258,8 @@ impl KvCache {
         let stored = |key: &PageKey| KvEvent::Stored { tier, hash: key.hash, page: key.page };
         let removed = |key: &PageKey| KvEvent::Removed { tier, hash: key.hash, page: key.page };
         if self.evicting.len() <= capacity as usize {
-            for (_, victim) in &self.puts {
-                if let Some(victim) = victim {
-                    self.tree.record(removed(victim));
-                }
-            }
-            for (key, _) in &self.puts {
-                self.tree.record(stored(key));
-            }
+            self.tree.record_all(self.puts.iter().filter_map(|(_, victim)| victim.as_ref().map(removed)));
+            self.tree.record_all(self.puts.iter().map(|(key, _)| stored(key)));
         } else {
             for (key, victim) in &self.puts {
                 self.tree.record(stored(key));

@@ -201,6 +201,13 @@ impl PrefixTree {
         }
     }
 
+    /// Records `events` in order, as [`PrefixTree::record`] one by one (a run's are many).
+    pub fn record_all(&mut self, events: impl IntoIterator<Item = KvEvent>) {
+        if let Some(ev) = &mut self.events {
+            ev.extend(events);
+        }
+    }
+
     /// Whether events are recorded.
     pub fn recording(&self) -> bool {
         self.events.is_some()
