@@ -281,16 +281,21 @@ impl BlockLru {
         Some((slot, i))
     }
 
+    /// What `last` says of `page`, if it names it: its slot, or `None` when the store lacks it.
+    fn remembered(&self, page: BlockHash) -> Option<Option<u32>> {
+        match self.last.get() {
+            Some((name, slot)) if name == page => Some((slot != ABSENT).then_some(slot)),
+            _ => None,
+        }
+    }
+
     /// The slot of `page`, if it holds blocks.
     fn slot(&self, page: BlockHash) -> Option<u32> {
-        match self.last.get() {
-            Some((name, slot)) if name == page => (slot != ABSENT).then_some(slot),
-            _ => {
-                let slot = self.slots.get(page);
-                self.last.set(Some((page, slot.unwrap_or(ABSENT))));
-                slot
-            }
-        }
+        self.remembered(page).unwrap_or_else(|| {
+            let slot = self.slots.get(page);
+            self.last.set(Some((page, slot.unwrap_or(ABSENT))));
+            slot
+        })
     }
 
     pub fn contains(&self, key: PageKey) -> bool {
@@ -316,13 +321,10 @@ impl BlockLru {
         }
         // One probe of the page map for the lookup and, usually, the placement (none on the
         // page of the last block).
-        let mut found = match self.last.get() {
-            Some((name, slot)) if name == key.page => (slot != ABSENT).then_some(slot),
-            _ => match self.slots.probe(key.page) {
-                Probe::Found(slot) => Some(slot),
-                Probe::Vacant(_) => None,
-            },
-        };
+        let mut found = self.remembered(key.page).unwrap_or_else(|| match self.slots.probe(key.page) {
+            Probe::Found(slot) => Some(slot),
+            Probe::Vacant(_) => None,
+        });
         if let Some(slot) = found {
             if let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) {
                 self.near.set(i as u32);
@@ -538,8 +540,8 @@ impl BlockLru {
         let holes: usize = self.pages.iter().map(|p| p.entries.len() - p.live as usize).sum();
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
-        if let Some((name, slot)) = self.last.get() {
-            let slot = (slot != ABSENT).then_some(slot);
+        if let Some((name, _)) = self.last.get() {
+            let slot = self.remembered(name).flatten();
             assert_eq!(self.slots.get(name), slot, "the last page looked up is where the map says");
         }
         assert!(self.free.iter().all(|&s| self.pages[s as usize].entries.is_empty()), "free slots are empty");

@@ -273,8 +273,7 @@ impl PrefixIndex {
         }
         if applied > 0 {
             run.loc.idx = at as u32;
-            self.cursors[run.stream] = Some((run.page, run.loc));
-            self.last_stream = run.stream;
+            self.move_cursor(run.stream, run.page, run.loc);
             if run.from == EMPTY {
                 self.blocks += applied;
             }
@@ -294,8 +293,7 @@ impl PrefixIndex {
         };
         run.loc.idx = idx as u32;
         // The cursor first: freeing the page (its last block leaving) clears it.
-        self.cursors[run.stream] = Some((run.page, run.loc));
-        self.last_stream = run.stream;
+        self.move_cursor(run.stream, run.page, run.loc);
         self.set(run.loc, run.from, run.to);
         true
     }
@@ -304,8 +302,7 @@ impl PrefixIndex {
         let loc = self.find_or_add(hash, page, stream);
         self.pages[loc.slot as usize].run_start = loc.idx;
         let (from, to) = self.change_at(loc, change);
-        self.cursors[stream] = Some((page, loc));
-        self.last_stream = stream;
+        self.move_cursor(stream, page, loc);
         Step { stream, page, loc, from, to }
     }
 
@@ -313,10 +310,16 @@ impl PrefixIndex {
         let loc = self.find(hash, page, stream)?;
         self.pages[loc.slot as usize].run_start = loc.idx;
         // The cursor first: freeing the page (its last block leaving) clears it.
-        self.cursors[stream] = Some((page, loc));
-        self.last_stream = stream;
+        self.move_cursor(stream, page, loc);
         let (from, to) = self.change_at(loc, change);
         Some(Step { stream, page, loc, from, to })
+    }
+
+    /// Puts stream `stream`'s cursor, and the last event's, on the block at `loc` of `page`.
+    #[inline(always)]
+    fn move_cursor(&mut self, stream: usize, page: BlockHash, loc: Loc) {
+        self.cursors[stream] = Some((page, loc));
+        self.last_stream = stream;
     }
 
     /// The slot of `page` and the position of the block an event of the same page was on,

@@ -115,7 +115,7 @@ impl Page {
         i
     }
 
-    /// Builds the lookup of positions by hash.
+    /// Builds the lookup of positions by hash (again, after a compaction).
     #[cold]
     #[inline(never)]
     fn index(&mut self) {
@@ -130,11 +130,8 @@ impl Page {
     pub(super) fn retain(&mut self, mut keep: impl FnMut(BlockHash, u32) -> bool) {
         self.entries.retain(|e| keep(e.hash(), e.value));
         self.dead = self.entries.iter().filter(|e| e.value == EMPTY).count() as u32;
-        if let Some(lookup) = &mut self.lookup {
-            **lookup = BlockMap::default();
-            for (j, e) in self.entries.iter().enumerate() {
-                lookup.insert(e.hash(), j as u32);
-            }
+        if self.lookup.is_some() {
+            self.index();
         }
     }
 
