@@ -31,7 +31,7 @@
 use anyhow::anyhow;
 use clap::Args as ClapArgs;
 use control::{peak_rss_kib, Failure};
-use engine::kv::{KvEvent, PageKey, Tier, PAGE_BLOCKS};
+use engine::kv::{KvEvent, KvEvents, PageKey, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use policies::{PrefixIndex, PrefixMatches};
 use rand::{Rng, SeedableRng};
@@ -403,7 +403,7 @@ impl EventClock {
         if batch == 1 {
             // The instance's runs of events, as engines publish them.
             for run in events.chunk_by(|a, b| a.0 == b.0) {
-                let batch: Vec<KvEvent> = run.iter().map(|&(_, e)| e).collect();
+                let batch: KvEvents = run.iter().map(|&(_, e)| e).collect();
                 index.apply_batch(run[0].0, &batch);
             }
         } else {

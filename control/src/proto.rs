@@ -11,7 +11,7 @@ use anyhow::{anyhow, Result};
 /// carries a prompt's whole KV in one message (a CUDA engine's: 32 KiB a token for a Llama
 /// 3.2 1B, 128 KiB for an 8B), and gRPC frames a message in at most 4 GiB.
 pub const MAX_MESSAGE_BYTES: usize = (4 << 30) - 1;
-use engine::kv::{KvEvent as EngineKvEvent, Tier as EngineTier};
+use engine::kv::{KvEvent as EngineKvEvent, KvEvents as EngineKvEvents, KvRun, Tier as EngineTier};
 
 /// A request class on the wire, and back: the one mapping.
 pub fn class_of(c: RequestClass) -> engine::Class {
@@ -103,39 +103,52 @@ fn tier_from_wire(t: i32) -> Result<EngineTier> {
     }
 }
 
-impl From<&EngineKvEvent> for KvEvent {
-    fn from(e: &EngineKvEvent) -> KvEvent {
-        let kind = match *e {
-            EngineKvEvent::Stored { tier, hash, page } => {
-                kv_event::Kind::Stored(BlockStored { tier: tier_to_wire(tier), hash: hash.0, page: page.0 })
-            }
-            EngineKvEvent::Removed { tier, hash, page } => {
-                kv_event::Kind::Removed(BlockRemoved { tier: tier_to_wire(tier), hash: hash.0, page: page.0 })
-            }
-            EngineKvEvent::Cleared => kv_event::Kind::Cleared(AllCleared {}),
-        };
-        KvEvent { kind: Some(kind) }
+impl From<&EngineKvEvents> for KvEvents {
+    /// A batch on the wire, a run a message.
+    fn from(batch: &EngineKvEvents) -> KvEvents {
+        let wire = |hashes: &[BlockHash]| hashes.iter().map(|h| h.0).collect();
+        let events = batch
+            .runs()
+            .map(|run| {
+                let kind = match run {
+                    KvRun::Stored { tier, page, hashes } => kv_event::Kind::Stored(BlockStored {
+                        tier: tier_to_wire(tier),
+                        page: page.0,
+                        hashes: wire(hashes),
+                    }),
+                    KvRun::Removed { tier, page, hashes } => kv_event::Kind::Removed(BlockRemoved {
+                        tier: tier_to_wire(tier),
+                        page: page.0,
+                        hashes: wire(hashes),
+                    }),
+                    KvRun::Cleared => kv_event::Kind::Cleared(AllCleared {}),
+                };
+                KvEvent { kind: Some(kind) }
+            })
+            .collect();
+        KvEvents { events }
     }
 }
 
-impl TryFrom<&KvEvent> for EngineKvEvent {
-    type Error = anyhow::Error;
-
-    fn try_from(e: &KvEvent) -> Result<EngineKvEvent> {
-        Ok(match &e.kind {
-            Some(kv_event::Kind::Stored(s)) => EngineKvEvent::Stored {
-                tier: tier_from_wire(s.tier)?,
-                hash: BlockHash(s.hash),
-                page: BlockHash(s.page),
-            },
-            Some(kv_event::Kind::Removed(r)) => EngineKvEvent::Removed {
-                tier: tier_from_wire(r.tier)?,
-                hash: BlockHash(r.hash),
-                page: BlockHash(r.page),
-            },
-            Some(kv_event::Kind::Cleared(_)) => EngineKvEvent::Cleared,
+impl KvEvent {
+    /// Appends the run's events to `out`; an error, appending nothing, names what is wrong
+    /// with it.
+    pub fn decode_into(&self, out: &mut EngineKvEvents) -> Result<()> {
+        let (stored, tier, page, hashes) = match &self.kind {
+            Some(kv_event::Kind::Stored(s)) => (true, s.tier, s.page, &s.hashes),
+            Some(kv_event::Kind::Removed(r)) => (false, r.tier, r.page, &r.hashes),
+            Some(kv_event::Kind::Cleared(_)) => {
+                out.push(EngineKvEvent::Cleared);
+                return Ok(());
+            }
             None => return Err(anyhow!("KV event without a kind")),
-        })
+        };
+        let (tier, page) = (tier_from_wire(tier)?, BlockHash(page));
+        out.extend(hashes.iter().map(|&h| match stored {
+            true => EngineKvEvent::Stored { tier, hash: BlockHash(h), page },
+            false => EngineKvEvent::Removed { tier, hash: BlockHash(h), page },
+        }));
+        Ok(())
     }
 }
 
@@ -145,18 +158,26 @@ mod tests {
 
     #[test]
     fn kv_events_survive_the_wire() {
-        let events = [
+        let events: EngineKvEvents = [
             EngineKvEvent::Stored { tier: EngineTier::L2, hash: BlockHash(5), page: BlockHash(4) },
+            EngineKvEvent::Stored { tier: EngineTier::L2, hash: BlockHash(6), page: BlockHash(4) },
             EngineKvEvent::Stored { tier: EngineTier::L1, hash: BlockHash(4), page: BlockHash(4) },
             EngineKvEvent::Removed { tier: EngineTier::L3, hash: BlockHash(9), page: BlockHash(8) },
             EngineKvEvent::Cleared,
-        ];
-        for e in events {
-            let wire = KvEvent::from(&e);
-            assert_eq!(EngineKvEvent::try_from(&wire).ok(), Some(e));
+        ]
+        .into_iter()
+        .collect();
+        let wire = KvEvents::from(&events);
+        assert_eq!(wire.events.len(), 4, "a run a message");
+        let mut back = EngineKvEvents::new();
+        for e in &wire.events {
+            e.decode_into(&mut back).expect("a good run");
         }
-        let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, hash: 1, page: 1 })) };
-        assert!(EngineKvEvent::try_from(&bad).is_err());
+        assert_eq!(back, events);
+        let bad = KvEvent { kind: Some(kv_event::Kind::Removed(BlockRemoved { tier: 7, page: 1, hashes: vec![1] })) };
+        let err = bad.decode_into(&mut back).expect_err("an unknown tier");
+        assert!(err.to_string().contains("unknown KV tier 7"), "{err}");
+        assert_eq!(back, events, "nothing of a bad run is kept");
     }
 
     #[test]

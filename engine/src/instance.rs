@@ -39,7 +39,7 @@
 use crate::batch::Batch;
 use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::ids::{BlockHash, RequestId};
-use crate::kv::{KvCache, KvEvent, SeqKv, SharedStore};
+use crate::kv::{KvCache, KvEvents, SeqKv, SharedStore};
 use crate::programs::{Hold, Holds, ProgramHold, Sessions};
 use crate::request::{CutShort, Evicted, Finished, Request};
 use crate::sequence::Seq;
@@ -326,7 +326,7 @@ impl Instance {
 
     /// Moves the KV events recorded since the last call into `out` (an empty `out` trades
     /// buffers with the cache, copying nothing).
-    pub fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) {
+    pub fn drain_kv_events(&mut self, out: &mut KvEvents) {
         self.kv.drain_events(out);
     }
 

@@ -1,7 +1,7 @@
 //! What a fleet tells the controller: the news both drivers report, in the order it happened.
 
 use crate::view::Role;
-use engine::kv::KvEvent;
+use engine::kv::KvEvents;
 use engine::{CutShort, Dur, InstanceId, Load, ModelId, RequestId};
 
 /// What a fleet tells the controller. Closed: a new kind of news must be handled everywhere.
@@ -29,7 +29,7 @@ pub enum FleetEvent {
     /// Changes to what an instance caches (for L3, to the shared store), in order, as the
     /// instance published them together. Published only when the controller asks for them
     /// ([`crate::Controller::wants_kv_events`]).
-    Kv { instance: InstanceId, events: Vec<KvEvent> },
+    Kv { instance: InstanceId, events: KvEvents },
     /// The instance serves one phase only (a disaggregated fleet); sent before its
     /// `InstanceUp`. Instances never told are colocated.
     InstanceRole { instance: InstanceId, role: Role },

@@ -19,7 +19,7 @@
 
 use crate::queue::EventQueue;
 use cost::{CostModelExecutor, GpuTime, SpeculationTally};
-use engine::kv::{KvEvent, SharedStore};
+use engine::kv::{KvEvents, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Load, Request, RequestId, Time};
 use policies::{Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, Role, Route, TransferHints};
 use std::collections::VecDeque;
@@ -132,11 +132,11 @@ pub struct SimFleet {
     evicted: Vec<(InstanceId, Request)>,
     evicted_scratch: Vec<Evicted>,
     kv: KvOptions,
-    /// KV events on their way to the controller, in order of delivery time.
-    /// KV events on their way: each instance's batch, due at a time.
-    kv_in_flight: VecDeque<(Time, InstanceId, Vec<KvEvent>)>,
+    /// KV events on their way to the controller, in order of delivery time: each
+    /// instance's batch, due at a time.
+    kv_in_flight: VecDeque<(Time, InstanceId, KvEvents)>,
     /// Event buffers the driver gave back ([`SimFleet::recycle`]), for the engines to record into.
-    kv_spare: Vec<Vec<KvEvent>>,
+    kv_spare: Vec<KvEvents>,
     /// Instance settings and the shared L3 store, for instances started later.
     config: InstanceConfig,
     l3: Option<SharedStore>,
@@ -868,7 +868,7 @@ impl SimFleet {
     /// A buffer grown past [`MAX_KEPT_EVENTS`] by a rare large batch (a long prompt loaded
     /// from below L1 evicts thousands of blocks) is dropped: kept, every buffer in circulation
     /// would end up that large (130 MB of 440 on 64 instances).
-    pub fn recycle(&mut self, events: Vec<KvEvent>) {
+    pub fn recycle(&mut self, events: KvEvents) {
         if self.kv_spare.len() < MAX_SPARE_BUFFERS && events.capacity() <= MAX_KEPT_EVENTS {
             self.kv_spare.push(events);
         }

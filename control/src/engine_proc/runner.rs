@@ -304,7 +304,7 @@ impl Runner {
     pub fn run(mut self, commands: Receiver<Command>) {
         let mut finished = Vec::new();
         let mut evicted = Vec::new();
-        let mut kv = Vec::new();
+        let mut kv = engine::kv::KvEvents::new();
         // When the last step ended: an iteration runs from there to the next step's end.
         let mut last_end: Option<Instant> = None;
         loop {
@@ -364,8 +364,8 @@ impl Runner {
             }
             self.instance.drain_kv_events(&mut kv);
             if !kv.is_empty() {
-                let events = kv.drain(..).map(|e| proto::KvEvent::from(&e)).collect();
-                let kind = proto::engine_event::Kind::Kv(proto::KvEvents { events });
+                let kind = proto::engine_event::Kind::Kv(proto::KvEvents::from(&kv));
+                kv.clear();
                 // No subscriber yet: the control plane learns the cache from later events.
                 let _ = self.shared.events.send(proto::EngineEvent { kind: Some(kind) });
             }

@@ -350,7 +350,7 @@ impl LiveFleet {
         };
         m.state = MemberState::Serving;
         m.last_seen = Instant::now();
-        self.events.push(FleetEvent::Kv { instance: id, events: vec![engine::kv::KvEvent::Cleared] });
+        self.events.push(FleetEvent::Kv { instance: id, events: vec![engine::kv::KvEvent::Cleared].into() });
         let announced = self.announcement(&self.members[&id]);
         self.events.extend(announced);
         true
@@ -522,11 +522,10 @@ async fn read_events(instance: InstanceId, mut client: EngineLink, news: mpsc::U
                             let _ = news.send(News::Event(FleetEvent::Load { instance, load: load.into() }));
                         }
                         Some(proto::engine_event::Kind::Kv(batch)) => {
-                            let mut events = Vec::with_capacity(batch.events.len());
+                            let mut events = engine::kv::KvEvents::new();
                             for e in &batch.events {
-                                match engine::kv::KvEvent::try_from(e) {
-                                    Ok(e) => events.push(e),
-                                    Err(e) => tracing::warn!(%instance, "bad KV event skipped: {e}"),
+                                if let Err(e) = e.decode_into(&mut events) {
+                                    tracing::warn!(%instance, "bad KV event skipped: {e}");
                                 }
                             }
                             let _ = news.send(News::Event(FleetEvent::Kv { instance, events }));

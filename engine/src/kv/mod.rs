@@ -6,7 +6,8 @@
 //! | --- | --- |
 //! | `pool.rs` | free physical blocks |
 //! | `prefix_tree.rs` | radix tree of cached block runs keyed by chained hashes, reference counts, LRU leaf eviction |
-//! | `tier.rs` | [`Tier`], [`KvEvent`] |
+//! | `tier.rs` | [`Tier`] |
+//! | `events.rs` | [`KvEvent`], and [`KvEvents`]: a batch of them kept as runs of a page's blocks |
 //! | `store.rs` | the LRU stores of L2 and L3, keyed by page (runs of a chain's blocks) |
 //! | `mod.rs` | [`KvCache`]: allocation, prefix matching, insertion, demotion and promotion |
 //!
@@ -27,15 +28,17 @@
 //! sequence's private tail. Unreferenced tree blocks count as available, since eviction
 //! reclaims them on demand.
 
+mod events;
 mod pool;
 mod prefix_tree;
 mod store;
 mod tier;
 
+pub use events::{KvEvent, KvEvents, KvRun};
 pub use pool::BlockPool;
 pub use prefix_tree::{NodeId, PrefixTree};
 pub use store::{BlockLru, PageKey, Put, SharedStore, PAGE_BLOCKS};
-pub use tier::{KvEvent, Tier};
+pub use tier::Tier;
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -122,7 +125,7 @@ impl KvCache {
 
     /// Moves the recorded events into `out`, in the order they happened across tiers. An
     /// empty `out` trades buffers with the cache: pass a spare one to keep its capacity.
-    pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
+    pub fn drain_events(&mut self, out: &mut KvEvents) {
         self.tree.drain_events(out);
     }
 
@@ -236,9 +239,8 @@ impl KvCache {
                 self.record_puts(Tier::L3, l3.capacity());
             }
         }
-        if recording {
-            let removed = |key: &PageKey| KvEvent::Removed { tier: Tier::L1, hash: key.hash, page: key.page };
-            self.tree.record_all(self.evicting.iter().map(removed));
+        if let Some(events) = self.tree.events_mut() {
+            events.removed_all(Tier::L1, self.evicting.iter().copied());
         }
         // A rare allocation of most of L1 (a long prompt loaded from below) would leave every
         // instance's scratch that large for good.
@@ -255,16 +257,15 @@ impl KvCache {
     /// by the same allocation only when it demotes more than the store holds, and is then
     /// published put by put.
     fn record_puts(&mut self, tier: Tier, capacity: u32) {
-        let stored = |key: &PageKey| KvEvent::Stored { tier, hash: key.hash, page: key.page };
-        let removed = |key: &PageKey| KvEvent::Removed { tier, hash: key.hash, page: key.page };
+        let Some(events) = self.tree.events_mut() else { return };
         if self.evicting.len() <= capacity as usize {
-            self.tree.record_all(self.puts.iter().filter_map(|(_, victim)| victim.as_ref().map(removed)));
-            self.tree.record_all(self.puts.iter().map(|(key, _)| stored(key)));
+            events.removed_all(tier, self.puts.iter().filter_map(|&(_, victim)| victim));
+            events.stored_all(tier, self.puts.iter().map(|&(key, _)| key));
         } else {
-            for (key, victim) in &self.puts {
-                self.tree.record(stored(key));
+            for &(key, victim) in &self.puts {
+                events.stored(tier, key.hash, key.page);
                 if let Some(victim) = victim {
-                    self.tree.record(removed(victim));
+                    events.removed(tier, victim.hash, victim.page);
                 }
             }
         }

@@ -34,8 +34,9 @@
 //! | match / hold / release a path | O(nodes on the path + blocks compared) |
 //! | evict one block | O(1) |
 
+use super::events::{KvEvent, KvEvents};
 use super::store::{PageKey, PAGE_BLOCKS};
-use super::tier::{KvEvent, Tier};
+use super::tier::Tier;
 use super::BlockPool;
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
@@ -152,7 +153,7 @@ pub struct PrefixTree {
     /// Least recently released unreferenced node (evicted first), and the most recent.
     lru_head: u32,
     lru_tail: u32,
-    events: Option<Vec<KvEvent>>,
+    events: Option<KvEvents>,
 }
 
 impl Default for PrefixTree {
@@ -178,12 +179,12 @@ impl PrefixTree {
 
     /// Starts recording [`KvEvent`]s; collect them with [`PrefixTree::drain_events`].
     pub fn record_events(&mut self) {
-        self.events.get_or_insert_with(Vec::new);
+        self.events.get_or_insert_with(KvEvents::new);
     }
 
     /// Moves the recorded events into `out`: an empty `out` trades buffers with the tree
     /// (nothing copied; the tree records into `out`'s old buffer next).
-    pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
+    pub fn drain_events(&mut self, out: &mut KvEvents) {
         if let Some(ev) = &mut self.events {
             if out.is_empty() {
                 std::mem::swap(out, ev);
@@ -201,11 +202,10 @@ impl PrefixTree {
         }
     }
 
-    /// Records `events` in order, as [`PrefixTree::record`] one by one (a run's are many).
-    pub fn record_all(&mut self, events: impl IntoIterator<Item = KvEvent>) {
-        if let Some(ev) = &mut self.events {
-            ev.extend(events);
-        }
+    /// The events recorded so far, to record more after them (a run's are many); `None`
+    /// when not recording.
+    pub fn events_mut(&mut self) -> Option<&mut KvEvents> {
+        self.events.as_mut()
     }
 
     /// Whether events are recorded.
@@ -419,7 +419,7 @@ impl PrefixTree {
             if d.is_multiple_of(PAGE_BLOCKS as u32) {
                 page = h;
             }
-            ev.push(KvEvent::Stored { tier: Tier::L1, hash: h, page });
+            ev.stored(Tier::L1, h, page);
         }
     }
 

@@ -122,10 +122,10 @@ fn kv_events_report_stored_blocks_with_their_page_and_removals() {
     kv.release(Time(2), &mut a);
     let mut s = SeqKv::default();
     assert!(kv.allocate(&mut s, 1));
-    let mut ev = Vec::new();
+    let mut ev = KvEvents::new();
     kv.drain_events(&mut ev);
     assert_eq!(
-        ev,
+        ev.iter().collect::<Vec<_>>(),
         [
             KvEvent::Stored { tier: Tier::L1, hash: hs[0], page: hs[0] },
             KvEvent::Stored { tier: Tier::L1, hash: hs[1], page: hs[0] },
@@ -155,7 +155,7 @@ fn evicted_blocks_go_to_l2_and_through_to_l3_and_are_promoted_back_on_a_hit() {
     assert!(kv.promote(Time(5), &mut c, &hs, hit));
     assert_eq!((c.tree_blocks, c.private_blocks()), (4, 0));
     assert_eq!(l3.lock().len(), 8, "L3 keeps its shared copies; the second prompt's joined them");
-    let mut ev = Vec::new();
+    let mut ev = KvEvents::new();
     kv.drain_events(&mut ev);
     let stored = |t: Tier| ev.iter().filter(|e| matches!(e, KvEvent::Stored { tier, .. } if *tier == t)).count();
     assert_eq!((stored(Tier::L1), stored(Tier::L2), stored(Tier::L3)), (12, 8, 8));
@@ -169,9 +169,9 @@ struct EventModel {
 }
 
 impl EventModel {
-    fn apply(&mut self, events: &[KvEvent]) {
-        for e in events {
-            match *e {
+    fn apply(&mut self, events: &KvEvents) {
+        for e in events.iter() {
+            match e {
                 KvEvent::Stored { tier, hash, .. } => assert!(self.tiers[tier.index()].insert(hash), "{e:?} twice"),
                 KvEvent::Removed { tier, hash, .. } => assert!(self.tiers[tier.index()].remove(&hash), "{e:?} unknown"),
                 KvEvent::Cleared => self.tiers[..2].iter_mut().for_each(|t| t.clear()),
@@ -273,7 +273,7 @@ proptest! {
         let mut kv = KvCache::with_tiers(16, 2, 6, Some(l3.clone()));
         kv.record_events();
         let mut model = EventModel::default();
-        let mut events = Vec::new();
+        let mut events = KvEvents::new();
         let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
         let mut prompts = std::collections::BTreeSet::new();
         for (t, op) in ops.into_iter().enumerate() {
@@ -288,8 +288,8 @@ proptest! {
                 .iter()
                 .flat_map(|hs| (0..hs.len()).map(move |i| (hs[i], PageKey::at(hs, i).page)))
                 .collect();
-            for e in &events {
-                if let KvEvent::Stored { hash, page, .. } | KvEvent::Removed { hash, page, .. } = *e {
+            for e in events.iter() {
+                if let KvEvent::Stored { hash, page, .. } | KvEvent::Removed { hash, page, .. } = e {
                     prop_assert_eq!(Some(&page), pages.get(&hash), "{:?}", e);
                 }
             }
@@ -327,7 +327,7 @@ fn a_prompt_prefilled_in_chunks_touches_each_block_once_and_caches_what_one_comm
         kv.record_events();
         let mut s = SeqKv::default();
         let (mut touched, mut end, mut t) = (0, 0, 3);
-        let mut events = Vec::new();
+        let mut events = KvEvents::new();
         while end < BLOCKS {
             end = (end + chunk_blocks).min(BLOCKS);
             touched += kv.match_more(Time(t), &mut s, &prompt, end);

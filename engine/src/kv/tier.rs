@@ -1,5 +1,5 @@
-//! The tiers a block can be cached in (GPU memory, host DRAM, the fleet's shared store) and
-//! the KV events every tier publishes. The lower tiers' stores are `store.rs`.
+//! The tiers a block can be cached in (GPU memory, host DRAM, the fleet's shared store). The
+//! lower tiers' stores are `store.rs`; the events every tier publishes are `events.rs`.
 //!
 //! L1 is the prefix tree in GPU memory. A block evicted from L1 is demoted to L2 and written
 //! through to L3 (the fleet's shared store, as in Mooncake's architecture: host memory caches
@@ -8,7 +8,6 @@
 //! block from it leaves it there for the other instances, so it is inclusive of what
 //! instances hold.
 
-use crate::ids::BlockHash;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -44,29 +43,4 @@ impl fmt::Display for Tier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// A change to the set of cached blocks, in the shape of vLLM's KV events (stored with its
-/// parent, removed, all cleared) with the tier as the medium. An instance publishes the
-/// events of its L1 and L2, and of the L3 changes it causes.
-///
-/// Each block also names its page (see [`super::PageKey`]: the hash of its chain's block at
-/// the last depth that is a multiple of [`super::PAGE_BLOCKS`]), which the global prefix
-/// index is keyed by: one map entry per page instead of one per block. A stored block's parent
-/// (vLLM's events carry it) is not kept: hashes are chained, so a block's hash names its
-/// prefix, and nothing here reads the parent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvEvent {
-    Stored {
-        tier: Tier,
-        hash: BlockHash,
-        page: BlockHash,
-    },
-    Removed {
-        tier: Tier,
-        hash: BlockHash,
-        page: BlockHash,
-    },
-    /// The instance dropped everything in its own tiers (L1 and L2).
-    Cleared,
 }

@@ -33,7 +33,7 @@
 //! | `Page` | 12 bytes a block (hash, state id), stored runs in order, read in order by queries |
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
-//! | `Step`, `apply_batch` | the next block of a run of events (one stream, one page, the block beside the last, the same state) takes the run's transition without a search or a lookup; the run's holder-set counts move once |
+//! | `Step`, `apply_batch` | a batch comes as runs (`engine::kv::KvRun`: one stream, one page, a list of hashes); a run's next block beside the last and in the same state takes the run's transition without decoding, a search or a lookup; the holder-set counts move once |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path |
@@ -61,7 +61,7 @@
 //! optimisation (two ids with equal sets split a run in two, with the same result).
 
 use engine::block_map::{BlockMap, Probe};
-use engine::kv::{KvEvent, Tier, PAGE_BLOCKS};
+use engine::kv::{KvEvent, KvEvents, KvRun, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use rustc_hash::FxHashMap;
 
@@ -238,35 +238,51 @@ impl PrefixIndex {
         }
     }
 
-    /// Applies events in order, as [`PrefixIndex::apply`] does one by one. An engine publishes
-    /// runs: events of one stream on neighbouring blocks of one page, in the same state. The
-    /// blocks after a run's first take the run's transition directly (no cursor search, no
-    /// transition lookup, the holder sets' counts moved once for the run); anything else goes
-    /// the general way.
-    pub fn apply_batch(&mut self, instance: InstanceId, events: &[KvEvent]) {
-        let mut next = 0;
-        while let Some(event) = events.get(next) {
-            next += 1;
-            if let Some(run) = self.apply_one(instance, event).filter(|s| s.to != s.from) {
-                next += self.extend_run(run, &events[next..]);
+    /// Applies a batch's events in order, as [`PrefixIndex::apply`] does one by one, a run of
+    /// the batch at a time (one stream, one page). Within a run, a block beside the one before
+    /// and in the same state takes that block's transition directly (no search, no transition
+    /// lookup, the holder sets' counts moved once for all of them); any other goes the general
+    /// way and starts a new stretch.
+    pub fn apply_batch(&mut self, instance: InstanceId, events: &KvEvents) {
+        for run in events.runs() {
+            let (tier, page, hashes, stored) = match run {
+                KvRun::Stored { tier, page, hashes } => (tier, page, hashes, true),
+                KvRun::Removed { tier, page, hashes } => (tier, page, hashes, false),
+                KvRun::Cleared => {
+                    self.remove_instance(instance);
+                    continue;
+                }
+            };
+            let mut rest = hashes;
+            while let Some((&hash, tail)) = rest.split_first() {
+                rest = tail;
+                let step = if stored {
+                    Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
+                } else {
+                    self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
+                };
+                if let Some(run) = step.filter(|s| s.to != s.from) {
+                    rest = &rest[self.extend_run(run, rest)..];
+                }
             }
         }
     }
 
-    /// Applies the events at the start of `events` that continue `run` (same stream and page,
-    /// each on a block beside the one before, in the state the run changes, or a block new to
-    /// the page stored after the run's last, the page's last); returns how many it applied.
-    fn extend_run(&mut self, mut run: Step, events: &[KvEvent]) -> usize {
+    /// Applies the blocks at the start of `hashes` (on the page and stream of `run`) that
+    /// continue `run`: each on a block beside the one before, in the state the run changes, or
+    /// a block new to the page stored after the run's last, the page's last. Returns how many
+    /// it applied.
+    fn extend_run(&mut self, mut run: Step, hashes: &[BlockHash]) -> usize {
         if run.to == EMPTY {
             // Blocks left to nobody may free or compact the page: one at a time.
-            return events.iter().take_while(|e| self.continue_run(&mut run, e)).count();
+            return hashes.iter().take_while(|&&h| self.continue_run(&mut run, h)).count();
         }
         let page_blocks = self.page_blocks as usize;
         let p = &mut self.pages[run.loc.slot as usize];
         let mut at = run.loc.idx as usize;
         let mut applied = 0;
-        for event in events {
-            let Some(idx) = run_next(p, &run, at, event, page_blocks) else { break };
+        for &hash in hashes {
+            let Some(idx) = run_next(p, &run, at, hash, page_blocks) else { break };
             p.set_state(idx, run.from, run.to);
             at = idx;
             applied += 1;
@@ -283,12 +299,12 @@ impl PrefixIndex {
         applied
     }
 
-    /// Applies `event` as the next block of `run` if it is one (see
+    /// Applies `hash` as the next block of `run` if it is one (see
     /// [`PrefixIndex::extend_run`]); false, changing nothing, when it is not.
     #[inline]
-    fn continue_run(&mut self, run: &mut Step, event: &KvEvent) -> bool {
+    fn continue_run(&mut self, run: &mut Step, hash: BlockHash) -> bool {
         let p = &mut self.pages[run.loc.slot as usize];
-        let Some(idx) = run_next(p, run, run.loc.idx as usize, event, self.page_blocks as usize) else {
+        let Some(idx) = run_next(p, run, run.loc.idx as usize, hash, self.page_blocks as usize) else {
             return false;
         };
         run.loc.idx = idx as u32;
@@ -646,24 +662,16 @@ impl PrefixIndex {
     }
 }
 
-/// The position in `p` (the page of `run`, whose last block is at `at`) of the block `event`
-/// changes, if the event continues the run: same stream and page, a block beside `at` in the
-/// state the run changes, or a block new to the page stored after the run's last, the page's
-/// last (a prompt's blocks cached for the first time grow at the page's end, as
-/// `find_or_add` would place them). A new block is pushed; nothing else changes.
+/// The position in `p` (the page of `run`, whose last block is at `at`) of the block `hash`
+/// of the run's page and stream, if it continues the run: a block beside `at` in the state
+/// the run changes, or a block new to the page stored after the run's last, the page's last
+/// (a prompt's blocks cached for the first time grow at the page's end, as `find_or_add`
+/// would place them). A new block is pushed; nothing else changes.
 #[inline(always)]
-fn run_next(p: &mut Page, run: &Step, at: usize, event: &KvEvent, page_blocks: usize) -> Option<usize> {
-    let (stream, hash, page) = match *event {
-        KvEvent::Stored { tier, hash, page } => (tier.index(), hash, page),
-        KvEvent::Removed { tier, hash, page } => (3 + tier.index(), hash, page),
-        KvEvent::Cleared => return None,
-    };
-    if stream != run.stream || page != run.page {
-        return None;
-    }
+fn run_next(p: &mut Page, run: &Step, at: usize, hash: BlockHash, page_blocks: usize) -> Option<usize> {
     match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.has_at(i, hash)) {
         Some(idx) => (p.state(idx) == run.from).then_some(idx),
-        None if run.from == EMPTY && at + 1 == p.len() && stream < 3 && p.lacks(hash) => {
+        None if run.from == EMPTY && at + 1 == p.len() && run.stream < 3 && p.lacks(hash) => {
             Some(p.push(hash, EMPTY, page_blocks))
         }
         None => None,

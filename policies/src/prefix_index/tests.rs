@@ -372,7 +372,7 @@ proptest! {
             // An op's events are one instance's, applied as one batch (where runs take the
             // short way; the rest is `apply`).
             if let Some(&(instance, _)) = events.first() {
-                let batch: Vec<KvEvent> = events.iter().map(|&(_, e)| e).collect();
+                let batch: KvEvents = events.iter().map(|&(_, e)| e).collect();
                 index.apply_batch(InstanceId(instance), &batch);
             }
             for (instance, e) in &events {

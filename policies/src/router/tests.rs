@@ -253,7 +253,7 @@ fn store(c: &mut Controller, instance: u32, tier: Tier, hashes: &[BlockHash]) {
     for (k, &hash) in hashes.iter().enumerate() {
         let page = engine::kv::PageKey::at(hashes, k).page;
         let event = KvEvent::Stored { tier, hash, page };
-        c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), events: vec![event] });
+        c.on_event(Time::ZERO, &FleetEvent::Kv { instance: InstanceId(instance), events: vec![event].into() });
     }
 }
 

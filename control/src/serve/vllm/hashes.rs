@@ -3,7 +3,7 @@
 //! its parent and its tokens, exactly what the gateway computes from a prompt's token ids.
 
 use super::kv_events::{EngineEvent, EngineHash};
-use engine::kv::{KvEvent, Tier, PAGE_BLOCKS};
+use engine::kv::{KvEvent, KvEvents, Tier, PAGE_BLOCKS};
 use engine::BlockHash;
 use std::collections::HashMap;
 
@@ -37,7 +37,7 @@ impl BlockMap {
     /// Translates one engine event into ours, appended to `out`, for an engine whose blocks
     /// are `block_size` tokens (a stored block of another size is refused: the index could
     /// not match it against prompts).
-    pub fn translate(&mut self, event: &EngineEvent, block_size: u32, out: &mut Vec<KvEvent>) -> Result<(), String> {
+    pub fn translate(&mut self, event: &EngineEvent, block_size: u32, out: &mut KvEvents) -> Result<(), String> {
         match event {
             EngineEvent::Stored { hashes, parent, token_ids, block_size: size, tier } => {
                 if *size != block_size {
@@ -88,7 +88,7 @@ impl BlockMap {
     }
 
     /// Forgets everything (the engine restarted or cleared its cache).
-    pub fn clear(&mut self, out: &mut Vec<KvEvent>) {
+    pub fn clear(&mut self, out: &mut KvEvents) {
         self.blocks.clear();
         out.push(KvEvent::Cleared);
     }
@@ -107,7 +107,7 @@ mod tests {
         let tokens: Vec<u32> = (0..8).collect();
         let ours = engine::block_hashes(&tokens, 2);
         let mut map = BlockMap::default();
-        let mut out = Vec::new();
+        let mut out = KvEvents::new();
         // Two events: the second block run continues from the first's last block.
         let first = EngineEvent::Stored {
             hashes: vec![h(100), h(101)],
@@ -128,7 +128,7 @@ mod tests {
         let stored: Vec<_> = out
             .iter()
             .map(|e| match e {
-                KvEvent::Stored { hash, .. } => *hash,
+                KvEvent::Stored { hash, .. } => hash,
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -140,7 +140,7 @@ mod tests {
         let tokens: Vec<u32> = (0..70).collect();
         let ours = engine::block_hashes(&tokens, 2);
         let mut map = BlockMap::default();
-        let mut out = Vec::new();
+        let mut out = KvEvents::new();
         let engine_hashes: Vec<EngineHash> = (0..35).map(|k| h(1000 + k)).collect();
         for (range, parent) in [(0..20, None), (20..35, Some(h(1019)))] {
             let e = EngineEvent::Stored {
@@ -155,7 +155,7 @@ mod tests {
         let pages: Vec<BlockHash> = out
             .iter()
             .map(|e| match e {
-                KvEvent::Stored { page, .. } => *page,
+                KvEvent::Stored { page, .. } => page,
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn a_block_leaves_the_map_when_no_tier_holds_it() {
         let mut map = BlockMap::default();
-        let mut out = Vec::new();
+        let mut out = KvEvents::new();
         for tier in [Tier::L1, Tier::L2] {
             let e =
                 EngineEvent::Stored { hashes: vec![h(1)], parent: None, token_ids: vec![7, 8], block_size: 2, tier };
@@ -176,7 +176,7 @@ mod tests {
         let ours = engine::block_hashes(&[7, 8], 2)[0];
         out.clear();
         map.translate(&EngineEvent::Removed { hashes: vec![h(1)], tier: Tier::L1 }, 2, &mut out).expect("ok");
-        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::L1, hash: ours, page: ours }]);
+        assert_eq!(out, vec![KvEvent::Removed { tier: Tier::L1, hash: ours, page: ours }].into());
         assert_eq!(map.len(), 1, "L2 still holds it");
         // Removing it again from L1, or a block never seen, says nothing.
         out.clear();
@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn orphans_and_other_block_sizes_are_left_out() {
         let mut map = BlockMap::default();
-        let mut out = Vec::new();
+        let mut out = KvEvents::new();
         let orphan = EngineEvent::Stored {
             hashes: vec![h(5)],
             parent: Some(h(4)),
@@ -209,6 +209,6 @@ mod tests {
         };
         assert!(map.translate(&other, 2, &mut out).is_err());
         map.translate(&EngineEvent::Cleared, 2, &mut out).expect("ok");
-        assert_eq!(out, vec![KvEvent::Cleared]);
+        assert_eq!(out, vec![KvEvent::Cleared].into());
     }
 }

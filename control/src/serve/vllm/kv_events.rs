@@ -378,12 +378,12 @@ mod tests {
             418, 379, 415, 303, 417, 409, 429, 405, 408, 377,
         ];
         let mut map = super::super::hashes::BlockMap::default();
-        let mut ours = Vec::new();
+        let mut ours = engine::kv::KvEvents::new();
         for e in &messages[0].events {
             map.translate(e, 32, &mut ours).expect("block size 32");
         }
         let expected = engine::block_hashes(&prompt, 32)[0];
-        assert_eq!(ours, vec![engine::kv::KvEvent::Stored { tier: Tier::L1, hash: expected, page: expected }]);
+        assert_eq!(ours, vec![engine::kv::KvEvent::Stored { tier: Tier::L1, hash: expected, page: expected }].into());
         let blocks: Vec<usize> = messages
             .iter()
             .map(|m| {

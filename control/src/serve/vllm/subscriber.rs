@@ -10,7 +10,7 @@ use super::kv_events::{decode_message, decode_seq, Batch, END_OF_REPLAY};
 use crate::serve::lock::lock;
 use crate::serve::news::News;
 use bytes::Bytes;
-use engine::kv::KvEvent;
+use engine::kv::KvEvents;
 use engine::InstanceId;
 use policies::FleetEvent;
 use std::sync::{Arc, Mutex};
@@ -143,7 +143,7 @@ struct Reader {
     block_size: u32,
     seq: Sequence,
     blocks: BlockMap,
-    out: Vec<KvEvent>,
+    out: KvEvents,
     news: mpsc::UnboundedSender<News>,
     stats: Arc<Mutex<EventStats>>,
 }
@@ -204,7 +204,7 @@ pub async fn run(
         block_size,
         seq: Sequence::default(),
         blocks: BlockMap::default(),
-        out: Vec::new(),
+        out: KvEvents::new(),
         news,
         stats: stats.clone(),
     };
@@ -266,7 +266,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::kv::Tier;
+    use engine::kv::{KvEvent, Tier};
     use rmpv::Value;
 
     #[test]
@@ -353,9 +353,7 @@ mod tests {
         let mut ours = Vec::new();
         while ours.len() < 3 {
             match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("events").expect("open") {
-                News::Event(FleetEvent::Kv { instance, events }) => {
-                    ours.extend(events.into_iter().map(|e| (instance, e)))
-                }
+                News::Event(FleetEvent::Kv { instance, events }) => ours.extend(events.iter().map(|e| (instance, e))),
                 _ => panic!("only KV events"),
             }
         }
@@ -378,7 +376,7 @@ mod tests {
         }
         let got = match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("event").expect("open") {
             News::Event(FleetEvent::Kv { instance, events }) => {
-                events.into_iter().map(|e| (instance, e)).collect::<Vec<_>>()
+                events.iter().map(|e| (instance, e)).collect::<Vec<_>>()
             }
             _ => panic!("only KV events"),
         };

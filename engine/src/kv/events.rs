@@ -1,0 +1,296 @@
+//! The KV events an instance publishes, in the shape of vLLM's: blocks stored in a tier,
+//! removed from one, or everything cleared. One event names one block ([`KvEvent`]); a batch
+//! of them ([`KvEvents`]) keeps consecutive events of the same kind, tier and page as one run
+//! of hashes ([`KvRun`]), as vLLM's `BlockStored` carries a list of hashes: an instance
+//! demotes, loads and caches whole runs of a chain, and a reader (the prefix index) goes
+//! along a run with no per-block decoding, at 8 bytes a block instead of 24.
+
+use super::store::PageKey;
+use super::tier::Tier;
+use crate::ids::BlockHash;
+
+/// A change to the set of cached blocks, in the shape of vLLM's KV events (stored with its
+/// parent, removed, all cleared) with the tier as the medium. An instance publishes the
+/// events of its L1 and L2, and of the L3 changes it causes.
+///
+/// Each block also names its page (see [`super::PageKey`]: the hash of its chain's block at
+/// the last depth that is a multiple of [`super::PAGE_BLOCKS`]), which the global prefix
+/// index is keyed by: one map entry per page instead of one per block. A stored block's parent
+/// (vLLM's events carry it) is not kept: hashes are chained, so a block's hash names its
+/// prefix, and nothing here reads the parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    Stored {
+        tier: Tier,
+        hash: BlockHash,
+        page: BlockHash,
+    },
+    Removed {
+        tier: Tier,
+        hash: BlockHash,
+        page: BlockHash,
+    },
+    /// The instance dropped everything in its own tiers (L1 and L2).
+    Cleared,
+}
+
+/// Consecutive events of one kind, tier and page: the blocks `hashes`, in the order they
+/// happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvRun<'a> {
+    Stored { tier: Tier, page: BlockHash, hashes: &'a [BlockHash] },
+    Removed { tier: Tier, page: BlockHash, hashes: &'a [BlockHash] },
+    Cleared,
+}
+
+impl<'a> KvRun<'a> {
+    /// The run's events, block by block.
+    pub fn events(self) -> impl Iterator<Item = KvEvent> + 'a {
+        let (op, page, hashes) = match self {
+            KvRun::Stored { tier, page, hashes } => (Op::Stored(tier), page, hashes),
+            KvRun::Removed { tier, page, hashes } => (Op::Removed(tier), page, hashes),
+            KvRun::Cleared => (Op::Cleared, BlockHash(0), &[][..]),
+        };
+        let cleared = (op == Op::Cleared).then_some(KvEvent::Cleared);
+        cleared.into_iter().chain(hashes.iter().map(move |&hash| op.event(hash, page)))
+    }
+}
+
+/// What a run does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Stored(Tier),
+    Removed(Tier),
+    Cleared,
+}
+
+impl Op {
+    fn event(self, hash: BlockHash, page: BlockHash) -> KvEvent {
+        match self {
+            Op::Stored(tier) => KvEvent::Stored { tier, hash, page },
+            Op::Removed(tier) => KvEvent::Removed { tier, hash, page },
+            Op::Cleared => KvEvent::Cleared,
+        }
+    }
+}
+
+/// A run: what it does, its page, and where its hashes start in [`KvEvents::hashes`] (they
+/// end where the next run's start: pushing a block touches no head unless it starts a run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Head {
+    op: Op,
+    page: BlockHash,
+    start: u32,
+}
+
+/// Events in order, kept as runs (see the module documentation). Pushing the same events
+/// always gives the same runs: a batch is compared, cleared and reused like a vector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvEvents {
+    heads: Vec<Head>,
+    hashes: Vec<BlockHash>,
+}
+
+impl KvEvents {
+    pub fn new() -> KvEvents {
+        KvEvents::default()
+    }
+
+    /// Appends one block's event (to the last run when it continues it).
+    #[inline(always)]
+    pub fn push(&mut self, event: KvEvent) {
+        match event {
+            KvEvent::Stored { tier, hash, page } => self.push_block(Op::Stored(tier), hash, page),
+            KvEvent::Removed { tier, hash, page } => self.push_block(Op::Removed(tier), hash, page),
+            KvEvent::Cleared => self.heads.push(Head { op: Op::Cleared, page: BlockHash(0), start: self.start() }),
+        }
+    }
+
+    /// Appends that block `hash` of `page` was stored in `tier` (`push` without the decoding).
+    #[inline(always)]
+    pub fn stored(&mut self, tier: Tier, hash: BlockHash, page: BlockHash) {
+        self.push_block(Op::Stored(tier), hash, page);
+    }
+
+    /// Appends that block `hash` of `page` was removed from `tier`.
+    #[inline(always)]
+    pub fn removed(&mut self, tier: Tier, hash: BlockHash, page: BlockHash) {
+        self.push_block(Op::Removed(tier), hash, page);
+    }
+
+    /// Appends that the blocks `keys` were stored in `tier`, in order.
+    #[inline]
+    pub fn stored_all(&mut self, tier: Tier, keys: impl IntoIterator<Item = PageKey>) {
+        self.push_keys(Op::Stored(tier), keys);
+    }
+
+    /// Appends that the blocks `keys` were removed from `tier`, in order.
+    #[inline]
+    pub fn removed_all(&mut self, tier: Tier, keys: impl IntoIterator<Item = PageKey>) {
+        self.push_keys(Op::Removed(tier), keys);
+    }
+
+    /// Appends blocks' events of one kind: the page of the run they extend kept at hand, not
+    /// read back from the last head at every block.
+    #[inline(always)]
+    fn push_keys(&mut self, op: Op, keys: impl IntoIterator<Item = PageKey>) {
+        let mut page = self.heads.last().filter(|h| h.op == op).map(|h| h.page);
+        for key in keys {
+            if page != Some(key.page) {
+                self.heads.push(Head { op, page: key.page, start: self.start() });
+                page = Some(key.page);
+            }
+            self.hashes.push(key.hash);
+        }
+    }
+
+    #[inline(always)]
+    fn push_block(&mut self, op: Op, hash: BlockHash, page: BlockHash) {
+        if !self.heads.last().is_some_and(|h| h.op == op && h.page == page) {
+            self.heads.push(Head { op, page, start: self.start() });
+        }
+        self.hashes.push(hash);
+    }
+
+    /// Where a run started now would start.
+    fn start(&self) -> u32 {
+        self.hashes.len() as u32
+    }
+
+    /// Appends `other`'s events, emptying it.
+    pub fn append(&mut self, other: &mut KvEvents) {
+        for run in other.runs() {
+            match run {
+                KvRun::Stored { tier, page, hashes } => self.push_run(Op::Stored(tier), page, hashes),
+                KvRun::Removed { tier, page, hashes } => self.push_run(Op::Removed(tier), page, hashes),
+                KvRun::Cleared => self.push(KvEvent::Cleared),
+            }
+        }
+        other.clear();
+    }
+
+    fn push_run(&mut self, op: Op, page: BlockHash, hashes: &[BlockHash]) {
+        if let Some(&first) = hashes.first() {
+            self.push_block(op, first, page);
+            self.hashes.extend_from_slice(&hashes[1..]);
+        }
+    }
+
+    /// No events.
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    /// Events, counted block by block.
+    pub fn len(&self) -> usize {
+        self.hashes.len() + self.heads.iter().filter(|h| h.op == Op::Cleared).count()
+    }
+
+    /// Blocks' events the buffers hold room for.
+    pub fn capacity(&self) -> usize {
+        self.hashes.capacity()
+    }
+
+    /// Makes room for `blocks` more blocks' events.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.hashes.reserve(blocks);
+    }
+
+    /// Empties the batch, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.heads.clear();
+        self.hashes.clear();
+    }
+
+    /// The runs, in order.
+    pub fn runs(&self) -> impl Iterator<Item = KvRun<'_>> + '_ {
+        let ends = self.heads.iter().skip(1).map(|h| h.start as usize).chain([self.hashes.len()]);
+        self.heads.iter().zip(ends).map(move |(h, end)| {
+            let hashes = &self.hashes[h.start as usize..end];
+            match h.op {
+                Op::Stored(tier) => KvRun::Stored { tier, page: h.page, hashes },
+                Op::Removed(tier) => KvRun::Removed { tier, page: h.page, hashes },
+                Op::Cleared => KvRun::Cleared,
+            }
+        })
+    }
+
+    /// The events, block by block.
+    pub fn iter(&self) -> impl Iterator<Item = KvEvent> + '_ {
+        self.runs().flat_map(KvRun::events)
+    }
+}
+
+impl Extend<KvEvent> for KvEvents {
+    #[inline]
+    fn extend<I: IntoIterator<Item = KvEvent>>(&mut self, events: I) {
+        for event in events {
+            self.push(event);
+        }
+    }
+}
+
+impl FromIterator<KvEvent> for KvEvents {
+    fn from_iter<I: IntoIterator<Item = KvEvent>>(events: I) -> KvEvents {
+        let mut batch = KvEvents::new();
+        batch.extend(events);
+        batch
+    }
+}
+
+impl From<Vec<KvEvent>> for KvEvents {
+    fn from(events: Vec<KvEvent>) -> KvEvents {
+        events.into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: u8, tier: u8, hash: u64, page: u64) -> KvEvent {
+        let (tier, hash, page) = (Tier::ALL[tier as usize], BlockHash(hash), BlockHash(page));
+        match kind {
+            0 => KvEvent::Stored { tier, hash, page },
+            1 => KvEvent::Removed { tier, hash, page },
+            _ => KvEvent::Cleared,
+        }
+    }
+
+    #[test]
+    fn consecutive_events_of_one_kind_tier_and_page_are_one_run() {
+        let events: KvEvents = [event(0, 0, 1, 1), event(0, 0, 2, 1), event(0, 1, 1, 1), event(0, 1, 9, 9)]
+            .into_iter()
+            .chain([event(2, 0, 0, 0), event(2, 0, 0, 0), event(1, 1, 9, 9)])
+            .collect();
+        let runs: Vec<KvRun> = events.runs().collect();
+        let h = |hs: &[u64]| hs.iter().map(|&h| BlockHash(h)).collect::<Vec<_>>();
+        assert_eq!(runs.len(), 6);
+        assert_eq!(runs[0], KvRun::Stored { tier: Tier::L1, page: BlockHash(1), hashes: &h(&[1, 2]) });
+        assert_eq!(runs[1], KvRun::Stored { tier: Tier::L2, page: BlockHash(1), hashes: &h(&[1]) });
+        assert_eq!(runs[3], KvRun::Cleared);
+        assert_eq!(runs[4], KvRun::Cleared);
+        assert_eq!(events.len(), 7);
+    }
+
+    proptest::proptest! {
+        /// Whatever the events, a batch gives them back in order, block by block; appending
+        /// one batch to another gives the runs pushing all the events to one would.
+        #[test]
+        fn a_batch_gives_back_its_events(
+            events in proptest::collection::vec((0u8..3, 0u8..3, 0u64..6, 0u64..3), 0..60),
+            split in 0usize..60,
+        ) {
+            let events: Vec<KvEvent> = events.into_iter().map(|(k, t, h, p)| event(k, t, h, p)).collect();
+            let batch: KvEvents = events.iter().copied().collect();
+            proptest::prop_assert_eq!(batch.iter().collect::<Vec<_>>(), events.clone());
+            proptest::prop_assert_eq!(batch.len(), events.len());
+            let split = split.min(events.len());
+            let mut first: KvEvents = events[..split].iter().copied().collect();
+            let mut second: KvEvents = events[split..].iter().copied().collect();
+            first.append(&mut second);
+            proptest::prop_assert!(second.is_empty());
+            proptest::prop_assert_eq!(first, batch);
+        }
+    }
+}
