@@ -90,12 +90,13 @@ const ABSENT: u32 = u32::MAX;
 const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
 impl Page {
-    /// Where `hash` is held, trying the position after `near` and `near` itself first (a
-    /// prompt's walk reads a page's blocks in the order they were added).
+    /// Where `hash` is held, trying the positions beside `near` and `near` itself first: a
+    /// walk goes along a page's blocks in the order they were added (a prompt's first load)
+    /// or against it (a prompt's walk over blocks a demotion added, leaf first).
     #[inline]
     fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
         let holds = |e: &HashEntry| e.hash() == hash && e.value != HOLE;
-        for i in [near + 1, near] {
+        for i in [near + 1, near.wrapping_sub(1), near] {
             if self.entries.get(i).is_some_and(holds) {
                 return Some(i);
             }

@@ -277,16 +277,10 @@ impl PrefixIndex {
             // Blocks left to nobody may free or compact the page: one at a time.
             return hashes.iter().take_while(|&&h| self.continue_run(&mut run, h)).count();
         }
-        let page_blocks = self.page_blocks as usize;
+        let grow = run.from == EMPTY && run.stream < 3;
         let p = &mut self.pages[run.loc.slot as usize];
-        let mut at = run.loc.idx as usize;
-        let mut applied = 0;
-        for &hash in hashes {
-            let Some(idx) = run_next(p, &run, at, hash, page_blocks) else { break };
-            p.set_state(idx, run.from, run.to);
-            at = idx;
-            applied += 1;
-        }
+        let (applied, at) =
+            p.extend_run(run.loc.idx as usize, hashes, (run.from, run.to), grow, self.page_blocks as usize);
         if applied > 0 {
             run.loc.idx = at as u32;
             self.move_cursor(run.stream, run.page, run.loc);

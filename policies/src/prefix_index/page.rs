@@ -78,10 +78,11 @@ impl Page {
 
     /// Where `hash` is, trying position `near` and its neighbours first (a run's next block
     /// follows the block before it when stored, and precedes it when evicted, leaf first, and
-    /// a demotion names the same block twice), then where the page's last run started.
+    /// a demotion names the same block twice), then where the page's last run started, then
+    /// the page's last block (where a demotion, leaf first, starts on a page stored in order).
     #[inline]
     pub(super) fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
-        for i in [near, near + 1, near.wrapping_sub(1), self.run_start as usize] {
+        for i in [near, near + 1, near.wrapping_sub(1), self.run_start as usize, self.entries.len().wrapping_sub(1)] {
             if self.has_at(i, hash) {
                 return Some(i);
             }
@@ -93,6 +94,44 @@ impl Page {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
             None => self.entries.iter().position(|e| e.hash() == hash),
         }
+    }
+
+    /// Moves the blocks at the start of `hashes` that continue a run of blocks going from
+    /// state `from` to `to` (not `EMPTY`), the run's last at `at`: each beside the one before
+    /// and in state `from`, or, when `grow`, new to the page and appended after its last
+    /// block, the page's last. Returns how many it moved and where the last of them is.
+    #[inline(always)]
+    pub(super) fn extend_run(
+        &mut self,
+        mut at: usize,
+        hashes: &[BlockHash],
+        (from, to): (u32, u32),
+        grow: bool,
+        page_blocks: usize,
+    ) -> (usize, usize) {
+        debug_assert_ne!(to, EMPTY);
+        let (mut applied, mut revived) = (0, 0);
+        'blocks: for &hash in hashes {
+            for i in [at + 1, at.wrapping_sub(1)] {
+                if let Some(e) = self.entries.get_mut(i).filter(|e| e.hash() == hash) {
+                    if e.value != from {
+                        break 'blocks;
+                    }
+                    e.value = to;
+                    (at, applied, revived) = (i, applied + 1, revived + 1);
+                    continue 'blocks;
+                }
+            }
+            if !(grow && at + 1 == self.entries.len() && self.lacks(hash)) {
+                break;
+            }
+            at = self.push(hash, to, page_blocks);
+            applied += 1;
+        }
+        if from == EMPTY {
+            self.dead -= revived;
+        }
+        (applied, at)
     }
 
     /// Whether the page surely lacks `hash` (no scan: most blocks new to a page).
