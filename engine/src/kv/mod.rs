@@ -92,9 +92,8 @@ pub struct KvCache {
     l3: Option<SharedStore>,
     /// Scratch: the blocks an allocation evicted.
     evicting: Vec<PageKey>,
-    /// Scratch, while events are recorded: a store's puts of `evicting` (each block added,
-    /// with the victim it pushed out).
-    puts: Vec<(PageKey, Option<PageKey>)>,
+    /// Scratch: what putting `evicting` in a store added and pushed out.
+    scratch: Scratch,
 }
 
 impl KvCache {
@@ -114,7 +113,7 @@ impl KvCache {
             l2: BlockLru::new(l2_blocks),
             l3,
             evicting: Vec::new(),
-            puts: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -226,18 +225,11 @@ impl KvCache {
         let shared = self.l3.clone();
         let mut l3 = shared.as_ref().map(SharedStore::lock);
         self.prefetch_demotions(l3.as_deref());
-        let recording = self.tree.recording();
         if self.l2.capacity() > 0 {
-            put_all(&mut self.l2, &self.evicting, recording.then_some(&mut self.puts));
-            if recording {
-                self.record_puts(Tier::L2, self.l2.capacity());
-            }
+            demote(&mut self.l2, Tier::L2, &self.evicting, &mut self.scratch, self.tree.events_mut());
         }
         if let Some(l3) = l3.as_deref_mut() {
-            put_all(l3, &self.evicting, recording.then_some(&mut self.puts));
-            if recording {
-                self.record_puts(Tier::L3, l3.capacity());
-            }
+            demote(l3, Tier::L3, &self.evicting, &mut self.scratch, self.tree.events_mut());
         }
         if let Some(events) = self.tree.events_mut() {
             events.removed_all(Tier::L1, self.evicting.iter().copied());
@@ -246,28 +238,7 @@ impl KvCache {
         // instance's scratch that large for good.
         if self.evicting.capacity() > KEPT_SCRATCH {
             self.evicting = Vec::new();
-            self.puts = Vec::new();
-        }
-    }
-
-    /// Records what putting `evicting` in a store of `tier` did (`puts`: each block stored,
-    /// with the victim it pushed out). Victims are published first, then the stored blocks,
-    /// each a run an index goes along in one pass (put by put, the two alternate and break
-    /// both runs). The order of events on one block is kept: a block stored can be pushed out
-    /// by the same allocation only when it demotes more than the store holds, and is then
-    /// published put by put.
-    fn record_puts(&mut self, tier: Tier, capacity: u32) {
-        let Some(events) = self.tree.events_mut() else { return };
-        if self.evicting.len() <= capacity as usize {
-            events.removed_all(tier, self.puts.iter().filter_map(|&(_, victim)| victim));
-            events.stored_all(tier, self.puts.iter().map(|&(key, _)| key));
-        } else {
-            for &(key, victim) in &self.puts {
-                events.stored(tier, key.hash, key.page);
-                if let Some(victim) = victim {
-                    events.removed(tier, victim.hash, victim.page);
-                }
-            }
+            self.scratch = Scratch::default();
         }
     }
 
@@ -436,19 +407,41 @@ impl KvCache {
     }
 }
 
-/// Puts `keys` in `store`, listing in `puts`, when given, each block added with the victim it
-/// pushed out (a block already there is news to nobody; no block is in L1 and L2 at once).
-fn put_all(store: &mut BlockLru, keys: &[PageKey], mut puts: Option<&mut Vec<(PageKey, Option<PageKey>)>>) {
-    if let Some(puts) = puts.as_deref_mut() {
-        puts.clear();
-    }
-    for &key in keys {
-        if let Put::Added { evicted } = store.put(key) {
-            // Handed straight back: a store of no capacity keeps nothing.
-            if let Some(puts) = puts.as_deref_mut().filter(|_| evicted != Some(key)) {
-                puts.push((key, evicted));
+/// What a store's puts of a demotion added, and the victims they pushed out.
+#[derive(Clone, Debug, Default)]
+struct Scratch {
+    added: Vec<PageKey>,
+    victims: Vec<PageKey>,
+}
+
+/// Puts `keys`, evicted from L1, in `store` (of `tier`), and records in `events`, when given,
+/// what that did: the victims, then the blocks added, each a run an index goes along in one
+/// pass (put by put, the two alternate and break both runs); a block already there is news
+/// to nobody. The order of events on one block is kept: a block added can be pushed out by
+/// the same demotion only when it demotes more than the store holds, and is then published
+/// put by put.
+fn demote(store: &mut BlockLru, tier: Tier, keys: &[PageKey], scratch: &mut Scratch, events: Option<&mut KvEvents>) {
+    if keys.len() > store.capacity() as usize {
+        let mut events = events;
+        for &key in keys {
+            // A store of no capacity hands a block straight back: it keeps nothing.
+            let Put::Added { evicted } = store.put(key) else { continue };
+            if let Some(events) = events.as_deref_mut().filter(|_| evicted != Some(key)) {
+                events.stored(tier, key.hash, key.page);
+                if let Some(victim) = evicted {
+                    events.removed(tier, victim.hash, victim.page);
+                }
             }
         }
+        return;
+    }
+    let Scratch { added, victims } = scratch;
+    added.clear();
+    victims.clear();
+    store.put_all(keys, added, victims);
+    if let Some(events) = events {
+        events.removed_all(tier, victims.iter().copied());
+        events.stored_all(tier, added.iter().copied());
     }
 }
 

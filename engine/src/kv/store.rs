@@ -356,6 +356,77 @@ impl BlockLru {
         Put::Added { evicted }
     }
 
+    /// Puts `keys` in order, as [`BlockLru::put`] one by one, listing the blocks added in
+    /// `added` and the victims that made room for them in `victims`, each in order (not
+    /// cleared first). At most `capacity` keys, all distinct (a demotion's are L1's blocks): a
+    /// victim is then never a block just added, so the two lists lose nothing of the order
+    /// that matters.
+    ///
+    /// A demotion puts runs of one page: a run the store lacks entirely (always so in L2,
+    /// which never holds what L1 holds) is added in one go, its victims popped first (the
+    /// same ones, since none of the run can be among them), one page lookup and one queue
+    /// entry for the run; a run with a block already here goes block by block.
+    pub fn put_all(&mut self, keys: &[PageKey], added: &mut Vec<PageKey>, victims: &mut Vec<PageKey>) {
+        assert!(
+            keys.len() <= self.capacity as usize,
+            "{} blocks put at once in a store of {}",
+            keys.len(),
+            self.capacity
+        );
+        debug_assert!(keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k)), "keys put at once are distinct");
+        for run in keys.chunk_by(|a, b| a.page == b.page) {
+            if self.lacks_all(run) {
+                self.add_run(run, victims);
+                added.extend_from_slice(run);
+                continue;
+            }
+            for &key in run {
+                if let Put::Added { evicted } = self.put(key) {
+                    added.push(key);
+                    victims.extend(evicted);
+                }
+            }
+        }
+    }
+
+    /// Whether none of `keys` (all of one page) is here.
+    fn lacks_all(&self, keys: &[PageKey]) -> bool {
+        let Some(slot) = self.slot(keys[0].page) else { return true };
+        let page = &self.pages[slot as usize];
+        let near = self.near.get() as usize;
+        keys.iter().all(|k| page.find(k.hash, near).is_none())
+    }
+
+    /// Adds `keys`, all of one page and none of them here, as the most recently used, after
+    /// taking out the victims that make room for them.
+    fn add_run(&mut self, keys: &[PageKey], victims: &mut Vec<PageKey>) {
+        let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
+        for _ in 0..pops {
+            victims.extend(self.pop_front());
+        }
+        // Looked up after the victims: they may have emptied this very page.
+        let page = keys[0].page;
+        let slot = match self.slots.probe(page) {
+            Probe::Found(slot) => slot,
+            Probe::Vacant(vacancy) => {
+                let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
+                self.pages[slot as usize].name = page;
+                self.slots.fill(vacancy, page, slot);
+                slot
+            }
+        };
+        self.last.set(Some((page, slot)));
+        let mut i = 0;
+        for key in keys {
+            let stamp = self.next_stamp;
+            i = self.pages[slot as usize].push(key.hash, stamp);
+            self.note_use(slot, i, stamp);
+        }
+        self.near.set(i as u32);
+        self.len += keys.len() as u32;
+        self.compact_if_stale();
+    }
+
     /// Marks `key` as just used; false when it is not here.
     pub fn touch(&mut self, key: PageKey) -> bool {
         let Some((slot, i)) = self.find(key) else { return false };
@@ -446,13 +517,19 @@ impl BlockLru {
     /// Records a use of position `pos` of the page at `slot`, stamped `stamp`.
     #[inline(always)]
     fn used(&mut self, slot: u32, pos: usize, stamp: u32) {
+        self.note_use(slot, pos, stamp);
+        self.compact_if_stale();
+    }
+
+    /// [`BlockLru::used`] without the check for stale uses (one check after a run of uses).
+    #[inline(always)]
+    fn note_use(&mut self, slot: u32, pos: usize, stamp: u32) {
         self.next_stamp = match stamp.wrapping_add(1) {
             HOLE => 0,
             next => next,
         };
         self.queued += 1;
         Uses::append(&mut self.order, slot, pos as u32, stamp);
-        self.compact_if_stale();
     }
 
     fn pop_front(&mut self) -> Option<PageKey> {
@@ -646,7 +723,7 @@ mod tests {
         fn the_store_answers_as_a_plain_lru(
             capacity in 0usize..200,
             ops in proptest::collection::vec(
-                (0u8..4, proptest::prop_oneof![0u64..24, 100u64..300], 1u64..12, proptest::bool::ANY),
+                (0u8..5, proptest::prop_oneof![0u64..24, 100u64..300], 1u64..12, proptest::bool::ANY),
                 0..600,
             ),
         ) {
@@ -654,10 +731,30 @@ mod tests {
             let mut model = Model { capacity, ..Model::default() };
             // Each op goes over a run of keys, up or down, as demotions and loads do.
             for (op, first, run, down) in ops {
+                let mut keys: Vec<PageKey> =
+                    (0..run).map(|j| k(if down { first.saturating_sub(j) } else { first + j })).collect();
+                keys.dedup();
+                if op == 4 && keys.len() <= capacity {
+                    // The whole run at once, as a demotion puts it.
+                    let (mut added, mut victims) = (Vec::new(), Vec::new());
+                    lru.put_all(&keys, &mut added, &mut victims);
+                    let (mut want_added, mut want_victims) = (Vec::new(), Vec::new());
+                    for &key in &keys {
+                        if let Put::Added { evicted } = model.put(key) {
+                            want_added.push(key);
+                            want_victims.extend(evicted);
+                        }
+                    }
+                    proptest::prop_assert_eq!(added, want_added);
+                    proptest::prop_assert_eq!(victims, want_victims);
+                    proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
+                    lru.check_invariants();
+                    continue;
+                }
                 for j in 0..run {
                     let key = k(if down { first.saturating_sub(j) } else { first + j });
                     match op {
-                        0 | 1 => proptest::prop_assert_eq!(lru.put(key), model.put(key)),
+                        0 | 1 | 4 => proptest::prop_assert_eq!(lru.put(key), model.put(key)),
                         2 => proptest::prop_assert_eq!(lru.touch(key), model.touch(key)),
                         _ => proptest::prop_assert_eq!(lru.remove(key), model.remove(key)),
                     }
