@@ -128,6 +128,34 @@ impl Page {
         i
     }
 
+    /// Appends `keys`' blocks (of this page), stamped `stamp`, `stamp + 1`, ...; returns the
+    /// first one's position (the rest follow it).
+    fn push_run(&mut self, keys: &[PageKey], stamp: u32) -> usize {
+        let first = self.entries.len();
+        if self.entries.capacity() - first < keys.len() {
+            // As `push_page_entry`: a page's first blocks reserve its size at once.
+            match PAGE_BLOCKS.checked_sub(first) {
+                Some(rest) => self.entries.reserve_exact(keys.len().max(rest)),
+                None => self.entries.reserve(keys.len()),
+            }
+        }
+        for (key, stamp) in keys.iter().zip(stamp..) {
+            self.entries.push(HashEntry::new(key.hash, stamp));
+            self.filter.add(key.hash);
+        }
+        self.live += keys.len() as u32;
+        match &mut self.lookup {
+            Some(lookup) => {
+                for (key, i) in keys.iter().zip(first as u32..) {
+                    lookup.insert(key.hash, i);
+                }
+            }
+            None if self.entries.len() > SCAN_BLOCKS => self.index(),
+            None => {}
+        }
+        first
+    }
+
     /// Builds the lookup of held blocks' positions.
     #[cold]
     #[inline(never)]
@@ -180,6 +208,28 @@ impl Uses {
                 Uses::grow(order);
             }
             order.push_back(Uses { slot, first: pos, stamp, len: 1, down: false });
+        }
+    }
+
+    /// Appends uses of positions `first`, `first + 1`, ... (`n` of them) of the page in
+    /// `slot`, stamped `stamp`, `stamp + 1`, ... (no stamp among them wraps round): as
+    /// [`Uses::append`] one by one, a run of them at once.
+    #[inline]
+    fn append_run(order: &mut VecDeque<Uses>, slot: u32, first: u32, stamp: u32, n: u32) {
+        let mut k = 0;
+        while k < n {
+            Uses::append(order, slot, first + k, stamp + k);
+            k += 1;
+            let back = order.back_mut().expect("a use was just appended");
+            if !back.down && back.len > 1 || back.len == 1 {
+                // Going up from the use just appended: the rest continue it, as far as fits.
+                let more = (n - k).min(u32::from(u16::MAX - back.len));
+                if more > 0 {
+                    back.down = false;
+                    back.len += more as u16;
+                    k += more;
+                }
+            }
         }
     }
 
@@ -401,9 +451,7 @@ impl BlockLru {
     /// taking out the victims that make room for them.
     fn add_run(&mut self, keys: &[PageKey], victims: &mut Vec<PageKey>) {
         let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
-        for _ in 0..pops {
-            victims.extend(self.pop_front());
-        }
+        self.pop_front_n(pops as u32, |key| victims.push(key));
         // Looked up after the victims: they may have emptied this very page.
         let page = keys[0].page;
         let slot = match self.slots.probe(page) {
@@ -416,14 +464,23 @@ impl BlockLru {
             }
         };
         self.last.set(Some((page, slot)));
-        let mut i = 0;
-        for key in keys {
-            let stamp = self.next_stamp;
-            i = self.pages[slot as usize].push(key.hash, stamp);
-            self.note_use(slot, i, stamp);
+        let (n, stamp) = (keys.len() as u32, self.next_stamp);
+        if u64::from(stamp) + u64::from(n) < u64::from(HOLE) {
+            let first = self.pages[slot as usize].push_run(keys, stamp) as u32;
+            Uses::append_run(&mut self.order, slot, first, stamp, n);
+            self.next_stamp = stamp + n;
+            self.queued += n as usize;
+            self.near.set(first + n - 1);
+        } else {
+            // The stamps wrap round within the run (once in four billion uses).
+            for key in keys {
+                let stamp = self.next_stamp;
+                let i = self.pages[slot as usize].push(key.hash, stamp);
+                self.note_use(slot, i, stamp);
+                self.near.set(i as u32);
+            }
         }
-        self.near.set(i as u32);
-        self.len += keys.len() as u32;
+        self.len += n;
         self.compact_if_stale();
     }
 
@@ -491,27 +548,33 @@ impl BlockLru {
 
     /// Takes the block at position `i` of the page in `slot` out of the store.
     fn take(&mut self, slot: u32, i: usize) {
+        self.pages[slot as usize].remove_at(i);
+        self.taken(slot, 1);
+    }
+
+    /// Counts `n` blocks just taken out of the page in `slot`: the page's slot is freed when
+    /// it holds no more, its positions count as holes otherwise.
+    fn taken(&mut self, slot: u32, n: u32) {
+        self.len -= n;
         let p = &mut self.pages[slot as usize];
-        p.remove_at(i);
-        self.len -= 1;
-        if p.live == 0 {
-            // The slot is free; its buffer is kept for the next page, unless it grew large.
-            self.holes -= p.entries.len() - 1;
-            let name = p.name;
-            if p.entries.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
-                *p = Page::default();
-            } else {
-                p.entries.clear();
-                p.filter = HashFilter::default();
-            }
-            self.slots.remove(name);
-            if self.last.get().is_some_and(|(last, _)| last == name) {
-                self.last.set(None);
-            }
-            self.free.push(slot);
-        } else {
-            self.holes += 1;
+        if p.live > 0 {
+            self.holes += n as usize;
+            return;
         }
+        // The slot is free; its buffer is kept for the next page, unless it grew large.
+        self.holes -= p.entries.len() - n as usize;
+        let name = p.name;
+        if p.entries.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
+            *p = Page::default();
+        } else {
+            p.entries.clear();
+            p.filter = HashFilter::default();
+        }
+        self.slots.remove(name);
+        if self.last.get().is_some_and(|(last, _)| last == name) {
+            self.last.set(None);
+        }
+        self.free.push(slot);
     }
 
     /// Records a use of position `pos` of the page at `slot`, stamped `stamp`.
@@ -533,25 +596,41 @@ impl BlockLru {
     }
 
     fn pop_front(&mut self) -> Option<PageKey> {
-        while let Some(u) = self.order.front_mut() {
-            let (pos, stamp) = u.at(0);
-            let slot = u.slot;
-            if u.len == 1 {
+        let mut victim = None;
+        self.pop_front_n(1, |key| victim = Some(key));
+        victim
+    }
+
+    /// Takes out the `n` least recently used blocks (all, if fewer), handing each to `out`,
+    /// oldest first: the queue's front entry's uses read on its page in one go.
+    #[inline]
+    fn pop_front_n(&mut self, mut n: u32, mut out: impl FnMut(PageKey)) {
+        while n > 0 {
+            let Some(&u) = self.order.front() else { break };
+            let p = &mut self.pages[u.slot as usize];
+            let (mut k, mut found) = (0, 0);
+            while k < u32::from(u.len) && found < n {
+                let (pos, stamp) = u.at(k);
+                k += 1;
+                if p.used_at(pos, stamp) {
+                    out(PageKey { hash: p.entries[pos].hash(), page: p.name });
+                    p.remove_at(pos);
+                    found += 1;
+                }
+            }
+            if k == u32::from(u.len) {
                 self.order.pop_front();
-            } else {
-                u.len -= 1;
-                u.stamp = u.stamp.wrapping_add(1);
-                u.first = if u.down { u.first - 1 } else { u.first + 1 };
+            } else if let Some(front) = self.order.front_mut() {
+                front.len -= k as u16;
+                front.stamp = front.stamp.wrapping_add(k);
+                front.first = if front.down { front.first - k } else { front.first + k };
             }
-            self.queued -= 1;
-            let page = &self.pages[slot as usize];
-            if page.used_at(pos, stamp) {
-                let key = PageKey { hash: page.entries[pos].hash(), page: page.name };
-                self.take(slot, pos);
-                return Some(key);
+            self.queued -= k as usize;
+            if found > 0 {
+                self.taken(u.slot, found);
             }
+            n -= found;
         }
-        None
     }
 
     /// Drops the stale uses once they outnumber twice the live ones (checked at every use:
