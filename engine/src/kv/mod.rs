@@ -329,11 +329,12 @@ impl KvCache {
         // lacked room to load it then) supersedes that copy, so that no block is in both
         // tiers. Shared blocks were in L1 already, hence not in L2.
         if !self.l2.is_empty() {
-            for key in (new..upto).map(|i| PageKey::at(hashes, i)) {
-                if self.l2.remove(key) {
-                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
+            let mut events = self.tree.events_mut();
+            self.l2.remove_all((new..upto).map(|i| PageKey::at(hashes, i)), |key| {
+                if let Some(events) = events.as_deref_mut() {
+                    events.removed(Tier::L2, key.hash, key.page);
                 }
-            }
+            });
         }
     }
 

@@ -505,6 +505,30 @@ impl BlockLru {
         true
     }
 
+    /// Removes `keys` (a prompt's blocks, page after page), as [`BlockLru::remove`] one by
+    /// one, handing each block removed to `removed`: a page looked up once for its run of
+    /// keys, none of them looked for when the store lacks it.
+    pub fn remove_all(&mut self, keys: impl IntoIterator<Item = PageKey>, mut removed: impl FnMut(PageKey)) {
+        let mut at: Option<(BlockHash, Option<u32>)> = None;
+        for key in keys {
+            let slot = match at {
+                Some((page, slot)) if page == key.page => slot,
+                _ => self.slot(key.page),
+            };
+            at = Some((key.page, slot));
+            let Some(slot) = slot else { continue };
+            let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) else { continue };
+            self.near.set(i as u32);
+            self.take(slot, i);
+            if self.pages[slot as usize].live == 0 {
+                // Its last block gone, the page's slot is free.
+                at = Some((key.page, None));
+            }
+            removed(key);
+        }
+        self.compact_if_stale();
+    }
+
     /// Loads what putting `keys` will read (their pages' map entries) and what the victims
     /// they push out will (the pages at the queue's front), so that the cache misses overlap;
     /// returns what it read, for the caller to keep (a prefetch in safe code).
@@ -802,7 +826,7 @@ mod tests {
         fn the_store_answers_as_a_plain_lru(
             capacity in 0usize..200,
             ops in proptest::collection::vec(
-                (0u8..5, proptest::prop_oneof![0u64..24, 100u64..300], 1u64..12, proptest::bool::ANY),
+                (0u8..6, proptest::prop_oneof![0u64..24, 100u64..300], 1u64..12, proptest::bool::ANY),
                 0..600,
             ),
         ) {
@@ -813,6 +837,15 @@ mod tests {
                 let mut keys: Vec<PageKey> =
                     (0..run).map(|j| k(if down { first.saturating_sub(j) } else { first + j })).collect();
                 keys.dedup();
+                if op == 5 {
+                    // The whole run's removal at once, as a commit removes superseded copies.
+                    let mut removed = Vec::new();
+                    lru.remove_all(keys.iter().copied(), |key| removed.push(key));
+                    let want: Vec<PageKey> = keys.iter().copied().filter(|&key| model.remove(key)).collect();
+                    proptest::prop_assert_eq!(removed, want);
+                    lru.check_invariants();
+                    continue;
+                }
                 if op == 4 && keys.len() <= capacity {
                     // The whole run at once, as a demotion puts it.
                     let (mut added, mut victims) = (Vec::new(), Vec::new());
