@@ -452,9 +452,14 @@ impl BlockLru {
     fn add_run(&mut self, keys: &[PageKey], victims: &mut Vec<PageKey>) {
         let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
         self.pop_front_n(pops as u32, |key| victims.push(key));
-        // Looked up after the victims: they may have emptied this very page.
+        // Looked up after the victims: they may have emptied this very page (and then
+        // `last` no longer names it).
         let page = keys[0].page;
-        let slot = match self.slots.probe(page) {
+        let probe = match self.remembered(page) {
+            Some(Some(slot)) => Probe::Found(slot),
+            _ => self.slots.probe(page),
+        };
+        let slot = match probe {
             Probe::Found(slot) => slot,
             Probe::Vacant(vacancy) => {
                 let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
