@@ -168,13 +168,6 @@ impl KvCache {
         &mut self.tree
     }
 
-    /// Records an event of L2 or L3 after L1's so far: one stream in the order things
-    /// happened (all of L1's events first, then the lower tiers', made an index drop and
-    /// re-add every block demoted).
-    fn emit(&mut self, event: KvEvent) {
-        self.tree.record(event);
-    }
-
     /// Extends the sequence's cached prefix from its cursor along `hashes`, taking at most
     /// `max_blocks` blocks in all. Only a sequence with no private blocks can match (a private
     /// block already occupies the next position). Returns the number of blocks newly matched.
@@ -305,7 +298,9 @@ impl KvCache {
             let mut l3 = shared.as_ref().map(SharedStore::lock);
             for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
                 if self.l2.remove(key) {
-                    self.emit(KvEvent::Removed { tier: Tier::L2, hash: key.hash, page: key.page });
+                    if let Some(events) = self.tree.events_mut() {
+                        events.removed(Tier::L2, key.hash, key.page);
+                    }
                 } else if let Some(l3) = &mut l3 {
                     l3.touch(key);
                 }

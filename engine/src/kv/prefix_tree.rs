@@ -34,7 +34,7 @@
 //! | match / hold / release a path | O(nodes on the path + blocks compared) |
 //! | evict one block | O(1) |
 
-use super::events::{KvEvent, KvEvents};
+use super::events::KvEvents;
 use super::store::{PageKey, PAGE_BLOCKS};
 use super::tier::Tier;
 use super::BlockPool;
@@ -177,7 +177,7 @@ impl PrefixTree {
         }
     }
 
-    /// Starts recording [`KvEvent`]s; collect them with [`PrefixTree::drain_events`].
+    /// Starts recording [`super::KvEvent`]s; collect them with [`PrefixTree::drain_events`].
     pub fn record_events(&mut self) {
         self.events.get_or_insert_with(KvEvents::new);
     }
@@ -194,23 +194,11 @@ impl PrefixTree {
         }
     }
 
-    /// Records an event of another tier, after the tree's own so far: one stream in the order
-    /// things happened.
-    pub fn record(&mut self, event: KvEvent) {
-        if let Some(ev) = &mut self.events {
-            ev.push(event);
-        }
-    }
-
-    /// The events recorded so far, to record more after them (a run's are many); `None`
-    /// when not recording.
+    /// The events recorded so far, for the other tiers' events to follow the tree's: one
+    /// stream in the order things happened (all of L1's first, then the lower tiers', would
+    /// make an index drop and re-add every block demoted); `None` when not recording.
     pub fn events_mut(&mut self) -> Option<&mut KvEvents> {
         self.events.as_mut()
-    }
-
-    /// Whether events are recorded.
-    pub fn recording(&self) -> bool {
-        self.events.is_some()
     }
 
     /// Cached blocks.
