@@ -191,11 +191,6 @@ impl KvEvents {
         self.hashes.capacity()
     }
 
-    /// Makes room for `blocks` more blocks' events.
-    pub fn reserve(&mut self, blocks: usize) {
-        self.hashes.reserve(blocks);
-    }
-
     /// Empties the batch, keeping its buffers.
     pub fn clear(&mut self) {
         self.heads.clear();
