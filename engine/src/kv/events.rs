@@ -46,13 +46,18 @@ pub enum KvRun<'a> {
 impl<'a> KvRun<'a> {
     /// The run's events, block by block.
     pub fn events(self) -> impl Iterator<Item = KvEvent> + 'a {
-        let (op, page, hashes) = match self {
-            KvRun::Stored { tier, page, hashes } => (Op::Stored(tier), page, hashes),
-            KvRun::Removed { tier, page, hashes } => (Op::Removed(tier), page, hashes),
-            KvRun::Cleared => (Op::Cleared, BlockHash(0), &[][..]),
-        };
+        let (op, page, hashes) = self.parts();
         let cleared = (op == Op::Cleared).then_some(KvEvent::Cleared);
         cleared.into_iter().chain(hashes.iter().map(move |&hash| op.event(hash, page)))
+    }
+
+    /// What the run does, its page and its blocks (none for `Cleared`).
+    fn parts(self) -> (Op, BlockHash, &'a [BlockHash]) {
+        match self {
+            KvRun::Stored { tier, page, hashes } => (Op::Stored(tier), page, hashes),
+            KvRun::Removed { tier, page, hashes } => (Op::Removed(tier), page, hashes),
+            KvRun::Cleared => (Op::Cleared, BlockHash(0), &[]),
+        }
     }
 }
 
@@ -160,20 +165,17 @@ impl KvEvents {
     /// Appends `other`'s events, emptying it.
     pub fn append(&mut self, other: &mut KvEvents) {
         for run in other.runs() {
-            match run {
-                KvRun::Stored { tier, page, hashes } => self.push_run(Op::Stored(tier), page, hashes),
-                KvRun::Removed { tier, page, hashes } => self.push_run(Op::Removed(tier), page, hashes),
-                KvRun::Cleared => self.push(KvEvent::Cleared),
+            match run.parts() {
+                (Op::Cleared, ..) => self.push(KvEvent::Cleared),
+                (op, page, hashes) => {
+                    if let Some((&first, rest)) = hashes.split_first() {
+                        self.push_block(op, first, page);
+                        self.hashes.extend_from_slice(rest);
+                    }
+                }
             }
         }
         other.clear();
-    }
-
-    fn push_run(&mut self, op: Op, page: BlockHash, hashes: &[BlockHash]) {
-        if let Some(&first) = hashes.first() {
-            self.push_block(op, first, page);
-            self.hashes.extend_from_slice(&hashes[1..]);
-        }
     }
 
     /// No events.

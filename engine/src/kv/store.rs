@@ -388,16 +388,8 @@ impl BlockLru {
         if evicted.is_some_and(|e| e.page == key.page) && self.slots.get(key.page).is_none() {
             found = None;
         }
-        let slot = match found.map_or_else(|| self.slots.probe(key.page), Probe::Found) {
-            Probe::Found(slot) => slot,
-            Probe::Vacant(vacancy) => {
-                let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
-                self.pages[slot as usize].name = key.page;
-                self.slots.fill(vacancy, key.page, slot);
-                slot
-            }
-        };
-        self.last.set(Some((key.page, slot)));
+        let probe = found.map_or_else(|| self.slots.probe(key.page), Probe::Found);
+        let slot = self.place(key.page, probe);
         let stamp = self.next_stamp;
         let i = self.pages[slot as usize].push(key.hash, stamp);
         self.near.set(i as u32);
@@ -459,16 +451,7 @@ impl BlockLru {
             Some(Some(slot)) => Probe::Found(slot),
             _ => self.slots.probe(page),
         };
-        let slot = match probe {
-            Probe::Found(slot) => slot,
-            Probe::Vacant(vacancy) => {
-                let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
-                self.pages[slot as usize].name = page;
-                self.slots.fill(vacancy, page, slot);
-                slot
-            }
-        };
-        self.last.set(Some((page, slot)));
+        let slot = self.place(page, probe);
         let (n, stamp) = (keys.len() as u32, self.next_stamp);
         if u64::from(stamp) + u64::from(n) < u64::from(HOLE) {
             let first = self.pages[slot as usize].push_run(keys, stamp) as u32;
@@ -487,6 +470,22 @@ impl BlockLru {
         }
         self.len += n;
         self.compact_if_stale();
+    }
+
+    /// The slot of `page`, as `probe` found it or given a free one where it was vacant; the
+    /// page last looked up from now on.
+    fn place(&mut self, page: BlockHash, probe: Probe<u32>) -> u32 {
+        let slot = match probe {
+            Probe::Found(slot) => slot,
+            Probe::Vacant(vacancy) => {
+                let slot = crate::slots::reuse(&mut self.pages, &mut self.free);
+                self.pages[slot as usize].name = page;
+                self.slots.fill(vacancy, page, slot);
+                slot
+            }
+        };
+        self.last.set(Some((page, slot)));
+        slot
     }
 
     /// Marks `key` as just used; false when it is not here.
