@@ -11,7 +11,7 @@ use anyhow::{anyhow, Result};
 /// carries a prompt's whole KV in one message (a CUDA engine's: 32 KiB a token for a Llama
 /// 3.2 1B, 128 KiB for an 8B), and gRPC frames a message in at most 4 GiB.
 pub const MAX_MESSAGE_BYTES: usize = (4 << 30) - 1;
-use engine::kv::{KvEvent as EngineKvEvent, KvEvents as EngineKvEvents, KvRun, Tier as EngineTier};
+use engine::kv::{KvEvent as EngineKvEvent, KvEvents as EngineKvEvents, KvRun, PageKey, Tier as EngineTier};
 
 /// A request class on the wire, and back: the one mapping.
 pub fn class_of(c: RequestClass) -> engine::Class {
@@ -144,10 +144,12 @@ impl KvEvent {
             None => return Err(anyhow!("KV event without a kind")),
         };
         let (tier, page) = (tier_from_wire(tier)?, BlockHash(page));
-        out.extend(hashes.iter().map(|&h| match stored {
-            true => EngineKvEvent::Stored { tier, hash: BlockHash(h), page },
-            false => EngineKvEvent::Removed { tier, hash: BlockHash(h), page },
-        }));
+        let keys = hashes.iter().map(|&h| PageKey { hash: BlockHash(h), page });
+        if stored {
+            out.stored_all(tier, keys);
+        } else {
+            out.removed_all(tier, keys);
+        }
         Ok(())
     }
 }
