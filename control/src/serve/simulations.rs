@@ -7,7 +7,7 @@ use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{Report, RunReport};
 use simulator::scenario::{Scenario, Settings};
 use simulator::sim::{self, SimConfig};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Parses and checks a scenario's text.
@@ -48,10 +48,11 @@ pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 24] = [
+const EXAMPLES: [(&str, &str); 26] = [
     ("agentic-sessions-pressure.toml", include_str!("../../../examples/agentic-sessions-pressure.toml")),
     ("agentic-sessions.toml", include_str!("../../../examples/agentic-sessions.toml")),
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
+    ("arxiv-tiers.toml", include_str!("../../../examples/arxiv-tiers.toml")),
     ("azure-conversation.toml", include_str!("../../../examples/azure-conversation.toml")),
     ("azure-tiers.toml", include_str!("../../../examples/azure-tiers.toml")),
     ("classes-interactive-batch.toml", include_str!("../../../examples/classes-interactive-batch.toml")),
@@ -70,6 +71,7 @@ const EXAMPLES: [(&str, &str); 24] = [
     ("router-no-prefix-long.toml", include_str!("../../../examples/router-no-prefix-long.toml")),
     ("router-short-output.toml", include_str!("../../../examples/router-short-output.toml")),
     ("router-system-prompts-bursty.toml", include_str!("../../../examples/router-system-prompts-bursty.toml")),
+    ("sharegpt-tiers.toml", include_str!("../../../examples/sharegpt-tiers.toml")),
     ("spec-decoding.toml", include_str!("../../../examples/spec-decoding.toml")),
     ("synthetic-shared-prefix.toml", include_str!("../../../examples/synthetic-shared-prefix.toml")),
     ("vllm-fidelity.toml", include_str!("../../../examples/vllm-fidelity.toml")),
@@ -107,25 +109,39 @@ fn example(dir: &Path, name: String, text: String) -> serde_json::Value {
         Ok(s) => s,
         Err(e) => return json!({"name": name, "text": text, "error": format!("not a valid scenario: {e}")}),
     };
-    let Some(trace) = scenario.workload.trace else {
+    // Every file the workload reads: a trace, or a phased workload's length table and
+    // ServeGen aggregate.
+    let w = scenario.workload;
+    let phased = w.phased.map(|p| (p.lengths, p.servegen.map(|g| g.path)));
+    let (lengths, servegen) = phased.map_or((None, None), |(l, g)| (Some(l), g));
+    let files: Vec<PathBuf> = [w.trace, lengths, servegen].into_iter().flatten().collect();
+    if files.is_empty() {
         return json!({"name": name, "text": text, "trace": null, "trace_found": null});
-    };
-    let Some(written) = trace.to_str() else {
-        return json!({"name": name, "text": text, "error": "the trace path is not UTF-8"});
-    };
-    let resolved = if trace.is_relative() { dir.join(&trace) } else { trace.clone() };
-    // A file that exists gets its canonical path (no `..`); one that does not, an absolute one.
-    let found = resolved.is_file();
-    let absolute = std::fs::canonicalize(&resolved).or_else(|_| std::path::absolute(&resolved)).unwrap_or(resolved);
-    // The path appears in the text as a TOML basic string; replacing that string keeps the
-    // file's comments, which a parse and re-serialisation would drop.
-    let text = match absolute.to_str() {
-        Some(abs) if trace.is_relative() => {
-            text.replacen(&format!("\"{written}\""), &toml::Value::String(abs.into()).to_string(), 1)
+    }
+    let mut text = text;
+    let mut first: Option<PathBuf> = None;
+    let mut missing: Option<PathBuf> = None;
+    for file in files {
+        let Some(written) = file.to_str() else {
+            return json!({"name": name, "text": text, "error": "a file path of the workload is not UTF-8"});
+        };
+        let resolved = if file.is_relative() { dir.join(&file) } else { file.clone() };
+        // A file that exists gets its canonical path (no `..`); one that does not, an absolute one.
+        let found = resolved.is_file();
+        let absolute = std::fs::canonicalize(&resolved).or_else(|_| std::path::absolute(&resolved)).unwrap_or(resolved);
+        // The path appears in the text as a TOML basic string; replacing that string keeps
+        // the file's comments, which a parse and re-serialisation would drop.
+        if let Some(abs) = absolute.to_str().filter(|_| file.is_relative()) {
+            text = text.replacen(&format!("\"{written}\""), &toml::Value::String(abs.into()).to_string(), 1);
         }
-        _ => text,
-    };
-    json!({"name": name, "text": text, "trace": absolute, "trace_found": found})
+        if !found && missing.is_none() {
+            missing = Some(absolute.clone());
+        }
+        first.get_or_insert(absolute);
+    }
+    // `trace` names the missing file if one is, for the console's message.
+    let shown = missing.as_ref().or(first.as_ref());
+    json!({"name": name, "text": text, "trace": shown, "trace_found": missing.is_none()})
 }
 
 /// Runs `id` in the background; the state and result land in the database.
@@ -199,6 +215,14 @@ mod tests {
         let v = example(Path::new("/srv/examples"), "x.toml".into(), text.into());
         assert_eq!(v["text"], "# keep me\n[workload]\ntrace = \"/srv/examples/../t.jsonl\"\nformat = \"mooncake\"\n");
         assert_eq!(v["trace_found"], false);
+    }
+
+    #[test]
+    fn a_relative_length_table_is_made_absolute_and_a_missing_one_named() {
+        let text = "[workload.phased]\nlengths = \"../l.csv\"\nphases = []\n";
+        let v = example(Path::new("/srv/examples"), "x.toml".into(), text.into());
+        assert_eq!(v["text"], "[workload.phased]\nlengths = \"/srv/examples/../l.csv\"\nphases = []\n");
+        assert_eq!((v["trace"].as_str(), &v["trace_found"]), (Some("/srv/examples/../l.csv"), &json!(false)));
     }
 
     #[test]

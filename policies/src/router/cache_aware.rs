@@ -14,7 +14,8 @@
 //! step_s(i)   = D(in flight on i + 1, KV on i + prompt)
 //! stall_s(i)  = STALL_WEIGHT × suffix_s(i) × running(i) × requests(i) / decode tokens left(i)
 //! own_s(i)    = OWN_WEIGHT × step_s(i)
-//! score(i)    = ttft(i) + stall_s(i) + own_s(i)
+//! kv_s(i)     = KV_WEIGHT × max(0, KV on i + decode tokens left(i) + prompt − KV capacity(i)) / R
+//! score(i)    = ttft(i) + stall_s(i) + own_s(i) + kv_s(i)
 //! ```
 //!
 //! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
@@ -39,6 +40,13 @@
 //! prompt found cached. `own_s` is what the request will see itself: its predicted time per
 //! output token, the decode step it would join (more sequences and more KV: longer steps).
 //!
+//! `kv_s` is the KV side. An instance's KV at its fullest, if every request it holds reached
+//! its last token, is what it holds now (the report's blocks in use plus what was routed
+//! since) plus the tokens its requests have still to generate; what the prompt adds beyond
+//! the capacity waits for others to finish or makes the engine preempt one, which computes
+//! its tokens again: priced as prefill tokens. It is zero wherever the KV can take the
+//! request, so it only speaks where memory, not compute, is the limit (long outputs).
+//!
 //! Guard against piling onto one hot instance: the prediction does not see the decode batch a
 //! popular prefix draws until it runs. An instance whose requests in flight exceed
 //! `HOT_FACTOR` × the fleet's mean plus `HOT_SLACK` is passed over (unless every candidate
@@ -62,7 +70,9 @@ pub const COPY_WEIGHT: f64 = 4.0;
 /// Seconds of score per second of TPOT added to the running requests, summed over them.
 pub const STALL_WEIGHT: f64 = 1.0;
 /// Seconds of score per second of the request's own predicted TPOT.
-pub const OWN_WEIGHT: f64 = 1.0;
+pub const OWN_WEIGHT: f64 = 4.0;
+/// Prefill-seconds of score per token the instance's KV would be over-committed by.
+pub const KV_WEIGHT: f64 = 0.5;
 
 /// The rule's weights; [`Default`] is the rule as documented.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,6 +82,7 @@ pub struct CacheAwareConfig {
     pub own_weight: f64,
     pub hot_factor: f64,
     pub hot_slack: f64,
+    pub kv_weight: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -82,6 +93,7 @@ impl Default for CacheAwareConfig {
             own_weight: OWN_WEIGHT,
             hot_factor: HOT_FACTOR,
             hot_slack: HOT_SLACK,
+            kv_weight: KV_WEIGHT,
         }
     }
 }
@@ -92,6 +104,7 @@ crate::params!(CacheAwareConfig, "cache-aware", {
     own_weight: float from 0.0 ..= 16.0, "seconds of score per second of the request's own predicted TPOT";
     hot_factor: float from 1.0 ..= 64.0, "an instance with more requests in flight than this times the mean (plus hot_slack) is hot";
     hot_slack: float from 0.0 ..= 1024.0, "requests in flight above hot_factor times the mean before an instance is hot";
+    kv_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's KV would be over-committed by (held plus still to generate, beyond capacity)";
 });
 
 impl RouterFactory for CacheAwareConfig {
@@ -126,6 +139,8 @@ struct Estimate {
     /// The decode-side term: see the module doc.
     stall_s: f64,
     own_s: f64,
+    /// The KV-side term: see the module doc.
+    kv_s: f64,
     uncached_tokens: u64,
 }
 
@@ -135,7 +150,7 @@ impl Estimate {
     }
 
     fn score_s(&self) -> f64 {
-        self.ttft_s() + self.stall_s + self.own_s
+        self.ttft_s() + self.stall_s + self.own_s + self.kv_s
     }
 }
 
@@ -173,6 +188,8 @@ impl CacheAware {
         let requests = f64::from(v.load.running + v.load.waiting);
         let left = (v.load.decode_tokens_left as f64).max(requests).max(1.0);
         let stalled = f64::from(v.load.running) * requests / left;
+        let capacity = (u64::from(v.load.kv_total_blocks) * bs) as f64;
+        let fullest = kv_tokens + v.load.decode_tokens_left as f64 + prompt as f64;
         Estimate {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
@@ -184,6 +201,7 @@ impl CacheAware {
             batch_step_s,
             stall_s: c.stall_weight * prefill_s * stalled,
             own_s: c.own_weight * step_s,
+            kv_s: c.kv_weight * (fullest - capacity).max(0.0) / h.prefill_tokens_per_s,
             uncached_tokens,
         }
     }
@@ -248,6 +266,7 @@ impl Router for CacheAware {
                 batch_step_ms: ms(e.batch_step_s),
                 stall_ms: ms(e.stall_s),
                 own_ms: ms(e.own_s),
+                kv_ms: ms(e.kv_s),
                 score_ms: ms(e.score_s()),
                 all_guarded: guarded,
             },

@@ -114,8 +114,9 @@ pub enum Why {
     /// decode side: `step` (the decode step the request would join: its own predicted TPOT),
     /// `batch_step` (the step the instance's running batch sees while the prompt's chunks are
     /// computed), `stall` (the prompt's prefill time × the running requests' Σ 1 / remaining
-    /// tokens: the TPOT it adds to them) and `own` (the weighted own TPOT); `score =
-    /// predicted_ttft + stall + own`. `all_guarded`: every candidate was hot, so the guard was
+    /// tokens: the TPOT it adds to them) and `own` (the weighted own TPOT); the KV side:
+    /// `kv` (the tokens by which the instance's KV would be over-committed, priced as
+    /// prefill); `score = predicted_ttft + stall + own + kv`. `all_guarded`: every candidate was hot, so the guard was
     /// waived.
     CacheAware {
         l1_tokens: u32,
@@ -130,6 +131,7 @@ pub enum Why {
         batch_step_ms: f64,
         stall_ms: f64,
         own_ms: f64,
+        kv_ms: f64,
         score_ms: f64,
         all_guarded: bool,
     },

@@ -402,7 +402,7 @@ fn a_router_parameter_unknown_or_out_of_range_is_refused_by_name_with_its_range(
     let e = with("cache-aware", "copy", 1.0).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack)"
+        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack, kv_weight)"
     );
     assert_eq!(
         with("round-robin", "x", 1.0).unwrap_err().to_string(),
@@ -613,9 +613,34 @@ fn cache_aware_predicts_the_decode_step_the_request_would_join() {
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request(1_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
-    // 6,000 + 20 + 0.04 × 1,000 µs; on 0 it would be 12.8 ms longer.
+    // 6,000 + 20 + 0.04 × 1,000 µs, weighted 4; on 0 it would be 12.8 ms longer.
     let (ttft_ms, _, step_ms, score_ms) = cache_aware_terms(&route);
-    assert_eq!((step_ms, score_ms), (6.1, ttft_ms + 6.1));
+    assert_eq!(step_ms, 6.1);
+    assert!((score_ms - (ttft_ms + 24.2)).abs() < 1e-9, "score {score_ms} ms, TTFT {ttft_ms} ms");
+}
+
+#[test]
+fn cache_aware_keeps_a_prompt_off_an_instance_whose_kv_would_overflow() {
+    // Both hold 16,000 tokens of KV and decode 10 requests. 0 holds 8,000 tokens now but
+    // its requests have 8,000 still to generate: with the prompt's 2,000 its KV would end
+    // 2,000 tokens over. 1 holds 12,800 now, 1,000 to generate: it fits.
+    let kv = |used, left| Load { kv_used_blocks: used, kv_total_blocks: 1_000, ..decoding(10, left) };
+    let setup = |config: CacheAwareConfig| {
+        let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 2]);
+        report_load(&mut c, 0, kv(500, 8_000));
+        report_load(&mut c, 1, kv(800, 1_000));
+        c
+    };
+    let route = setup(CacheAwareConfig::default()).route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    let Why::CacheAware { kv_ms, stall_ms, .. } = route.why else { panic!("not a cache-aware reason") };
+    // 1 fits (no KV term) but stalls more: 50 ms × 10 × 10 / 1,000 = 5 ms against 0's
+    // 0.6 ms; 0's overflow costs 0.5 × 2,000 / 40,000 tokens/s = 25 ms.
+    assert_eq!((kv_ms, stall_ms), (0.0, 5.0));
+    // Without the KV side the smaller stall wins.
+    let config = CacheAwareConfig { kv_weight: 0.0, ..CacheAwareConfig::default() };
+    let route = setup(config).route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
 }
 
 #[test]
