@@ -100,6 +100,10 @@ impl Page {
     /// state `from` to `to` (not `EMPTY`), the run's last at `at`: each beside the one before
     /// and in state `from`, or, when `grow`, new to the page and appended after its last
     /// block, the page's last. Returns how many it moved and where the last of them is.
+    ///
+    /// A run goes one way along the page (up as stored, down as evicted leaf first), so once
+    /// a block is found beside the one before, the next ones are compared in a stretch that
+    /// way. A hash is on one position only, so the other side needs no look.
     #[inline(always)]
     pub(super) fn extend_run(
         &mut self,
@@ -111,16 +115,22 @@ impl Page {
     ) -> (usize, usize) {
         debug_assert_ne!(to, EMPTY);
         let (mut applied, mut revived) = (0, 0);
-        'blocks: for &hash in hashes {
-            for i in [at + 1, at.wrapping_sub(1)] {
-                if let Some(e) = self.entries.get_mut(i).filter(|e| e.hash() == hash) {
-                    if e.value != from {
-                        break 'blocks;
-                    }
-                    e.value = to;
-                    (at, applied, revived) = (i, applied + 1, revived + 1);
-                    continue 'blocks;
+        while let Some(&hash) = hashes.get(applied) {
+            let up = self.has_at(at + 1, hash);
+            if up || self.has_at(at.wrapping_sub(1), hash) {
+                let rest = &hashes[applied..];
+                let n = if up {
+                    stretch(self.entries[at + 1..].iter_mut(), rest, (from, to))
+                } else {
+                    stretch(self.entries[..at].iter_mut().rev(), rest, (from, to))
+                };
+                if n == 0 {
+                    // The block beside is in another state.
+                    break;
                 }
+                at = if up { at + n } else { at - n };
+                (applied, revived) = (applied + n, revived + n);
+                continue;
             }
             if !(grow && at + 1 == self.entries.len() && self.lacks(hash)) {
                 break;
@@ -129,7 +139,7 @@ impl Page {
             applied += 1;
         }
         if from == EMPTY {
-            self.dead -= revived;
+            self.dead -= revived as u32;
         }
         (applied, at)
     }
@@ -201,4 +211,24 @@ impl Page {
             }
         }
     }
+}
+
+/// Moves the blocks of `entries` (a page's positions, from the one after a run's last, in
+/// the run's direction) that hold `hashes` in order and are in state `from` to `to`, up to
+/// the first that does not; returns how many.
+#[inline(always)]
+fn stretch<'a>(
+    entries: impl Iterator<Item = &'a mut HashEntry>,
+    hashes: &[BlockHash],
+    (from, to): (u32, u32),
+) -> usize {
+    let mut n = 0;
+    for (e, &hash) in entries.zip(hashes) {
+        if e.hash() != hash || e.value != from {
+            break;
+        }
+        e.value = to;
+        n += 1;
+    }
+    n
 }
