@@ -234,6 +234,19 @@ pub fn push_page_entry(entries: &mut Vec<HashEntry>, hash: BlockHash, value: u32
     i
 }
 
+/// Makes room in a page's `entries` for `n` more: as [`push_page_entry`] does, a page's first
+/// blocks reserve its size (`page_blocks`) at once.
+#[inline]
+pub fn reserve_page_entries(entries: &mut Vec<HashEntry>, n: usize, page_blocks: usize) {
+    let len = entries.len();
+    if entries.capacity() - len < n {
+        match page_blocks.checked_sub(len) {
+            Some(rest) => entries.reserve_exact(n.max(rest)),
+            None => entries.reserve(n),
+        }
+    }
+}
+
 impl HashEntry {
     pub fn new(hash: BlockHash, value: u32) -> HashEntry {
         HashEntry { hash: [hash.0 as u32, (hash.0 >> 32) as u32], value }

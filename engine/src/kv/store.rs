@@ -26,7 +26,7 @@
 //! around suffice: a stale entry is dropped within three store capacities of uses, long before
 //! its stamp comes round again.
 
-use crate::block_map::{push_page_entry, BlockMap, HashEntry, HashFilter, Probe};
+use crate::block_map::{push_page_entry, reserve_page_entries, BlockMap, HashEntry, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -132,13 +132,7 @@ impl Page {
     /// first one's position (the rest follow it).
     fn push_run(&mut self, keys: &[PageKey], stamp: u32) -> usize {
         let first = self.entries.len();
-        if self.entries.capacity() - first < keys.len() {
-            // As `push_page_entry`: a page's first blocks reserve its size at once.
-            match PAGE_BLOCKS.checked_sub(first) {
-                Some(rest) => self.entries.reserve_exact(keys.len().max(rest)),
-                None => self.entries.reserve(keys.len()),
-            }
-        }
+        reserve_page_entries(&mut self.entries, keys.len(), PAGE_BLOCKS);
         for (key, stamp) in keys.iter().zip(stamp..) {
             self.entries.push(HashEntry::new(key.hash, stamp));
             self.filter.add(key.hash);

@@ -2,7 +2,7 @@
 //! side, in the order they were stored.
 
 use super::EMPTY;
-use engine::block_map::{push_page_entry, BlockMap, HashEntry, HashFilter};
+use engine::block_map::{push_page_entry, reserve_page_entries, BlockMap, HashEntry, HashFilter};
 use engine::BlockHash;
 
 /// Pages with more blocks than this many times the page size get a lookup map (the many
@@ -132,11 +132,14 @@ impl Page {
                 (applied, revived) = (applied + n, revived + n);
                 continue;
             }
-            if !(grow && at + 1 == self.entries.len() && self.lacks(hash)) {
+            if !(grow && at + 1 == self.entries.len()) {
                 break;
             }
-            at = self.push(hash, to, page_blocks);
-            applied += 1;
+            let n = self.push_new(&hashes[applied..], to, page_blocks);
+            if n == 0 {
+                break;
+            }
+            (at, applied) = (at + n, applied + n);
         }
         if from == EMPTY {
             self.dead -= revived as u32;
@@ -162,6 +165,38 @@ impl Page {
             None => {}
         }
         i
+    }
+
+    /// Appends the blocks at the start of `hashes` that the page surely lacks (as
+    /// [`Page::lacks`] tells, each checked after the ones before it were added), with state
+    /// `state`, as [`Page::push`] would one by one; returns how many. A prompt's blocks cached
+    /// for the first time come as such a run.
+    pub(super) fn push_new(&mut self, hashes: &[BlockHash], state: u32, page_blocks: usize) -> usize {
+        let filter = &mut self.filter;
+        let n = hashes
+            .iter()
+            .take_while(|&&hash| {
+                let new = !filter.may_hold(hash);
+                filter.add(hash);
+                new
+            })
+            .count();
+        let first = self.entries.len();
+        reserve_page_entries(&mut self.entries, n, page_blocks);
+        self.entries.extend(hashes[..n].iter().map(|&hash| HashEntry::new(hash, state)));
+        if state == EMPTY {
+            self.dead += n as u32;
+        }
+        match &mut self.lookup {
+            Some(lookup) => {
+                for (&hash, i) in hashes[..n].iter().zip(first as u32..) {
+                    lookup.insert(hash, i);
+                }
+            }
+            None if self.entries.len() > SCAN_PAGES * page_blocks => self.index(),
+            None => {}
+        }
+        n
     }
 
     /// Builds the lookup of positions by hash (again, after a compaction).
