@@ -128,13 +128,14 @@ impl Page {
         i
     }
 
-    /// Appends `keys`' blocks (of this page), stamped `stamp`, `stamp + 1`, ...; returns the
-    /// first one's position (the rest follow it).
+    /// Appends `keys`' blocks (of this page), stamped `stamp`, `stamp + 1`, ... (no stamp
+    /// among them wraps round); returns the first one's position (the rest follow it).
     fn push_run(&mut self, keys: &[PageKey], stamp: u32) -> usize {
         let first = self.entries.len();
         reserve_page_entries(&mut self.entries, keys.len(), PAGE_BLOCKS);
-        for (key, stamp) in keys.iter().zip(stamp..) {
-            self.entries.push(HashEntry::new(key.hash, stamp));
+        // A copy of known length, written without a check a block.
+        self.entries.extend(keys.iter().enumerate().map(|(j, key)| HashEntry::new(key.hash, stamp + j as u32)));
+        for key in keys {
             self.filter.add(key.hash);
         }
         self.live += keys.len() as u32;
