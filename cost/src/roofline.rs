@@ -109,11 +109,18 @@ impl ContextFreeTerms {
     /// The step's terms when its decodes' contexts sum to `decode_context_tokens`.
     #[inline]
     fn at_context(&self, decode_context_tokens: u64) -> StepBreakdown {
-        let pairs = (self.prefill_pairs + decode_context_tokens) as f64 / self.cp;
+        self.at_counts((self.prefill_pairs + decode_context_tokens) as f64, decode_context_tokens as f64)
+    }
+
+    /// [`ContextFreeTerms::at_context`] given the attention's (query, key) pairs,
+    /// `prefill_pairs + decode_context_tokens`, and `decode_context_tokens`, as `f64`s.
+    #[inline]
+    fn at_counts(&self, pairs: f64, decode_context_tokens: f64) -> StepBreakdown {
+        let pairs = pairs / self.cp;
         let attention_compute_s = self.attention_s_per_pair * pairs * self.rank_share;
         // KV read: a decode step reads its whole context (see `context_free_terms` for the
         // prefill's part); KV written: one entry per new token.
-        let kv_tokens = decode_context_tokens as f64 + self.prefill_read + self.tokens;
+        let kv_tokens = decode_context_tokens + self.prefill_read + self.tokens;
         let attention_memory_s = self.kv_s_per_token * kv_tokens / self.cp * self.rank_share;
         StepBreakdown {
             compute_s: self.compute_but_attention_s + attention_compute_s,
@@ -309,8 +316,22 @@ impl CostModel {
             return;
         }
         let terms = self.context_free_terms(stats);
+        let first = stats.decode_context_tokens;
+        let last =
+            grow.checked_mul(u64::from(steps)).and_then(|g| g.checked_add(first)?.checked_add(terms.prefill_pairs));
+        if last.is_some_and(|last| last < 1 << f64::MANTISSA_DIGITS) {
+            // Below 2^53 the counts are exact in `f64`, and so are their sums: the contexts
+            // grow by an addition a step, with no conversion.
+            let (mut pairs, mut context, grow) = ((terms.prefill_pairs + first) as f64, first as f64, grow as f64);
+            for _ in 0..steps {
+                each(Dur::from_secs_f64(terms.at_counts(pairs, context).total_s()));
+                pairs += grow;
+                context += grow;
+            }
+            return;
+        }
         for j in 0..steps {
-            each(Dur::from_secs_f64(terms.at_context(stats.decode_context_tokens + grow * u64::from(j)).total_s()));
+            each(Dur::from_secs_f64(terms.at_context(first + grow * u64::from(j)).total_s()));
         }
     }
 

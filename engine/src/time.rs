@@ -35,6 +35,9 @@ impl Time {
     }
 }
 
+/// 2^52: the `f64`s from here on are all whole numbers.
+const EXACT_FRACTION: f64 = 4_503_599_627_370_496.0;
+
 impl Dur {
     pub const ZERO: Dur = Dur(0);
 
@@ -42,12 +45,21 @@ impl Dur {
         Dur(ms.saturating_mul(1_000))
     }
 
-    /// Rounds to the nearest microsecond; negative and NaN inputs give zero.
+    /// Rounds to the nearest microsecond (halves away from zero, as `f64::round`); negative
+    /// and NaN inputs give zero.
+    #[inline]
     pub fn from_secs_f64(secs: f64) -> Dur {
-        if secs.is_finite() && secs > 0.0 {
-            Dur((secs * 1e6).round() as u64)
+        if !(secs.is_finite() && secs > 0.0) {
+            return Dur(0);
+        }
+        let us = secs * 1e6;
+        // `f64::round` without its library call (a simulation prices millions of steps):
+        // below 2^52 the fraction `us - whole` is exact; from there every `f64` is whole.
+        let whole = us as u64;
+        if us < EXACT_FRACTION && us - whole as f64 >= 0.5 {
+            Dur(whole + 1)
         } else {
-            Dur(0)
+            Dur(whole)
         }
     }
 
@@ -98,5 +110,45 @@ impl Sub for Time {
     type Output = Dur;
     fn sub(self, earlier: Time) -> Dur {
         self.since(earlier)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dur;
+
+    /// What `Dur::from_secs_f64` must give: `f64::round` of the microseconds.
+    fn rounded(secs: f64) -> Dur {
+        Dur(if secs.is_finite() && secs > 0.0 { (secs * 1e6).round() as u64 } else { 0 })
+    }
+
+    #[test]
+    fn seconds_round_to_microseconds_as_f64_round_does() {
+        let halves = (0..2000u32).map(|k| (f64::from(k) + 0.5) * 1e-6);
+        let edges = [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1e-300,
+            0.5e-6f64.next_down(),
+            4.5e9,
+            4.503599627370497e9,
+            1e13,
+            2e13,
+            1e300,
+        ];
+        for secs in halves.chain(edges) {
+            assert_eq!(Dur::from_secs_f64(secs), rounded(secs), "{secs:e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_seconds_round_as_f64_round_does(bits in proptest::num::u64::ANY, small in 0.0f64..1e4) {
+            let any = f64::from_bits(bits);
+            proptest::prop_assert_eq!(Dur::from_secs_f64(any), rounded(any));
+            proptest::prop_assert_eq!(Dur::from_secs_f64(small), rounded(small));
+        }
     }
 }
