@@ -108,11 +108,6 @@ impl Node {
             self.page_above
         }
     }
-
-    /// The store key of the block at index `i` of the run.
-    fn key(&self, i: usize) -> PageKey {
-        PageKey { hash: self.hashes[i], page: self.page_of(self.start + i as u32) }
-    }
 }
 
 /// Hasher of the index's (parent, hash) keys. Block hashes are already uniformly mixed, so
@@ -501,9 +496,16 @@ impl PrefixTree {
             debug_assert!(node.refs == 0 && node.children == 0, "the LRU head is always an unreferenced leaf");
             let len = node.hashes.len();
             let kept = len - (n as usize).min(len);
-            for i in (kept..len).rev() {
-                blocks.push(node.blocks[i]);
-                keys.push(node.key(i));
+            blocks.extend(node.blocks[kept..].iter().rev());
+            // The keys a page at a time, from the run's end: a page's blocks share its name.
+            let mut end = len;
+            while end > kept {
+                let depth = node.start + end as u32 - 1;
+                let page_first = depth / PAGE_BLOCKS as u32 * PAGE_BLOCKS as u32;
+                let from = kept.max(page_first.saturating_sub(node.start) as usize);
+                let page = node.page_of(depth);
+                keys.extend(node.hashes[from..end].iter().rev().map(|&hash| PageKey { hash, page }));
+                end = from;
             }
             // The block taken last: the run's first when the leaf is emptied.
             let last = node.hashes[kept];
