@@ -125,28 +125,36 @@ impl KvEvents {
 
     /// Appends that the blocks `keys` were stored in `tier`, in order.
     #[inline]
-    pub fn stored_all(&mut self, tier: Tier, keys: impl IntoIterator<Item = PageKey>) {
+    pub fn stored_all<I: IntoIterator<Item = PageKey, IntoIter: Clone>>(&mut self, tier: Tier, keys: I) {
         self.push_keys(Op::Stored(tier), keys);
     }
 
     /// Appends that the blocks `keys` were removed from `tier`, in order.
     #[inline]
-    pub fn removed_all(&mut self, tier: Tier, keys: impl IntoIterator<Item = PageKey>) {
+    pub fn removed_all<I: IntoIterator<Item = PageKey, IntoIter: Clone>>(&mut self, tier: Tier, keys: I) {
         self.push_keys(Op::Removed(tier), keys);
     }
 
-    /// Appends blocks' events of one kind: the page of the run they extend kept at hand, not
-    /// read back from the last head at every block.
+    /// Appends blocks' events of one kind in two passes: the runs' heads where the page
+    /// changes (the first key's checked against the run it may extend), then the hashes in
+    /// one copy of known length.
     #[inline(always)]
-    fn push_keys(&mut self, op: Op, keys: impl IntoIterator<Item = PageKey>) {
-        let mut page = self.heads.last().filter(|h| h.op == op).map(|h| h.page);
-        for key in keys {
-            if page != Some(key.page) {
-                self.heads.push(Head { op, page: key.page, start: self.start() });
-                page = Some(key.page);
-            }
-            self.hashes.push(key.hash);
+    fn push_keys<I: IntoIterator<Item = PageKey, IntoIter: Clone>>(&mut self, op: Op, keys: I) {
+        let keys = keys.into_iter();
+        let mut rest = keys.clone();
+        let Some(first) = rest.next() else { return };
+        let start = self.start();
+        if !self.heads.last().is_some_and(|h| h.op == op && h.page == first.page) {
+            self.heads.push(Head { op, page: first.page, start });
         }
+        let mut page = first.page;
+        for (key, at) in rest.zip(start + 1..) {
+            if key.page != page {
+                self.heads.push(Head { op, page: key.page, start: at });
+                page = key.page;
+            }
+        }
+        self.hashes.extend(keys.map(|key| key.hash));
     }
 
     #[inline(always)]
@@ -270,9 +278,20 @@ mod tests {
         assert_eq!(events.len(), 7);
     }
 
+    /// Whether two events are of one kind and tier.
+    fn same_op(a: &KvEvent, b: &KvEvent) -> bool {
+        match (*a, *b) {
+            (KvEvent::Stored { tier: s, .. }, KvEvent::Stored { tier: t, .. }) => s == t,
+            (KvEvent::Removed { tier: s, .. }, KvEvent::Removed { tier: t, .. }) => s == t,
+            (KvEvent::Cleared, KvEvent::Cleared) => true,
+            _ => false,
+        }
+    }
+
     proptest::proptest! {
         /// Whatever the events, a batch gives them back in order, block by block; appending
-        /// one batch to another gives the runs pushing all the events to one would.
+        /// one batch to another, or giving them a stretch of one kind and tier at a time, gives
+        /// the runs pushing all the events to one would.
         #[test]
         fn a_batch_gives_back_its_events(
             events in proptest::collection::vec((0u8..3, 0u8..3, 0u64..6, 0u64..3), 0..60),
@@ -287,7 +306,21 @@ mod tests {
             let mut second: KvEvents = events[split..].iter().copied().collect();
             first.append(&mut second);
             proptest::prop_assert!(second.is_empty());
-            proptest::prop_assert_eq!(first, batch);
+            proptest::prop_assert_eq!(&first, &batch);
+            // The same events given a stretch of one kind and tier at a time.
+            let mut by_stretch = KvEvents::new();
+            for stretch in events.chunk_by(same_op) {
+                let keys = stretch.iter().filter_map(|e| match *e {
+                    KvEvent::Stored { hash, page, .. } | KvEvent::Removed { hash, page, .. } => Some(PageKey { hash, page }),
+                    KvEvent::Cleared => None,
+                });
+                match stretch[0] {
+                    KvEvent::Stored { tier, .. } => by_stretch.stored_all(tier, keys),
+                    KvEvent::Removed { tier, .. } => by_stretch.removed_all(tier, keys),
+                    KvEvent::Cleared => by_stretch.extend(stretch.iter().copied()),
+                }
+            }
+            proptest::prop_assert_eq!(by_stretch, batch);
         }
     }
 }
