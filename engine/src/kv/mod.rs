@@ -90,7 +90,7 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Scratch: the blocks an allocation evicted.
+    /// Scratch: the blocks an allocation evicted (and those a promotion found in L3).
     evicting: Vec<PageKey>,
     /// Scratch: what putting `evicting` in a store added and pushed out.
     scratch: Scratch,
@@ -292,18 +292,24 @@ impl KvCache {
             return false;
         }
         let from = seq.tree_blocks as usize;
-        // Out of L2 first, so that the demotions `allocate` causes cannot push them out.
+        // Out of L2 first, so that the demotions `allocate` causes cannot push them out; the
+        // blocks found in L3 instead are used there. Each store goes over the blocks a page
+        // at a time (its order of uses is its own: the two need not interleave).
         {
-            let shared = self.l3.clone();
-            let mut l3 = shared.as_ref().map(SharedStore::lock);
-            for key in (from..from + n as usize).map(|i| PageKey::at(hashes, i)) {
-                if self.l2.remove(key) {
-                    if let Some(events) = self.tree.events_mut() {
-                        events.removed(Tier::L2, key.hash, key.page);
-                    }
-                } else if let Some(l3) = &mut l3 {
-                    l3.touch(key);
-                }
+            let pages = PageKey::pages(hashes, from..from + n as usize);
+            let mut events = self.tree.events_mut();
+            let in_l3 = &mut self.evicting;
+            in_l3.clear();
+            self.l2.remove_all(pages, |key, removed| match events.as_deref_mut() {
+                Some(events) if removed => events.removed(Tier::L2, key.hash, key.page),
+                _ if removed => {}
+                _ => in_l3.push(key),
+            });
+            if let Some(l3) = &self.l3 {
+                l3.lock().touch_all(in_l3);
+            }
+            if in_l3.capacity() > KEPT_SCRATCH {
+                *in_l3 = Vec::new();
             }
         }
         let ok = self.allocate(seq, n);
@@ -325,8 +331,8 @@ impl KvCache {
         // tiers. Shared blocks were in L1 already, hence not in L2.
         if !self.l2.is_empty() {
             let mut events = self.tree.events_mut();
-            self.l2.remove_all((new..upto).map(|i| PageKey::at(hashes, i)), |key| {
-                if let Some(events) = events.as_deref_mut() {
+            self.l2.remove_all(PageKey::pages(hashes, new..upto), |key, removed| {
+                if let Some(events) = events.as_deref_mut().filter(|_| removed) {
                     events.removed(Tier::L2, key.hash, key.page);
                 }
             });

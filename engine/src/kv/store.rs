@@ -30,6 +30,7 @@ use crate::block_map::{push_page_entry, reserve_page_entries, BlockMap, HashEntr
 use crate::ids::BlockHash;
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Positions of a chain in one page (tests use small pages, so that short prompts cross
@@ -48,6 +49,21 @@ impl PageKey {
     /// The key of the block at position `i` of a prompt's chained `hashes` (from its start).
     pub fn at(hashes: &[BlockHash], i: usize) -> PageKey {
         PageKey { hash: hashes[i], page: hashes[i / PAGE_BLOCKS * PAGE_BLOCKS] }
+    }
+
+    /// The blocks at positions `range` of a prompt's chained `hashes`, a page at a time: the
+    /// page's name and its blocks in the range.
+    pub fn pages(hashes: &[BlockHash], range: Range<usize>) -> impl Iterator<Item = (BlockHash, &[BlockHash])> {
+        let mut at = range.start;
+        std::iter::from_fn(move || {
+            (at < range.end).then(|| {
+                let first = at / PAGE_BLOCKS * PAGE_BLOCKS;
+                let end = (first + PAGE_BLOCKS).min(range.end);
+                let page = (hashes[first], &hashes[at..end]);
+                at = end;
+                page
+            })
+        })
     }
 }
 
@@ -504,26 +520,49 @@ impl BlockLru {
         true
     }
 
-    /// Removes `keys` (a prompt's blocks, page after page), as [`BlockLru::remove`] one by
-    /// one, handing each block removed to `removed`: a page looked up once for its run of
-    /// keys, none of them looked for when the store lacks it.
-    pub fn remove_all(&mut self, keys: impl IntoIterator<Item = PageKey>, mut removed: impl FnMut(PageKey)) {
-        let mut at: Option<(BlockHash, Option<u32>)> = None;
-        for key in keys {
-            let slot = match at {
-                Some((page, slot)) if page == key.page => slot,
-                _ => self.slot(key.page),
-            };
-            at = Some((key.page, slot));
-            let Some(slot) = slot else { continue };
-            let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) else { continue };
-            self.near.set(i as u32);
-            self.take(slot, i);
-            if self.pages[slot as usize].live == 0 {
-                // Its last block gone, the page's slot is free.
-                at = Some((key.page, None));
+    /// Removes the blocks `pages` gives (a prompt's, a page at a time: [`PageKey::pages`]), as
+    /// [`BlockLru::remove`] one by one, handing each to `each` with whether it was here (and
+    /// is now removed): a page looked up once for its blocks, none of them looked for when the
+    /// store lacks it.
+    pub fn remove_all<'a>(
+        &mut self,
+        pages: impl IntoIterator<Item = (BlockHash, &'a [BlockHash])>,
+        mut each: impl FnMut(PageKey, bool),
+    ) {
+        for (page, hashes) in pages {
+            let mut slot = self.slot(page);
+            for &hash in hashes {
+                let key = PageKey { hash, page };
+                let found = slot.and_then(|s| Some((s, self.pages[s as usize].find(hash, self.near.get() as usize)?)));
+                let Some((s, i)) = found else {
+                    each(key, false);
+                    continue;
+                };
+                self.near.set(i as u32);
+                self.take(s, i);
+                if self.pages[s as usize].live == 0 {
+                    // Its last block gone, the page's slot is free.
+                    slot = None;
+                }
+                each(key, true);
             }
-            removed(key);
+        }
+        self.compact_if_stale();
+    }
+
+    /// Marks `keys` (a prompt's blocks, page after page) as just used, in order, as
+    /// [`BlockLru::touch`] one by one: a page looked up once for its run of keys, and one
+    /// check for stale uses at the end.
+    pub fn touch_all(&mut self, keys: &[PageKey]) {
+        for run in keys.chunk_by(|a, b| a.page == b.page) {
+            let Some(slot) = self.slot(run[0].page) else { continue };
+            for key in run {
+                let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) else { continue };
+                self.near.set(i as u32);
+                let stamp = self.next_stamp;
+                self.pages[slot as usize].entries[i].value = stamp;
+                self.note_use(slot, i, stamp);
+            }
         }
         self.compact_if_stale();
     }
@@ -838,10 +877,25 @@ mod tests {
                 keys.dedup();
                 if op == 5 {
                     // The whole run's removal at once, as a commit removes superseded copies.
-                    let mut removed = Vec::new();
-                    lru.remove_all(keys.iter().copied(), |key| removed.push(key));
-                    let want: Vec<PageKey> = keys.iter().copied().filter(|&key| model.remove(key)).collect();
-                    proptest::prop_assert_eq!(removed, want);
+                    let mut answers = Vec::new();
+                    let hashes: Vec<Vec<BlockHash>> =
+                        keys.chunk_by(|a, b| a.page == b.page).map(|run| run.iter().map(|k| k.hash).collect()).collect();
+                    let pages = keys.chunk_by(|a, b| a.page == b.page).map(|run| run[0].page).zip(&hashes);
+                    lru.remove_all(pages.map(|(page, hashes)| (page, &hashes[..])), |key, removed| {
+                        answers.push((key, removed))
+                    });
+                    let want: Vec<(PageKey, bool)> = keys.iter().map(|&key| (key, model.remove(key))).collect();
+                    proptest::prop_assert_eq!(answers, want);
+                    lru.check_invariants();
+                    continue;
+                }
+                if op == 2 && down {
+                    // The whole run's touches at once, as a promotion's from L3.
+                    lru.touch_all(&keys);
+                    for &key in &keys {
+                        model.touch(key);
+                    }
+                    proptest::prop_assert_eq!(lru.len() as usize, model.order.len());
                     lru.check_invariants();
                     continue;
                 }
@@ -885,6 +939,14 @@ mod tests {
         let mut lru = BlockLru::new(0);
         assert_eq!(lru.insert(k(1)), Some(k(1)));
         assert!(lru.is_empty());
+    }
+
+    #[test]
+    fn a_prompts_blocks_go_a_page_at_a_time() {
+        let hashes: Vec<BlockHash> = (0..10).map(BlockHash).collect();
+        let pages: Vec<(BlockHash, &[BlockHash])> = PageKey::pages(&hashes, 3..9).collect();
+        assert_eq!(pages, [(hashes[0], &hashes[3..4]), (hashes[4], &hashes[4..8]), (hashes[8], &hashes[8..9])]);
+        assert_eq!(PageKey::pages(&hashes, 5..5).count(), 0);
     }
 
     #[test]
