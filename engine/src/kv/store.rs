@@ -338,9 +338,15 @@ impl BlockLru {
     /// Where `key` is: its page's slot and its position there.
     fn find(&self, key: PageKey) -> Option<(u32, usize)> {
         let slot = self.slot(key.page)?;
-        let i = self.pages[slot as usize].find(key.hash, self.near.get() as usize)?;
+        Some((slot, self.find_in(slot, key.hash)?))
+    }
+
+    /// Where `hash` is in the page in `slot`, looked for first beside the last position found,
+    /// which it becomes.
+    fn find_in(&self, slot: u32, hash: BlockHash) -> Option<usize> {
+        let i = self.pages[slot as usize].find(hash, self.near.get() as usize)?;
         self.near.set(i as u32);
-        Some((slot, i))
+        Some(i)
     }
 
     /// What `last` says of `page`, if it names it: its slot, or `None` when the store lacks it.
@@ -388,8 +394,7 @@ impl BlockLru {
             Probe::Vacant(_) => None,
         });
         if let Some(slot) = found {
-            if let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) {
-                self.near.set(i as u32);
+            if let Some(i) = self.find_in(slot, key.hash) {
                 self.use_at(slot, i);
                 return Put::Refreshed;
             }
@@ -508,9 +513,15 @@ impl BlockLru {
 
     /// Marks the block at position `i` of the page in `slot` as just used.
     fn use_at(&mut self, slot: u32, i: usize) {
+        self.note_use_at(slot, i);
+        self.compact_if_stale();
+    }
+
+    /// [`BlockLru::use_at`] without the check for stale uses (one check after a run of uses).
+    fn note_use_at(&mut self, slot: u32, i: usize) {
         let stamp = self.next_stamp;
         self.pages[slot as usize].entries[i].value = stamp;
-        self.used(slot, i, stamp);
+        self.note_use(slot, i, stamp);
     }
 
     pub fn remove(&mut self, key: PageKey) -> bool {
@@ -533,12 +544,10 @@ impl BlockLru {
             let mut slot = self.slot(page);
             for &hash in hashes {
                 let key = PageKey { hash, page };
-                let found = slot.and_then(|s| Some((s, self.pages[s as usize].find(hash, self.near.get() as usize)?)));
-                let Some((s, i)) = found else {
+                let Some((s, i)) = slot.and_then(|s| Some((s, self.find_in(s, hash)?))) else {
                     each(key, false);
                     continue;
                 };
-                self.near.set(i as u32);
                 self.take(s, i);
                 if self.pages[s as usize].live == 0 {
                     // Its last block gone, the page's slot is free.
@@ -557,11 +566,8 @@ impl BlockLru {
         for run in keys.chunk_by(|a, b| a.page == b.page) {
             let Some(slot) = self.slot(run[0].page) else { continue };
             for key in run {
-                let Some(i) = self.pages[slot as usize].find(key.hash, self.near.get() as usize) else { continue };
-                self.near.set(i as u32);
-                let stamp = self.next_stamp;
-                self.pages[slot as usize].entries[i].value = stamp;
-                self.note_use(slot, i, stamp);
+                let Some(i) = self.find_in(slot, key.hash) else { continue };
+                self.note_use_at(slot, i);
             }
         }
         self.compact_if_stale();
