@@ -296,7 +296,10 @@ mod tests {
         let r = run(r#"routers = [{ name = "cache-aware", copy_weight = 2.0 }]"#);
         let space = SearchSpace::new(&r, &[], &BTreeMap::new()).expect("space");
         let names: Vec<&str> = space.dims.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["copy_weight", "stall_weight", "own_weight", "hot_factor", "hot_slack", "kv_weight"]);
+        assert_eq!(
+            names,
+            ["copy_weight", "stall_weight", "own_weight", "hot_factor", "hot_slack", "kv_weight", "left_weight"]
+        );
         let copy = &space.dims[0];
         assert_eq!((copy.lo, copy.start, copy.hi), (0.5, 2.0, 8.0));
         // hot_factor's own range starts at 1.

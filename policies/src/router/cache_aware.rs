@@ -15,7 +15,8 @@
 //! stall_s(i)  = STALL_WEIGHT × suffix_s(i) × running(i) × requests(i) / decode tokens left(i)
 //! own_s(i)    = OWN_WEIGHT × step_s(i)
 //! kv_s(i)     = KV_WEIGHT × max(0, KV on i + decode tokens left(i) + prompt − KV capacity(i)) / R
-//! score(i)    = ttft(i) + stall_s(i) + own_s(i) + kv_s(i)
+//! left_s(i)   = LEFT_WEIGHT × decode tokens left(i) / R
+//! score(i)    = ttft(i) + stall_s(i) + own_s(i) + kv_s(i) + left_s(i)
 //! ```
 //!
 //! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
@@ -46,6 +47,11 @@
 //! the capacity waits for others to finish or makes the engine preempt one, which computes
 //! its tokens again: priced as prefill tokens. It is zero wherever the KV can take the
 //! request, so it only speaks where memory, not compute, is the limit (long outputs).
+//! `left_s` is the same quantity before the capacity is reached: the tokens i's requests
+//! have still to generate are KV it will hold, and decode steps it will run, for a while yet
+//! (what `least-outstanding` balances). Weighted at half a prompt token's prefill, it moves
+//! placements between instances the other terms find alike towards the one that empties
+//! sooner.
 //!
 //! Guard against piling onto one hot instance: the prediction does not see the decode batch a
 //! popular prefix draws until it runs. An instance whose requests in flight exceed
@@ -73,6 +79,8 @@ pub const STALL_WEIGHT: f64 = 1.0;
 pub const OWN_WEIGHT: f64 = 4.0;
 /// Prefill-seconds of score per token the instance's KV would be over-committed by.
 pub const KV_WEIGHT: f64 = 0.5;
+/// Prefill-seconds of score per token the instance's requests have still to generate.
+pub const LEFT_WEIGHT: f64 = 0.5;
 
 /// The rule's weights; [`Default`] is the rule as documented.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,6 +91,7 @@ pub struct CacheAwareConfig {
     pub hot_factor: f64,
     pub hot_slack: f64,
     pub kv_weight: f64,
+    pub left_weight: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -94,6 +103,7 @@ impl Default for CacheAwareConfig {
             hot_factor: HOT_FACTOR,
             hot_slack: HOT_SLACK,
             kv_weight: KV_WEIGHT,
+            left_weight: LEFT_WEIGHT,
         }
     }
 }
@@ -105,6 +115,7 @@ crate::params!(CacheAwareConfig, "cache-aware", {
     hot_factor: float from 1.0 ..= 64.0, "an instance with more requests in flight than this times the mean (plus hot_slack) is hot";
     hot_slack: float from 0.0 ..= 1024.0, "requests in flight above hot_factor times the mean before an instance is hot";
     kv_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's KV would be over-committed by (held plus still to generate, beyond capacity)";
+    left_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's requests have still to generate";
 });
 
 impl RouterFactory for CacheAwareConfig {
@@ -141,6 +152,8 @@ struct Estimate {
     own_s: f64,
     /// The KV-side term: see the module doc.
     kv_s: f64,
+    /// The decode-tokens-left term: see the module doc.
+    left_s: f64,
     uncached_tokens: u64,
 }
 
@@ -150,7 +163,7 @@ impl Estimate {
     }
 
     fn score_s(&self) -> f64 {
-        self.ttft_s() + self.stall_s + self.own_s + self.kv_s
+        self.ttft_s() + self.stall_s + self.own_s + self.kv_s + self.left_s
     }
 }
 
@@ -202,6 +215,7 @@ impl CacheAware {
             stall_s: c.stall_weight * prefill_s * stalled,
             own_s: c.own_weight * step_s,
             kv_s: c.kv_weight * (fullest - capacity).max(0.0) / h.prefill_tokens_per_s,
+            left_s: c.left_weight * v.load.decode_tokens_left as f64 / h.prefill_tokens_per_s,
             uncached_tokens,
         }
     }
@@ -267,6 +281,7 @@ impl Router for CacheAware {
                 stall_ms: ms(e.stall_s),
                 own_ms: ms(e.own_s),
                 kv_ms: ms(e.kv_s),
+                left_ms: ms(e.left_s),
                 score_ms: ms(e.score_s()),
                 all_guarded: guarded,
             },

@@ -132,6 +132,7 @@ pub enum Why {
         stall_ms: f64,
         own_ms: f64,
         kv_ms: f64,
+        left_ms: f64,
         score_ms: f64,
         all_guarded: bool,
     },

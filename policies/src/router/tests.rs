@@ -402,7 +402,7 @@ fn a_router_parameter_unknown_or_out_of_range_is_refused_by_name_with_its_range(
     let e = with("cache-aware", "copy", 1.0).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack, kv_weight)"
+        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack, kv_weight, left_weight)"
     );
     assert_eq!(
         with("round-robin", "x", 1.0).unwrap_err().to_string(),
@@ -571,11 +571,16 @@ fn decoding(running: u32, decode_tokens_left: u64) -> Load {
     Load { running, decode_tokens_left, kv_total_blocks: 100_000, ..Load::default() }
 }
 
+/// cache-aware without its decode-tokens-left term, for the tests of the terms it would blur.
+fn without_left() -> RouterConfig {
+    RouterConfig::CacheAware(CacheAwareConfig { left_weight: 0.0, ..CacheAwareConfig::default() })
+}
+
 #[test]
 fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() {
     // 0 decodes 60 requests (100 tokens left each on average), 1 is idle; neither has a
     // queue, so the time to first token is the same (50 ms of prefill, no prefix).
-    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
+    let mut c = controller(without_left(), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(60, 6_000));
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
@@ -595,7 +600,7 @@ fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() 
 fn cache_aware_counts_a_stall_against_the_tokens_the_running_requests_have_left() {
     // 0 runs 10 requests about to finish (10 tokens left each); 1 runs 40 with 1,000 left
     // each. The same 50 ms of prefill adds 5 ms to each of 0's TPOTs, 0.05 ms to 1's.
-    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
+    let mut c = controller(without_left(), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(10, 100));
     report_load(&mut c, 1, decoding(40, 40_000));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
@@ -637,10 +642,31 @@ fn cache_aware_keeps_a_prompt_off_an_instance_whose_kv_would_overflow() {
     // 1 fits (no KV term) but stalls more: 50 ms × 10 × 10 / 1,000 = 5 ms against 0's
     // 0.6 ms; 0's overflow costs 0.5 × 2,000 / 40,000 tokens/s = 25 ms.
     assert_eq!((kv_ms, stall_ms), (0.0, 5.0));
-    // Without the KV side the smaller stall wins.
-    let config = CacheAwareConfig { kv_weight: 0.0, ..CacheAwareConfig::default() };
+    // Without the KV side (and the tokens left, which see the same 7,000 more on 0) the
+    // smaller stall wins.
+    let config = CacheAwareConfig { kv_weight: 0.0, left_weight: 0.0, ..CacheAwareConfig::default() };
     let route = setup(config).route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
+}
+
+#[test]
+fn cache_aware_prefers_the_instance_whose_requests_have_fewer_tokens_left() {
+    // The same batch of 20 on both, the same queue: 0's requests have 20,000 tokens still to
+    // generate, 1's 4,000. The prompt's stall is smaller on 0 (spread over more tokens: 1 ms
+    // against 5 ms), but 0's batch will hold its KV and its steps five times as long.
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
+    report_load(&mut c, 0, decoding(20, 20_000));
+    report_load(&mut c, 1, decoding(20, 4_000));
+    let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
+    assert_eq!(route.prefill, InstanceId(1));
+    let Why::CacheAware { left_ms, .. } = route.why else { panic!("not a cache-aware reason") };
+    // 0.5 × 4,000 tokens / 40,000 tokens/s = 50 ms (on 0 it would have been 250 ms).
+    assert_eq!(left_ms, 50.0);
+    // Without the term the smaller stall on 0 (1 ms against 5 ms) takes it.
+    let mut c = controller(without_left(), &[1_000_000; 2]);
+    report_load(&mut c, 0, decoding(20, 20_000));
+    report_load(&mut c, 1, decoding(20, 4_000));
+    assert_eq!(c.route(Time::ZERO, &request(2_000, 100)).unwrap().prefill, InstanceId(0));
 }
 
 #[test]
