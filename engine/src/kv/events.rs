@@ -5,6 +5,7 @@
 //! demotes, loads and caches whole runs of a chain, and a reader (the prefix index) goes
 //! along a run with no per-block decoding, at 8 bytes a block instead of 24.
 
+use super::page_runs::PageRuns;
 use super::store::PageKey;
 use super::tier::Tier;
 use crate::ids::BlockHash;
@@ -133,6 +134,32 @@ impl KvEvents {
     #[inline]
     pub fn removed_all<I: IntoIterator<Item = PageKey, IntoIter: Clone>>(&mut self, tier: Tier, keys: I) {
         self.push_keys(Op::Removed(tier), keys);
+    }
+
+    /// Appends that the blocks `runs` lists were stored in `tier`, in order.
+    #[inline]
+    pub fn stored_runs(&mut self, tier: Tier, runs: &PageRuns) {
+        self.push_runs(Op::Stored(tier), runs);
+    }
+
+    /// Appends that the blocks `runs` lists were removed from `tier`, in order.
+    #[inline]
+    pub fn removed_runs(&mut self, tier: Tier, runs: &PageRuns) {
+        self.push_runs(Op::Removed(tier), runs);
+    }
+
+    /// Appends blocks' events of one kind given as page runs: a head a run (the first one
+    /// joining the batch's last run when it continues it), the hashes in one copy.
+    #[inline]
+    fn push_runs(&mut self, op: Op, runs: &PageRuns) {
+        let mut start = self.start();
+        for (page, hashes) in runs.runs() {
+            if !self.heads.last().is_some_and(|h| h.op == op && h.page == page) {
+                self.heads.push(Head { op, page, start });
+            }
+            start += hashes.len() as u32;
+        }
+        self.hashes.extend_from_slice(runs.hashes());
     }
 
     /// Appends blocks' events of one kind in two passes: the runs' heads where the page
