@@ -399,11 +399,17 @@ impl PrefixTree {
         let node = &self.nodes[cursor.0 as usize];
         let depth = node.start + node.len();
         let mut page = if depth.is_multiple_of(PAGE_BLOCKS as u32) { first } else { node.page_of(depth) };
-        for (d, &h) in (depth..).zip(hashes) {
-            if d.is_multiple_of(PAGE_BLOCKS as u32) {
-                page = h;
+        // A page's run at a time: up to the next page boundary, then a page each.
+        let mut rest = hashes;
+        let mut take = PAGE_BLOCKS - depth as usize % PAGE_BLOCKS;
+        while !rest.is_empty() {
+            let (run, tail) = rest.split_at(take.min(rest.len()));
+            ev.stored_run(Tier::L1, page, run);
+            rest = tail;
+            take = PAGE_BLOCKS;
+            if let Some(&next) = rest.first() {
+                page = next;
             }
-            ev.stored(Tier::L1, h, page);
         }
     }
 
