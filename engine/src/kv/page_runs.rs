@@ -57,6 +57,16 @@ impl PageRuns {
         self.close_run(page, start);
     }
 
+    /// Appends the blocks `fill` pushes onto the hashes, of `page`, in order; returns what
+    /// `fill` does.
+    #[inline]
+    pub fn push_with<R>(&mut self, page: BlockHash, fill: impl FnOnce(&mut Vec<BlockHash>) -> R) -> R {
+        let start = self.hashes.len();
+        let r = fill(&mut self.hashes);
+        self.close_run(page, start);
+        r
+    }
+
     /// Appends one block.
     #[inline]
     pub fn push(&mut self, key: PageKey) {
@@ -122,9 +132,10 @@ mod tests {
                 let page = BlockHash(*page);
                 let hashes: Vec<BlockHash> = hashes.iter().map(|&h| BlockHash(h)).collect();
                 want.extend(hashes.iter().map(|&hash| PageKey { hash, page }));
-                match k % 3 {
+                match k % 4 {
                     0 => runs.push_run(page, hashes.iter().copied()),
                     1 => runs.extend_run(page, &hashes),
+                    2 => runs.push_with(page, |out| out.extend_from_slice(&hashes)),
                     _ => hashes.iter().for_each(|&hash| runs.push(PageKey { hash, page })),
                 }
             }

@@ -466,7 +466,7 @@ impl BlockLru {
     /// after taking out the victims that make room for them.
     fn add_run(&mut self, page: BlockHash, hashes: &[BlockHash], victims: &mut PageRuns) {
         let pops = (self.len as usize + hashes.len()).saturating_sub(self.capacity as usize);
-        self.pop_front_n(pops as u32, |key| victims.push(key));
+        self.pop_front_n(pops as u32, victims);
         // Looked up after the victims: they may have emptied this very page (and then
         // `last` no longer names it).
         let probe = match self.remembered(page) {
@@ -669,41 +669,56 @@ impl BlockLru {
     }
 
     fn pop_front(&mut self) -> Option<PageKey> {
-        let mut victim = None;
-        self.pop_front_n(1, |key| victim = Some(key));
-        victim
+        while let Some(&u) = self.order.front() {
+            let page = self.pages[u.slot as usize].name;
+            let mut victim = None;
+            if self.pop_front_entry(u, 1, |hash| victim = Some(PageKey { hash, page })) > 0 {
+                return victim;
+            }
+        }
+        None
     }
 
-    /// Takes out the `n` least recently used blocks (all, if fewer), handing each to `out`,
-    /// oldest first: the queue's front entry's uses read on its page in one go.
+    /// Takes out the `n` least recently used blocks (all, if fewer), appending them to
+    /// `victims`, oldest first: the queue's front entry's uses read on its page in one go, and
+    /// its blocks appended as a run of that page.
     #[inline]
-    fn pop_front_n(&mut self, mut n: u32, mut out: impl FnMut(PageKey)) {
+    fn pop_front_n(&mut self, mut n: u32, victims: &mut PageRuns) {
         while n > 0 {
             let Some(&u) = self.order.front() else { break };
-            let p = &mut self.pages[u.slot as usize];
-            let (mut k, mut found) = (0, 0);
-            while k < u32::from(u.len) && found < n {
-                let (pos, stamp) = u.at(k);
-                k += 1;
-                if p.used_at(pos, stamp) {
-                    out(PageKey { hash: p.entries[pos].hash(), page: p.name });
-                    p.remove_at(pos);
-                    found += 1;
-                }
-            }
-            if k == u32::from(u.len) {
-                self.order.pop_front();
-            } else if let Some(front) = self.order.front_mut() {
-                front.len -= k as u16;
-                front.stamp = front.stamp.wrapping_add(k);
-                front.first = if front.down { front.first - k } else { front.first + k };
-            }
-            self.queued -= k as usize;
-            if found > 0 {
-                self.taken(u.slot, found);
-            }
-            n -= found;
+            let page = self.pages[u.slot as usize].name;
+            n -= victims.push_with(page, |hashes| self.pop_front_entry(u, n, |hash| hashes.push(hash)));
         }
+    }
+
+    /// Takes out the blocks of the queue's front entry `u` that are live, up to `n` of them,
+    /// handing each hash to `out`, oldest first; returns how many. The entry is dropped, or
+    /// shortened by the uses gone through.
+    #[inline(always)]
+    fn pop_front_entry(&mut self, u: Uses, n: u32, mut out: impl FnMut(BlockHash)) -> u32 {
+        let p = &mut self.pages[u.slot as usize];
+        let (mut k, mut found) = (0, 0);
+        while k < u32::from(u.len) && found < n {
+            let (pos, stamp) = u.at(k);
+            k += 1;
+            if p.used_at(pos, stamp) {
+                out(p.entries[pos].hash());
+                p.remove_at(pos);
+                found += 1;
+            }
+        }
+        if k == u32::from(u.len) {
+            self.order.pop_front();
+        } else if let Some(front) = self.order.front_mut() {
+            front.len -= k as u16;
+            front.stamp = front.stamp.wrapping_add(k);
+            front.first = if front.down { front.first - k } else { front.first + k };
+        }
+        self.queued -= k as usize;
+        if found > 0 {
+            self.taken(u.slot, found);
+        }
+        found
     }
 
     /// Drops the stale uses once they outnumber twice the live ones (checked at every use:
