@@ -40,7 +40,7 @@ pub use events::{KvEvent, KvEvents, KvRun};
 pub use page_runs::PageRuns;
 pub use pool::BlockPool;
 pub use prefix_tree::{NodeId, PrefixTree};
-pub use store::{BlockLru, PageKey, Put, SharedStore, PAGE_BLOCKS};
+pub use store::{BlockLru, PageHolder, PageKey, Put, SharedStore, PAGE_BLOCKS};
 pub use tier::Tier;
 
 use crate::ids::{BlockHash, BlockId};
@@ -271,13 +271,19 @@ impl KvCache {
             return hit;
         }
         let l3 = self.l3.as_ref().map(SharedStore::lock);
-        for key in (from..limit).map(|i| PageKey::at(hashes, i)) {
-            if self.l2.contains(key) {
-                hit.l2 += 1;
-            } else if l3.as_ref().is_some_and(|s| s.contains(key)) {
-                hit.l3 += 1;
-            } else {
-                break;
+        // A page at a time: each store's page looked up once (L3's at the first block L2
+        // lacks).
+        for (page, hashes) in PageKey::pages(hashes, from..limit) {
+            let in_l2 = self.l2.page(page);
+            let mut in_l3 = None;
+            for &hash in hashes {
+                if in_l2.holds(hash) {
+                    hit.l2 += 1;
+                } else if l3.as_deref().is_some_and(|s| in_l3.get_or_insert_with(|| s.page(page)).holds(hash)) {
+                    hit.l3 += 1;
+                } else {
+                    return hit;
+                }
             }
         }
         hit

@@ -371,6 +371,12 @@ impl BlockLru {
         self.find(key).is_some()
     }
 
+    /// The blocks of `page` here, for [`PageHolder::holds`] to answer as
+    /// [`BlockLru::contains`] does, the page looked up once for all of them.
+    pub fn page(&self, page: BlockHash) -> PageHolder<'_> {
+        PageHolder { lru: self, slot: self.slot(page) }
+    }
+
     /// Adds `key` as the most recently used (or refreshes it). When the store is full, the
     /// least recently used block makes room and is returned. A store of capacity zero keeps
     /// nothing and hands the block straight back.
@@ -804,6 +810,20 @@ impl BlockLru {
         assert_eq!(self.iter().count(), self.len as usize, "one live use per held block");
         let live = self.len as usize;
         assert!(self.queued <= most_queued(live), "stale uses compacted");
+    }
+}
+
+/// A store's blocks of one page ([`BlockLru::page`]).
+pub struct PageHolder<'a> {
+    lru: &'a BlockLru,
+    slot: Option<u32>,
+}
+
+impl PageHolder<'_> {
+    /// Whether the block `hash` of the page is here.
+    #[inline]
+    pub fn holds(&self, hash: BlockHash) -> bool {
+        self.slot.is_some_and(|slot| self.lru.find_in(slot, hash).is_some())
     }
 }
 
