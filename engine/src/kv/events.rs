@@ -5,6 +5,7 @@
 //! demotes, loads and caches whole runs of a chain, and a reader (the prefix index) goes
 //! along a run with no per-block decoding, at 8 bytes a block instead of 24.
 
+use super::page_runs::PageRuns;
 use super::store::PageKey;
 use super::tier::Tier;
 use crate::ids::BlockHash;
@@ -135,6 +136,49 @@ impl KvEvents {
         self.push_keys(Op::Removed(tier), keys);
     }
 
+    /// Appends that the blocks `runs` lists were stored in `tier`, in order.
+    #[inline]
+    pub fn stored_runs(&mut self, tier: Tier, runs: &PageRuns) {
+        self.push_runs(Op::Stored(tier), runs);
+    }
+
+    /// Appends that the blocks `runs` lists were removed from `tier`, in order.
+    #[inline]
+    pub fn removed_runs(&mut self, tier: Tier, runs: &PageRuns) {
+        self.push_runs(Op::Removed(tier), runs);
+    }
+
+    /// Appends blocks' events of one kind given as page runs: a head a run (the first one
+    /// joining the batch's last run when it continues it), the hashes in one copy.
+    #[inline]
+    fn push_runs(&mut self, op: Op, runs: &PageRuns) {
+        let mut start = self.start();
+        for (page, hashes) in runs.runs() {
+            self.push_head(op, page, start);
+            start += hashes.len() as u32;
+        }
+        self.hashes.extend_from_slice(runs.hashes());
+    }
+
+    /// Appends that the blocks `hashes`, all of `page`, were stored in `tier`, in order (one
+    /// head at most, one copy).
+    #[inline]
+    pub fn stored_run(&mut self, tier: Tier, page: BlockHash, hashes: &[BlockHash]) {
+        if !hashes.is_empty() {
+            self.push_head(Op::Stored(tier), page, self.start());
+            self.hashes.extend_from_slice(hashes);
+        }
+    }
+
+    /// Starts a run of `op` on `page` at `start` (where the next hash goes), unless the
+    /// batch's last run is of that kind and page and goes on there.
+    #[inline(always)]
+    fn push_head(&mut self, op: Op, page: BlockHash, start: u32) {
+        if !self.heads.last().is_some_and(|h| h.op == op && h.page == page) {
+            self.heads.push(Head { op, page, start });
+        }
+    }
+
     /// Appends blocks' events of one kind in two passes: the runs' heads where the page
     /// changes (the first key's checked against the run it may extend), then the hashes in
     /// one copy of known length.
@@ -144,9 +188,7 @@ impl KvEvents {
         let mut rest = keys.clone();
         let Some(first) = rest.next() else { return };
         let start = self.start();
-        if !self.heads.last().is_some_and(|h| h.op == op && h.page == first.page) {
-            self.heads.push(Head { op, page: first.page, start });
-        }
+        self.push_head(op, first.page, start);
         let mut page = first.page;
         for (key, at) in rest.zip(start + 1..) {
             if key.page != page {
@@ -159,9 +201,7 @@ impl KvEvents {
 
     #[inline(always)]
     fn push_block(&mut self, op: Op, hash: BlockHash, page: BlockHash) {
-        if !self.heads.last().is_some_and(|h| h.op == op && h.page == page) {
-            self.heads.push(Head { op, page, start: self.start() });
-        }
+        self.push_head(op, page, self.start());
         self.hashes.push(hash);
     }
 

@@ -9,6 +9,7 @@
 //! | `tier.rs` | [`Tier`] |
 //! | `events.rs` | [`KvEvent`], and [`KvEvents`]: a batch of them kept as runs of a page's blocks |
 //! | `store.rs` | the LRU stores of L2 and L3, keyed by page (runs of a chain's blocks) |
+//! | `page_runs.rs` | [`PageRuns`]: blocks as runs of one page, a demotion's shape from eviction to events |
 //! | `mod.rs` | [`KvCache`]: allocation, prefix matching, insertion, demotion and promotion |
 //!
 //! # Tiers
@@ -29,15 +30,17 @@
 //! reclaims them on demand.
 
 mod events;
+mod page_runs;
 mod pool;
 mod prefix_tree;
 mod store;
 mod tier;
 
 pub use events::{KvEvent, KvEvents, KvRun};
+pub use page_runs::PageRuns;
 pub use pool::BlockPool;
 pub use prefix_tree::{NodeId, PrefixTree};
-pub use store::{BlockLru, PageKey, Put, SharedStore, PAGE_BLOCKS};
+pub use store::{BlockLru, PageHolder, PageKey, Put, SharedStore, PAGE_BLOCKS};
 pub use tier::Tier;
 
 use crate::ids::{BlockHash, BlockId};
@@ -90,8 +93,9 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
-    /// Scratch: the blocks an allocation evicted (and those a promotion found in L3).
-    evicting: Vec<PageKey>,
+    /// Scratch: the blocks an allocation evicted (and those a promotion found in L3), as
+    /// page runs from the tree's eviction to the events published.
+    evicting: PageRuns,
     /// Scratch: what putting `evicting` in a store added and pushed out.
     scratch: Scratch,
 }
@@ -112,7 +116,7 @@ impl KvCache {
             block_size,
             l2: BlockLru::new(l2_blocks),
             l3,
-            evicting: Vec::new(),
+            evicting: PageRuns::new(),
             scratch: Scratch::default(),
         }
     }
@@ -225,12 +229,12 @@ impl KvCache {
             demote(l3, Tier::L3, &self.evicting, &mut self.scratch, self.tree.events_mut());
         }
         if let Some(events) = self.tree.events_mut() {
-            events.removed_all(Tier::L1, self.evicting.iter().copied());
+            events.removed_runs(Tier::L1, &self.evicting);
         }
         // A rare allocation of most of L1 (a long prompt loaded from below) would leave every
         // instance's scratch that large for good.
         if self.evicting.capacity() > KEPT_SCRATCH {
-            self.evicting = Vec::new();
+            self.evicting = PageRuns::new();
             self.scratch = Scratch::default();
         }
     }
@@ -267,13 +271,19 @@ impl KvCache {
             return hit;
         }
         let l3 = self.l3.as_ref().map(SharedStore::lock);
-        for key in (from..limit).map(|i| PageKey::at(hashes, i)) {
-            if self.l2.contains(key) {
-                hit.l2 += 1;
-            } else if l3.as_ref().is_some_and(|s| s.contains(key)) {
-                hit.l3 += 1;
-            } else {
-                break;
+        // A page at a time: each store's page looked up once (L3's at the first block L2
+        // lacks).
+        for (page, hashes) in PageKey::pages(hashes, from..limit) {
+            let in_l2 = self.l2.page(page);
+            let mut in_l3 = None;
+            for &hash in hashes {
+                if in_l2.holds(hash) {
+                    hit.l2 += 1;
+                } else if l3.as_deref().is_some_and(|s| in_l3.get_or_insert_with(|| s.page(page)).holds(hash)) {
+                    hit.l3 += 1;
+                } else {
+                    return hit;
+                }
             }
         }
         hit
@@ -309,7 +319,7 @@ impl KvCache {
                 l3.lock().touch_all(in_l3);
             }
             if in_l3.capacity() > KEPT_SCRATCH {
-                *in_l3 = Vec::new();
+                *in_l3 = PageRuns::new();
             }
         }
         let ok = self.allocate(seq, n);
@@ -412,8 +422,8 @@ impl KvCache {
 /// What a store's puts of a demotion added, and the victims they pushed out.
 #[derive(Clone, Debug, Default)]
 struct Scratch {
-    added: Vec<PageKey>,
-    victims: Vec<PageKey>,
+    added: PageRuns,
+    victims: PageRuns,
 }
 
 /// Puts `keys`, evicted from L1, in `store` (of `tier`), and records in `events`, when given,
@@ -422,10 +432,10 @@ struct Scratch {
 /// to nobody. The order of events on one block is kept: a block added can be pushed out by
 /// the same demotion only when it demotes more than the store holds, and is then published
 /// put by put.
-fn demote(store: &mut BlockLru, tier: Tier, keys: &[PageKey], scratch: &mut Scratch, events: Option<&mut KvEvents>) {
+fn demote(store: &mut BlockLru, tier: Tier, keys: &PageRuns, scratch: &mut Scratch, events: Option<&mut KvEvents>) {
     if keys.len() > store.capacity() as usize {
         let mut events = events;
-        for &key in keys {
+        for key in keys.keys() {
             // A store of no capacity hands a block straight back: it keeps nothing.
             let Put::Added { evicted } = store.put(key) else { continue };
             if let Some(events) = events.as_deref_mut().filter(|_| evicted != Some(key)) {
@@ -442,8 +452,8 @@ fn demote(store: &mut BlockLru, tier: Tier, keys: &[PageKey], scratch: &mut Scra
     victims.clear();
     store.put_all(keys, added, victims);
     if let Some(events) = events {
-        events.removed_all(tier, victims.iter().copied());
-        events.stored_all(tier, added.iter().copied());
+        events.removed_runs(tier, victims);
+        events.stored_runs(tier, added);
     }
 }
 

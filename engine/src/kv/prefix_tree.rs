@@ -35,7 +35,8 @@
 //! | evict one block | O(1) |
 
 use super::events::KvEvents;
-use super::store::{PageKey, PAGE_BLOCKS};
+use super::page_runs::PageRuns;
+use super::store::PAGE_BLOCKS;
 use super::tier::Tier;
 use super::BlockPool;
 use crate::ids::{BlockHash, BlockId};
@@ -398,11 +399,17 @@ impl PrefixTree {
         let node = &self.nodes[cursor.0 as usize];
         let depth = node.start + node.len();
         let mut page = if depth.is_multiple_of(PAGE_BLOCKS as u32) { first } else { node.page_of(depth) };
-        for (d, &h) in (depth..).zip(hashes) {
-            if d.is_multiple_of(PAGE_BLOCKS as u32) {
-                page = h;
+        // A page's run at a time: up to the next page boundary, then a page each.
+        let mut rest = hashes;
+        let mut take = PAGE_BLOCKS - depth as usize % PAGE_BLOCKS;
+        while !rest.is_empty() {
+            let (run, tail) = rest.split_at(take.min(rest.len()));
+            ev.stored_run(Tier::L1, page, run);
+            rest = tail;
+            take = PAGE_BLOCKS;
+            if let Some(&next) = rest.first() {
+                page = next;
             }
-            ev.stored(Tier::L1, h, page);
         }
     }
 
@@ -486,9 +493,10 @@ impl PrefixTree {
 
     /// Evicts `n` blocks, each the last block of the least recently used unreferenced leaf
     /// (a leaf's blocks from its end, then the next leaf), appending each block to `blocks`
-    /// and its store key to `keys`. The caller has counted `n` unreferenced blocks. The
-    /// removals are not recorded: the caller publishes them with the demotion they cause.
-    pub fn evict(&mut self, mut n: u32, blocks: &mut Vec<BlockId>, keys: &mut Vec<PageKey>) {
+    /// and its hash to `keys`, a page's run at a time. The caller has counted `n` unreferenced
+    /// blocks. The removals are not recorded: the caller publishes them with the demotion
+    /// they cause.
+    pub fn evict(&mut self, mut n: u32, blocks: &mut Vec<BlockId>, keys: &mut PageRuns) {
         while n > 0 {
             let leaf = self.lru_head;
             assert!(leaf != NIL, "available blocks counted an unevictable node");
@@ -504,7 +512,7 @@ impl PrefixTree {
                 let page_first = depth / PAGE_BLOCKS as u32 * PAGE_BLOCKS as u32;
                 let from = kept.max(page_first.saturating_sub(node.start) as usize);
                 let page = node.page_of(depth);
-                keys.extend(node.hashes[from..end].iter().rev().map(|&hash| PageKey { hash, page }));
+                keys.push_run(page, node.hashes[from..end].iter().rev().copied());
                 end = from;
             }
             // The block taken last: the run's first when the leaf is emptied.

@@ -26,6 +26,7 @@
 //! around suffice: a stale entry is dropped within three store capacities of uses, long before
 //! its stamp comes round again.
 
+use super::page_runs::PageRuns;
 use crate::block_map::{push_page_entry, reserve_page_entries, BlockMap, HashEntry, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::cell::Cell;
@@ -144,21 +145,21 @@ impl Page {
         i
     }
 
-    /// Appends `keys`' blocks (of this page), stamped `stamp`, `stamp + 1`, ... (no stamp
+    /// Appends the blocks `hashes` (of this page), stamped `stamp`, `stamp + 1`, ... (no stamp
     /// among them wraps round); returns the first one's position (the rest follow it).
-    fn push_run(&mut self, keys: &[PageKey], stamp: u32) -> usize {
+    fn push_run(&mut self, hashes: &[BlockHash], stamp: u32) -> usize {
         let first = self.entries.len();
-        reserve_page_entries(&mut self.entries, keys.len(), PAGE_BLOCKS);
+        reserve_page_entries(&mut self.entries, hashes.len(), PAGE_BLOCKS);
         // A copy of known length, written without a check a block.
-        self.entries.extend(keys.iter().enumerate().map(|(j, key)| HashEntry::new(key.hash, stamp + j as u32)));
-        for key in keys {
-            self.filter.add(key.hash);
+        self.entries.extend(hashes.iter().enumerate().map(|(j, &hash)| HashEntry::new(hash, stamp + j as u32)));
+        for &hash in hashes {
+            self.filter.add(hash);
         }
-        self.live += keys.len() as u32;
+        self.live += hashes.len() as u32;
         match &mut self.lookup {
             Some(lookup) => {
-                for (key, i) in keys.iter().zip(first as u32..) {
-                    lookup.insert(key.hash, i);
+                for (&hash, i) in hashes.iter().zip(first as u32..) {
+                    lookup.insert(hash, i);
                 }
             }
             None if self.entries.len() > SCAN_BLOCKS => self.index(),
@@ -370,6 +371,12 @@ impl BlockLru {
         self.find(key).is_some()
     }
 
+    /// The blocks of `page` here, for [`PageHolder::holds`] to answer as
+    /// [`BlockLru::contains`] does, the page looked up once for all of them.
+    pub fn page(&self, page: BlockHash) -> PageHolder<'_> {
+        PageHolder { lru: self, slot: self.slot(page) }
+    }
+
     /// Adds `key` as the most recently used (or refreshes it). When the store is full, the
     /// least recently used block makes room and is returned. A store of capacity zero keeps
     /// nothing and hands the block straight back.
@@ -424,62 +431,67 @@ impl BlockLru {
     /// which never holds what L1 holds) is added in one go, its victims popped first (the
     /// same ones, since none of the run can be among them), one page lookup and one queue
     /// entry for the run; a run with a block already here goes block by block.
-    pub fn put_all(&mut self, keys: &[PageKey], added: &mut Vec<PageKey>, victims: &mut Vec<PageKey>) {
+    pub fn put_all(&mut self, keys: &PageRuns, added: &mut PageRuns, victims: &mut PageRuns) {
         assert!(
             keys.len() <= self.capacity as usize,
             "{} blocks put at once in a store of {}",
             keys.len(),
             self.capacity
         );
-        debug_assert!(keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k)), "keys put at once are distinct");
-        for run in keys.chunk_by(|a, b| a.page == b.page) {
-            if self.lacks_all(run) {
-                self.add_run(run, victims);
-                added.extend_from_slice(run);
+        debug_assert!(
+            keys.keys().enumerate().all(|(i, k)| !keys.keys().take(i).any(|j| j == k)),
+            "keys put at once are distinct"
+        );
+        for (page, hashes) in keys.runs() {
+            if self.lacks_all(page, hashes) {
+                self.add_run(page, hashes, victims);
+                added.extend_run(page, hashes);
                 continue;
             }
-            for &key in run {
+            for &hash in hashes {
+                let key = PageKey { hash, page };
                 if let Put::Added { evicted } = self.put(key) {
                     added.push(key);
-                    victims.extend(evicted);
+                    if let Some(victim) = evicted {
+                        victims.push(victim);
+                    }
                 }
             }
         }
     }
 
-    /// Whether none of `keys` (all of one page) is here.
-    fn lacks_all(&self, keys: &[PageKey]) -> bool {
-        let Some(slot) = self.slot(keys[0].page) else { return true };
+    /// Whether none of `hashes` (blocks of `page`) is here.
+    fn lacks_all(&self, page: BlockHash, hashes: &[BlockHash]) -> bool {
+        let Some(slot) = self.slot(page) else { return true };
         let page = &self.pages[slot as usize];
         let near = self.near.get() as usize;
-        keys.iter().all(|k| page.find(k.hash, near).is_none())
+        hashes.iter().all(|&h| page.find(h, near).is_none())
     }
 
-    /// Adds `keys`, all of one page and none of them here, as the most recently used, after
-    /// taking out the victims that make room for them.
-    fn add_run(&mut self, keys: &[PageKey], victims: &mut Vec<PageKey>) {
-        let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
-        self.pop_front_n(pops as u32, |key| victims.push(key));
+    /// Adds `hashes`, blocks of `page` none of which is here, as the most recently used,
+    /// after taking out the victims that make room for them.
+    fn add_run(&mut self, page: BlockHash, hashes: &[BlockHash], victims: &mut PageRuns) {
+        let pops = (self.len as usize + hashes.len()).saturating_sub(self.capacity as usize);
+        self.pop_front_n(pops as u32, victims);
         // Looked up after the victims: they may have emptied this very page (and then
         // `last` no longer names it).
-        let page = keys[0].page;
         let probe = match self.remembered(page) {
             Some(Some(slot)) => Probe::Found(slot),
             _ => self.slots.probe(page),
         };
         let slot = self.place(page, probe);
-        let (n, stamp) = (keys.len() as u32, self.next_stamp);
+        let (n, stamp) = (hashes.len() as u32, self.next_stamp);
         if u64::from(stamp) + u64::from(n) < u64::from(HOLE) {
-            let first = self.pages[slot as usize].push_run(keys, stamp) as u32;
+            let first = self.pages[slot as usize].push_run(hashes, stamp) as u32;
             Uses::append_run(&mut self.order, slot, first, stamp, n);
             self.next_stamp = stamp + n;
             self.queued += n as usize;
             self.near.set(first + n - 1);
         } else {
             // The stamps wrap round within the run (once in four billion uses).
-            for key in keys {
+            for &hash in hashes {
                 let stamp = self.next_stamp;
-                let i = self.pages[slot as usize].push(key.hash, stamp);
+                let i = self.pages[slot as usize].push(hash, stamp);
                 self.note_use(slot, i, stamp);
                 self.near.set(i as u32);
             }
@@ -562,11 +574,11 @@ impl BlockLru {
     /// Marks `keys` (a prompt's blocks, page after page) as just used, in order, as
     /// [`BlockLru::touch`] one by one: a page looked up once for its run of keys, and one
     /// check for stale uses at the end.
-    pub fn touch_all(&mut self, keys: &[PageKey]) {
-        for run in keys.chunk_by(|a, b| a.page == b.page) {
-            let Some(slot) = self.slot(run[0].page) else { continue };
-            for key in run {
-                let Some(i) = self.find_in(slot, key.hash) else { continue };
+    pub fn touch_all(&mut self, keys: &PageRuns) {
+        for (page, hashes) in keys.runs() {
+            let Some(slot) = self.slot(page) else { continue };
+            for &hash in hashes {
+                let Some(i) = self.find_in(slot, hash) else { continue };
                 self.note_use_at(slot, i);
             }
         }
@@ -576,11 +588,10 @@ impl BlockLru {
     /// Loads what putting `keys` will read (their pages' map entries) and what the victims
     /// they push out will (the pages at the queue's front), so that the cache misses overlap;
     /// returns what it read, for the caller to keep (a prefetch in safe code).
-    pub fn prefetch(&self, keys: &[PageKey]) -> u64 {
+    pub fn prefetch(&self, keys: &PageRuns) -> u64 {
         let mut sink = 0;
-        let mut last = None;
-        for k in keys.iter().filter(|k| last.replace(k.page) != Some(k.page)) {
-            sink ^= self.slots.touch(k.page);
+        for (page, _) in keys.runs() {
+            sink ^= self.slots.touch(page);
         }
         let mut victims = 0;
         for u in &self.order {
@@ -664,41 +675,56 @@ impl BlockLru {
     }
 
     fn pop_front(&mut self) -> Option<PageKey> {
-        let mut victim = None;
-        self.pop_front_n(1, |key| victim = Some(key));
-        victim
+        while let Some(&u) = self.order.front() {
+            let page = self.pages[u.slot as usize].name;
+            let mut victim = None;
+            if self.pop_front_entry(u, 1, |hash| victim = Some(PageKey { hash, page })) > 0 {
+                return victim;
+            }
+        }
+        None
     }
 
-    /// Takes out the `n` least recently used blocks (all, if fewer), handing each to `out`,
-    /// oldest first: the queue's front entry's uses read on its page in one go.
+    /// Takes out the `n` least recently used blocks (all, if fewer), appending them to
+    /// `victims`, oldest first: the queue's front entry's uses read on its page in one go, and
+    /// its blocks appended as a run of that page.
     #[inline]
-    fn pop_front_n(&mut self, mut n: u32, mut out: impl FnMut(PageKey)) {
+    fn pop_front_n(&mut self, mut n: u32, victims: &mut PageRuns) {
         while n > 0 {
             let Some(&u) = self.order.front() else { break };
-            let p = &mut self.pages[u.slot as usize];
-            let (mut k, mut found) = (0, 0);
-            while k < u32::from(u.len) && found < n {
-                let (pos, stamp) = u.at(k);
-                k += 1;
-                if p.used_at(pos, stamp) {
-                    out(PageKey { hash: p.entries[pos].hash(), page: p.name });
-                    p.remove_at(pos);
-                    found += 1;
-                }
-            }
-            if k == u32::from(u.len) {
-                self.order.pop_front();
-            } else if let Some(front) = self.order.front_mut() {
-                front.len -= k as u16;
-                front.stamp = front.stamp.wrapping_add(k);
-                front.first = if front.down { front.first - k } else { front.first + k };
-            }
-            self.queued -= k as usize;
-            if found > 0 {
-                self.taken(u.slot, found);
-            }
-            n -= found;
+            let page = self.pages[u.slot as usize].name;
+            n -= victims.push_with(page, |hashes| self.pop_front_entry(u, n, |hash| hashes.push(hash)));
         }
+    }
+
+    /// Takes out the blocks of the queue's front entry `u` that are live, up to `n` of them,
+    /// handing each hash to `out`, oldest first; returns how many. The entry is dropped, or
+    /// shortened by the uses gone through.
+    #[inline(always)]
+    fn pop_front_entry(&mut self, u: Uses, n: u32, mut out: impl FnMut(BlockHash)) -> u32 {
+        let p = &mut self.pages[u.slot as usize];
+        let (mut k, mut found) = (0, 0);
+        while k < u32::from(u.len) && found < n {
+            let (pos, stamp) = u.at(k);
+            k += 1;
+            if p.used_at(pos, stamp) {
+                out(p.entries[pos].hash());
+                p.remove_at(pos);
+                found += 1;
+            }
+        }
+        if k == u32::from(u.len) {
+            self.order.pop_front();
+        } else if let Some(front) = self.order.front_mut() {
+            front.len -= k as u16;
+            front.stamp = front.stamp.wrapping_add(k);
+            front.first = if front.down { front.first - k } else { front.first + k };
+        }
+        self.queued -= k as usize;
+        if found > 0 {
+            self.taken(u.slot, found);
+        }
+        found
     }
 
     /// Drops the stale uses once they outnumber twice the live ones (checked at every use:
@@ -784,6 +810,20 @@ impl BlockLru {
         assert_eq!(self.iter().count(), self.len as usize, "one live use per held block");
         let live = self.len as usize;
         assert!(self.queued <= most_queued(live), "stale uses compacted");
+    }
+}
+
+/// A store's blocks of one page ([`BlockLru::page`]).
+pub struct PageHolder<'a> {
+    lru: &'a BlockLru,
+    slot: Option<u32>,
+}
+
+impl PageHolder<'_> {
+    /// Whether the block `hash` of the page is here.
+    #[inline]
+    pub fn holds(&self, hash: BlockHash) -> bool {
+        self.slot.is_some_and(|slot| self.lru.find_in(slot, hash).is_some())
     }
 }
 
@@ -897,7 +937,7 @@ mod tests {
                 }
                 if op == 2 && down {
                     // The whole run's touches at once, as a promotion's from L3.
-                    lru.touch_all(&keys);
+                    lru.touch_all(&keys.iter().copied().collect());
                     for &key in &keys {
                         model.touch(key);
                     }
@@ -907,8 +947,9 @@ mod tests {
                 }
                 if op == 4 && keys.len() <= capacity {
                     // The whole run at once, as a demotion puts it.
-                    let (mut added, mut victims) = (Vec::new(), Vec::new());
-                    lru.put_all(&keys, &mut added, &mut victims);
+                    let (mut added, mut victims) = (PageRuns::new(), PageRuns::new());
+                    lru.put_all(&keys.iter().copied().collect(), &mut added, &mut victims);
+                    let (added, victims): (Vec<PageKey>, Vec<PageKey>) = (added.keys().collect(), victims.keys().collect());
                     let (mut want_added, mut want_victims) = (Vec::new(), Vec::new());
                     for &key in &keys {
                         if let Put::Added { evicted } = model.put(key) {

@@ -36,7 +36,7 @@
 //! | `Step`, `apply_batch` | a batch comes as runs (`engine::kv::KvRun`: one stream, one page, a list of hashes); a run's next block beside the last and in the same state takes the run's transition without decoding, a search or a lookup; the holder-set counts move once |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
-//! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path |
+//! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
 //!
 //! # Cost
@@ -273,39 +273,30 @@ impl PrefixIndex {
     /// a block new to the page stored after the run's last, the page's last. Returns how many
     /// it applied.
     fn extend_run(&mut self, mut run: Step, hashes: &[BlockHash]) -> usize {
-        if run.to == EMPTY {
-            // Blocks left to nobody may free or compact the page: one at a time.
-            return hashes.iter().take_while(|&&h| self.continue_run(&mut run, h)).count();
-        }
         let grow = run.from == EMPTY && run.stream < 3;
         let p = &mut self.pages[run.loc.slot as usize];
         let (applied, at) =
             p.extend_run(run.loc.idx as usize, hashes, (run.from, run.to), grow, self.page_blocks as usize);
         if applied > 0 {
             run.loc.idx = at as u32;
+            // The cursor first: freeing the page (its last block leaving) clears it.
             self.move_cursor(run.stream, run.page, run.loc);
             if run.from == EMPTY {
                 self.blocks += applied;
             }
-            self.meta[run.to as usize].refs += applied as u32;
+            if run.to == EMPTY {
+                // Blocks left to nobody: tombstones, the page freed or compacted once for
+                // all of them (where it is in the page is only a guess for later lookups).
+                self.blocks -= applied;
+            } else {
+                self.meta[run.to as usize].refs += applied as u32;
+            }
             self.release_n(run.from, applied as u32);
+            if run.to == EMPTY {
+                self.tidy(run.loc.slot);
+            }
         }
         applied
-    }
-
-    /// Applies `hash` as the next block of `run` if it is one (see
-    /// [`PrefixIndex::extend_run`]); false, changing nothing, when it is not.
-    #[inline]
-    fn continue_run(&mut self, run: &mut Step, hash: BlockHash) -> bool {
-        let p = &mut self.pages[run.loc.slot as usize];
-        let Some(idx) = run_next(p, run, run.loc.idx as usize, hash, self.page_blocks as usize) else {
-            return false;
-        };
-        run.loc.idx = idx as u32;
-        // The cursor first: freeing the page (its last block leaving) clears it.
-        self.move_cursor(run.stream, run.page, run.loc);
-        self.set(run.loc, run.from, run.to);
-        true
     }
 
     fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
@@ -401,11 +392,16 @@ impl PrefixIndex {
         }
     }
 
-    /// A block of the page in `slot` became a tombstone: a page left with tombstones only is
-    /// freed, one mostly of them compacted.
+    /// A block of the page in `slot` became a tombstone: see [`PrefixIndex::tidy`].
     #[inline(never)]
     fn tombstone(&mut self, slot: u32) {
         self.blocks -= 1;
+        self.tidy(slot);
+    }
+
+    /// Blocks of the page in `slot` became tombstones: a page left with tombstones only is
+    /// freed, one mostly of them compacted.
+    fn tidy(&mut self, slot: u32) {
         let p = &mut self.pages[slot as usize];
         if p.live() == 0 {
             self.free_page(slot);
@@ -653,21 +649,5 @@ impl PrefixIndex {
             );
             assert_eq!(self.states[id as usize].fp, fp, "interned state {id} fingerprint");
         }
-    }
-}
-
-/// The position in `p` (the page of `run`, whose last block is at `at`) of the block `hash`
-/// of the run's page and stream, if it continues the run: a block beside `at` in the state
-/// the run changes, or a block new to the page stored after the run's last, the page's last
-/// (a prompt's blocks cached for the first time grow at the page's end, as `find_or_add`
-/// would place them). A new block is pushed; nothing else changes.
-#[inline(always)]
-fn run_next(p: &mut Page, run: &Step, at: usize, hash: BlockHash, page_blocks: usize) -> Option<usize> {
-    match [at + 1, at.wrapping_sub(1)].into_iter().find(|&i| p.has_at(i, hash)) {
-        Some(idx) => (p.state(idx) == run.from).then_some(idx),
-        None if run.from == EMPTY && at + 1 == p.len() && run.stream < 3 && p.lacks(hash) => {
-            Some(p.push(hash, EMPTY, page_blocks))
-        }
-        None => None,
     }
 }

@@ -97,9 +97,10 @@ impl Page {
     }
 
     /// Moves the blocks at the start of `hashes` that continue a run of blocks going from
-    /// state `from` to `to` (not `EMPTY`), the run's last at `at`: each beside the one before
+    /// state `from` to `to` (they differ), the run's last at `at`: each beside the one before
     /// and in state `from`, or, when `grow`, new to the page and appended after its last
     /// block, the page's last. Returns how many it moved and where the last of them is.
+    /// Blocks moved to `EMPTY` stay as tombstones: the caller frees or compacts the page.
     ///
     /// A run goes one way along the page (up as stored, down as evicted leaf first), so once
     /// a block is found beside the one before, the next ones are compared in a stretch that
@@ -113,8 +114,9 @@ impl Page {
         grow: bool,
         page_blocks: usize,
     ) -> (usize, usize) {
-        debug_assert_ne!(to, EMPTY);
-        let (mut applied, mut revived) = (0, 0);
+        debug_assert_ne!(from, to);
+        debug_assert!(!grow || to != EMPTY, "blocks new to a page are stored");
+        let (mut applied, mut moved) = (0, 0);
         while let Some(&hash) = hashes.get(applied) {
             let up = self.has_at(at + 1, hash);
             if up || self.has_at(at.wrapping_sub(1), hash) {
@@ -129,7 +131,7 @@ impl Page {
                     break;
                 }
                 at = if up { at + n } else { at - n };
-                (applied, revived) = (applied + n, revived + n);
+                (applied, moved) = (applied + n, moved + n);
                 continue;
             }
             if !(grow && at + 1 == self.entries.len()) {
@@ -142,15 +144,11 @@ impl Page {
             (at, applied) = (at + n, applied + n);
         }
         if from == EMPTY {
-            self.dead -= revived as u32;
+            self.dead -= moved as u32;
+        } else if to == EMPTY {
+            self.dead += moved as u32;
         }
         (applied, at)
-    }
-
-    /// Whether the page surely lacks `hash` (no scan: most blocks new to a page).
-    #[inline]
-    pub(super) fn lacks(&self, hash: BlockHash) -> bool {
-        !self.filter.may_hold(hash)
     }
 
     /// Appends `hash` with state `state`; `page_blocks` sets when a lookup map is worth it.
@@ -167,8 +165,8 @@ impl Page {
         i
     }
 
-    /// Appends the blocks at the start of `hashes` that the page surely lacks (as
-    /// [`Page::lacks`] tells, each checked after the ones before it were added), with state
+    /// Appends the blocks at the start of `hashes` that the page surely lacks (as its filter
+    /// tells, each checked after the ones before it were added), with state
     /// `state`, as [`Page::push`] would one by one; returns how many. A prompt's blocks cached
     /// for the first time come as such a run.
     pub(super) fn push_new(&mut self, hashes: &[BlockHash], state: u32, page_blocks: usize) -> usize {

@@ -289,12 +289,14 @@ enum Op {
         tier: u8,
         block: usize,
     },
-    /// A run of the universe removed in reverse chain order, as engines evict it.
+    /// A run of the universe removed in reverse chain order, as engines evict it, or in chain
+    /// order, as a store's victims leave.
     RemoveRun {
         instance: u32,
         tier: u8,
         from: usize,
         len: usize,
+        down: bool,
     },
     /// Removed from one tier, stored in the next (a demotion).
     Move {
@@ -316,7 +318,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u32..4, 0u8..3, 0..n, 1usize..8).prop_map(|(instance, tier, from, len)| Op::StoreRun { instance, tier, from, len }),
         4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Store { instance, tier, block }),
         4 => (0u32..4, 0u8..3, 0..n).prop_map(|(instance, tier, block)| Op::Remove { instance, tier, block }),
-        3 => (0u32..4, 0u8..3, 0..n, 1usize..8).prop_map(|(instance, tier, from, len)| Op::RemoveRun { instance, tier, from, len }),
+        3 => (0u32..4, 0u8..3, 0..n, 1usize..8, any::<bool>())
+            .prop_map(|(instance, tier, from, len, down)| Op::RemoveRun { instance, tier, from, len, down }),
         2 => (0u32..4, 0u8..2, 0..n).prop_map(|(instance, tier, block)| Op::Move { instance, tier, block }),
         1 => (0u32..4).prop_map(|instance| Op::Cleared { instance }),
         1 => (0u32..4).prop_map(|instance| Op::RemoveInstance { instance }),
@@ -353,8 +356,14 @@ proptest! {
                     let b = u[block];
                     events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
                 }
-                Op::RemoveRun { instance, tier, from, len } => {
-                    for b in u[from..(from + len).min(u.len())].iter().rev() {
+                Op::RemoveRun { instance, tier, from, len, down } => {
+                    // Leaf first (a demotion's) or in the order stored (a store's victims).
+                    let run = &u[from..(from + len).min(u.len())];
+                    let mut blocks: Vec<&Block> = run.iter().collect();
+                    if down {
+                        blocks.reverse();
+                    }
+                    for b in blocks {
                         events.push((instance, KvEvent::Removed { tier: tiers[tier as usize], hash: b.hash, page: b.page }));
                     }
                 }
