@@ -231,8 +231,13 @@ impl KvCache {
         if let Some(events) = self.tree.events_mut() {
             events.removed_runs(Tier::L1, &self.evicting);
         }
-        // A rare allocation of most of L1 (a long prompt loaded from below) would leave every
-        // instance's scratch that large for good.
+        self.drop_large_scratch();
+    }
+
+    /// Lets go of scratch lists grown past [`KEPT_SCRATCH`]: a rare allocation of most of L1
+    /// (a long prompt loaded from below) would leave every instance's scratch that large for
+    /// good.
+    fn drop_large_scratch(&mut self) {
         if self.evicting.capacity() > KEPT_SCRATCH {
             self.evicting = PageRuns::new();
             self.scratch = Scratch::default();
@@ -310,18 +315,18 @@ impl KvCache {
             let mut events = self.tree.events_mut();
             let in_l3 = &mut self.evicting;
             in_l3.clear();
-            self.l2.remove_all(pages, |key, removed| match events.as_deref_mut() {
-                Some(events) if removed => events.removed(Tier::L2, key.hash, key.page),
-                _ if removed => {}
-                _ => in_l3.push(key),
+            self.l2.remove_all(pages, |key, removed| {
+                if !removed {
+                    in_l3.push(key);
+                } else if let Some(events) = events.as_deref_mut() {
+                    events.removed(Tier::L2, key.hash, key.page);
+                }
             });
             if let Some(l3) = &self.l3 {
                 l3.lock().touch_all(in_l3);
             }
-            if in_l3.capacity() > KEPT_SCRATCH {
-                *in_l3 = PageRuns::new();
-            }
         }
+        self.drop_large_scratch();
         let ok = self.allocate(seq, n);
         debug_assert!(ok, "available blocks were checked");
         // No copy of them is left in L2 for `commit` to supersede: L2's were just moved up,

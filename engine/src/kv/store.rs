@@ -924,12 +924,8 @@ mod tests {
                 if op == 5 {
                     // The whole run's removal at once, as a commit removes superseded copies.
                     let mut answers = Vec::new();
-                    let hashes: Vec<Vec<BlockHash>> =
-                        keys.chunk_by(|a, b| a.page == b.page).map(|run| run.iter().map(|k| k.hash).collect()).collect();
-                    let pages = keys.chunk_by(|a, b| a.page == b.page).map(|run| run[0].page).zip(&hashes);
-                    lru.remove_all(pages.map(|(page, hashes)| (page, &hashes[..])), |key, removed| {
-                        answers.push((key, removed))
-                    });
+                    let runs: PageRuns = keys.iter().copied().collect();
+                    lru.remove_all(runs.runs(), |key, removed| answers.push((key, removed)));
                     let want: Vec<(PageKey, bool)> = keys.iter().map(|&key| (key, model.remove(key))).collect();
                     proptest::prop_assert_eq!(answers, want);
                     lru.check_invariants();
