@@ -15,7 +15,7 @@
 //! stall_s(i)  = STALL_WEIGHT × suffix_s(i) × running(i) × requests(i) / decode tokens left(i)
 //! own_s(i)    = OWN_WEIGHT × step_s(i)
 //! kv_s(i)     = KV_WEIGHT × max(0, KV on i + decode tokens left(i) + prompt − KV capacity(i)) / R
-//! left_s(i)   = LEFT_WEIGHT × decode tokens left(i) / R
+//! left_s(i)   = LEFT_WEIGHT × (decode tokens left(i) + output routed to i since) / R
 //! score(i)    = ttft(i) + stall_s(i) + own_s(i) + kv_s(i) + left_s(i)
 //! ```
 //!
@@ -49,9 +49,11 @@
 //! request, so it only speaks where memory, not compute, is the limit (long outputs).
 //! `left_s` is the same quantity before the capacity is reached: the tokens i's requests
 //! have still to generate are KV it will hold, and decode steps it will run, for a while yet
-//! (what `least-outstanding` balances). Weighted at half a prompt token's prefill, it moves
-//! placements between instances the other terms find alike towards the one that empties
-//! sooner.
+//! (what `least-outstanding` balances). The requests routed since the report count with
+//! their output, which the report cannot know yet (without it, the requests arriving within
+//! one step all saw the same instance emptying soonest). Weighted at a prompt token's
+//! prefill, it moves placements between instances the other terms find alike towards the one
+//! that empties sooner.
 //!
 //! Guard against piling onto one hot instance: the prediction does not see the decode batch a
 //! popular prefix draws until it runs. An instance whose requests in flight exceed
@@ -80,7 +82,7 @@ pub const OWN_WEIGHT: f64 = 4.0;
 /// Prefill-seconds of score per token the instance's KV would be over-committed by.
 pub const KV_WEIGHT: f64 = 0.5;
 /// Prefill-seconds of score per token the instance's requests have still to generate.
-pub const LEFT_WEIGHT: f64 = 0.5;
+pub const LEFT_WEIGHT: f64 = 1.0;
 
 /// The rule's weights; [`Default`] is the rule as documented.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -202,6 +204,9 @@ impl CacheAware {
         let left = (v.load.decode_tokens_left as f64).max(requests).max(1.0);
         let stalled = f64::from(v.load.running) * requests / left;
         let capacity = (u64::from(v.load.kv_total_blocks) * bs) as f64;
+        // Tokens to generate: as last reported, and those of the requests routed since.
+        let to_generate =
+            v.load.decode_tokens_left + v.routed_since_report.saturating_sub(v.prompt_since_report);
         let fullest = kv_tokens + v.load.decode_tokens_left as f64 + prompt as f64;
         Estimate {
             m,
@@ -215,7 +220,7 @@ impl CacheAware {
             stall_s: c.stall_weight * prefill_s * stalled,
             own_s: c.own_weight * step_s,
             kv_s: c.kv_weight * (fullest - capacity).max(0.0) / h.prefill_tokens_per_s,
-            left_s: c.left_weight * v.load.decode_tokens_left as f64 / h.prefill_tokens_per_s,
+            left_s: c.left_weight * to_generate as f64 / h.prefill_tokens_per_s,
             uncached_tokens,
         }
     }

@@ -660,13 +660,30 @@ fn cache_aware_prefers_the_instance_whose_requests_have_fewer_tokens_left() {
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
     let Why::CacheAware { left_ms, .. } = route.why else { panic!("not a cache-aware reason") };
-    // 0.5 × 4,000 tokens / 40,000 tokens/s = 50 ms (on 0 it would have been 250 ms).
-    assert_eq!(left_ms, 50.0);
+    // 4,000 tokens / 40,000 tokens/s = 100 ms (on 0 it would have been 500 ms).
+    assert_eq!(left_ms, 100.0);
     // Without the term the smaller stall on 0 (1 ms against 5 ms) takes it.
     let mut c = controller(without_left(), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(20, 20_000));
     report_load(&mut c, 1, decoding(20, 4_000));
     assert_eq!(c.route(Time::ZERO, &request(2_000, 100)).unwrap().prefill, InstanceId(0));
+}
+
+#[test]
+fn cache_aware_counts_the_tokens_left_of_requests_routed_since_the_report() {
+    // Both decode 20 requests with 4,000 tokens left; 1 has 2.5 s of prefill queued, so both
+    // prompts go to 0. The second sees the first's 2,000 tokens to generate, which 0's last
+    // report cannot: 6,000 tokens / 40,000 tokens/s = 150 ms, not 100.
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
+    report_load(&mut c, 0, decoding(20, 4_000));
+    report_load(&mut c, 1, Load { prefill_tokens_left: 100_000, ..decoding(20, 4_000) });
+    let left_ms = |route: Route| {
+        assert_eq!(route.prefill, InstanceId(0));
+        let Why::CacheAware { left_ms, .. } = route.why else { panic!("not a cache-aware reason") };
+        left_ms
+    };
+    assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 2_000)).unwrap()), 100.0);
+    assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 100)).unwrap()), 150.0);
 }
 
 #[test]
