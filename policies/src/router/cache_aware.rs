@@ -76,7 +76,7 @@ pub const HOT_SLACK: f64 = 8.0;
 /// prefill-seconds per token.
 pub const COPY_WEIGHT: f64 = 4.0;
 /// Seconds of score per second of TPOT added to the running requests, summed over them.
-pub const STALL_WEIGHT: f64 = 1.0;
+pub const STALL_WEIGHT: f64 = 2.0;
 /// Seconds of score per second of the request's own predicted TPOT.
 pub const OWN_WEIGHT: f64 = 4.0;
 /// Prefill-seconds of score per token the instance's KV would be over-committed by.

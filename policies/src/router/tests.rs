@@ -588,12 +588,12 @@ fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() 
     let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
     assert_eq!((ttft_ms, stall_ms), (250.0, 0.0));
     // On 0 the prompt would have cost each of its 60 decodes 50 ms more over ~100 tokens:
-    // 50 ms × 60 × 60 / 6,000 = 30 ms. A queue of 50 ms on 1 outweighs that.
-    report(&mut c, 1, 2_000);
+    // 2 × 50 ms × 60 × 60 / 6,000 = 60 ms. A queue of 100 ms on 1 outweighs that.
+    report(&mut c, 1, 4_000);
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
     let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
-    assert_eq!((ttft_ms, stall_ms), (250.0, 30.0));
+    assert_eq!((ttft_ms, stall_ms), (250.0, 60.0));
 }
 
 #[test]
@@ -605,8 +605,8 @@ fn cache_aware_counts_a_stall_against_the_tokens_the_running_requests_have_left(
     report_load(&mut c, 1, decoding(40, 40_000));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
-    // 50 ms × 40 × 40 / 40,000 = 2 ms (on 0 it would have been 50 ms).
-    assert_eq!(cache_aware_terms(&route).1, 2.0);
+    // 2 × 50 ms × 40 × 40 / 40,000 = 4 ms (on 0 it would have been 100 ms).
+    assert_eq!(cache_aware_terms(&route).1, 4.0);
 }
 
 #[test]
@@ -639,9 +639,9 @@ fn cache_aware_keeps_a_prompt_off_an_instance_whose_kv_would_overflow() {
     let route = setup(CacheAwareConfig::default()).route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
     let Why::CacheAware { kv_ms, stall_ms, .. } = route.why else { panic!("not a cache-aware reason") };
-    // 1 fits (no KV term) but stalls more: 50 ms × 10 × 10 / 1,000 = 5 ms against 0's
-    // 0.6 ms; 0's overflow costs 0.5 × 2,000 / 40,000 tokens/s = 25 ms.
-    assert_eq!((kv_ms, stall_ms), (0.0, 5.0));
+    // 1 fits (no KV term) but stalls more: 2 × 50 ms × 10 × 10 / 1,000 = 10 ms against 0's
+    // 1.2 ms; 0's overflow costs 0.5 × 2,000 / 40,000 tokens/s = 25 ms.
+    assert_eq!((kv_ms, stall_ms), (0.0, 10.0));
     // Without the KV side (and the tokens left, which see the same 7,000 more on 0) the
     // smaller stall wins.
     let config = CacheAwareConfig { kv_weight: 0.0, left_weight: 0.0, ..CacheAwareConfig::default() };
@@ -697,6 +697,6 @@ fn cache_aware_keeps_a_cached_prompt_on_its_busy_instance() {
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
-    // 16 tokens: 0.4 ms of prefill × 60 × 60 / 6,000 = 0.24 ms.
-    assert_eq!(cache_aware_terms(&route).1, 0.2);
+    // 16 tokens: 2 × 0.4 ms of prefill × 60 × 60 / 6,000 = 0.48 ms.
+    assert_eq!(cache_aware_terms(&route).1, 0.5);
 }
