@@ -250,14 +250,36 @@ impl KvEvents {
     /// The runs, in order.
     pub fn runs(&self) -> impl Iterator<Item = KvRun<'_>> + '_ {
         let ends = self.heads.iter().skip(1).map(|h| h.start as usize).chain([self.hashes.len()]);
-        self.heads.iter().zip(ends).map(move |(h, end)| {
-            let hashes = &self.hashes[h.start as usize..end];
-            match h.op {
-                Op::Stored(tier) => KvRun::Stored { tier, page: h.page, hashes },
-                Op::Removed(tier) => KvRun::Removed { tier, page: h.page, hashes },
-                Op::Cleared => KvRun::Cleared,
-            }
-        })
+        self.heads.iter().zip(ends).map(move |(h, end)| self.run_of(h, end))
+    }
+
+    /// How many runs the batch holds.
+    pub fn run_count(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Run `i` of [`KvEvents::runs`] (a reader looking ahead in the batch).
+    #[inline]
+    pub fn run(&self, i: usize) -> KvRun<'_> {
+        let end = self.heads.get(i + 1).map_or(self.hashes.len(), |h| h.start as usize);
+        self.run_of(&self.heads[i], end)
+    }
+
+    /// Run `i`'s page (`None` for `Cleared`): a look ahead that needs no hashes.
+    #[inline]
+    pub fn run_page(&self, i: usize) -> Option<BlockHash> {
+        let h = &self.heads[i];
+        (h.op != Op::Cleared).then_some(h.page)
+    }
+
+    #[inline(always)]
+    fn run_of(&self, h: &Head, end: usize) -> KvRun<'_> {
+        let hashes = &self.hashes[h.start as usize..end];
+        match h.op {
+            Op::Stored(tier) => KvRun::Stored { tier, page: h.page, hashes },
+            Op::Removed(tier) => KvRun::Removed { tier, page: h.page, hashes },
+            Op::Cleared => KvRun::Cleared,
+        }
     }
 
     /// The events, block by block.
