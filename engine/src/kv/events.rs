@@ -265,11 +265,18 @@ impl KvEvents {
         self.run_of(&self.heads[i], end)
     }
 
-    /// Run `i`'s page (`None` for `Cleared`): a look ahead that needs no hashes.
+    /// The first of runs `from..end` on `page` (a look ahead that reads no hashes; a
+    /// `Cleared` may answer for page 0, so callers look at the run found).
     #[inline]
-    pub fn run_page(&self, i: usize) -> Option<BlockHash> {
-        let h = &self.heads[i];
-        (h.op != Op::Cleared).then_some(h.page)
+    pub fn find_page(&self, from: usize, end: usize, page: BlockHash) -> Option<usize> {
+        let heads = self.heads.get(from..end.min(self.heads.len()))?;
+        heads.iter().position(|h| h.page == page).map(|k| from + k)
+    }
+
+    /// The first `Cleared` run from run `from` on (the run count when none).
+    pub fn next_cleared(&self, from: usize) -> usize {
+        let heads = self.heads.get(from..).unwrap_or_default();
+        heads.iter().position(|h| h.op == Op::Cleared).map_or(self.heads.len(), |k| from + k)
     }
 
     #[inline(always)]

@@ -34,6 +34,7 @@
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `Step`, `apply_batch` | a batch comes as runs (`engine::kv::KvRun`: one stream, one page, a list of hashes); a run's next block beside the last and in the same state takes the run's transition without decoding, a search or a lookup; the holder-set counts move once |
+//! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
@@ -64,6 +65,7 @@ use engine::block_map::{BlockMap, Probe};
 use engine::kv::{KvEvent, KvEvents, KvRun, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use rustc_hash::FxHashMap;
+use std::ops::Range;
 
 /// Blocks of a prefix matched on one instance, by the tier they would come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,9 +102,9 @@ use holders::{holder, holder_fp, Change, Meta, State, Transition, L3_FP, NO_TRAN
 pub use matches::PrefixMatches;
 use page::Page;
 
-/// Takes into run `i` of `events` (`change` on its page's blocks, storing in L2 or L3) the
-/// later runs of the batch, within [`FUSE_WINDOW`], that go over the same blocks in the
-/// same order in other tiers (a demotion publishes "stored in L2", "stored in L3", "removed
+/// Takes into run `runs.start` of `events` (`change` on its page's blocks, storing in L2 or
+/// L3) the later runs of the batch before `runs.end` (a window with no `Cleared` in it) that
+/// go over the same blocks in the same order in other tiers (a demotion publishes "stored in L2", "stored in L3", "removed
 /// from L1" over the blocks of a page, other pages' runs and the stores' victims between):
 /// their blocks are found once and moved from their first state to their last in one
 /// transition. Returns the joint change, marks the runs taken in `fused` and lists their
@@ -111,25 +113,21 @@ use page::Page;
 /// Exact: a run taken is applied before the runs it came after, which are other pages'
 /// (other blocks) or this page's in other tiers than its own (other holders: the two
 /// commute). A run of this page in a tier already touched, by the runs taken or skipped,
-/// is never taken past; a `Cleared` ends the look.
+/// is never taken past.
 fn fuse(
     events: &KvEvents,
-    i: usize,
+    runs: Range<usize>,
     fused: &mut [bool],
     instance: InstanceId,
     mut change: Change,
     partners: &mut [Option<usize>; 2],
 ) -> Change {
-    let KvRun::Stored { tier, page, hashes } = events.run(i) else { return change };
+    let KvRun::Stored { tier, page, hashes } = events.run(runs.start) else { return change };
     let mut touched = 1u8 << tier.index();
     let mut taken = 0;
-    let ahead = fused.iter_mut().enumerate().skip(i + 1).take(FUSE_WINDOW);
-    for (j, fused) in ahead {
-        match events.run_page(j) {
-            None => break,
-            Some(p) if p != page => continue,
-            Some(_) => {}
-        }
+    let mut from = runs.start + 1;
+    while let Some(j) = events.find_page(from, runs.end, page) {
+        from = j + 1;
         let (tier, more, stream, run) = match events.run(j) {
             KvRun::Stored { tier, hashes, .. } => (tier, Change::stored(instance, tier), tier.index(), hashes),
             KvRun::Removed { tier, hashes, .. } => (tier, Change::removed(instance, tier), 3 + tier.index(), hashes),
@@ -138,9 +136,9 @@ fn fuse(
         let bit = 1u8 << tier.index();
         // A run taken by an earlier one counts as touching its tier (it was applied first:
         // the runs taken now must not pass it either way).
-        if touched & bit == 0 && !*fused && same(run, hashes) {
+        if touched & bit == 0 && !fused[j] && same(run, hashes) {
             change = change.and(more);
-            *fused = true;
+            fused[j] = true;
             partners[taken] = Some(stream);
             taken += 1;
         }
@@ -312,7 +310,12 @@ impl PrefixIndex {
         let mut fused = std::mem::take(&mut self.fused);
         fused.clear();
         fused.resize(events.run_count(), false);
+        // Where the look ahead stops: the next `Cleared`.
+        let mut cleared = events.next_cleared(0);
         for i in 0..events.run_count() {
+            if i == cleared {
+                cleared = events.next_cleared(i + 1);
+            }
             if fused[i] {
                 continue;
             }
@@ -331,7 +334,8 @@ impl PrefixIndex {
             };
             let mut partners = [None; 2];
             if stored && tier != Tier::L1 {
-                change = fuse(events, i, &mut fused, instance, change, &mut partners);
+                let end = cleared.min(i + 1 + FUSE_WINDOW);
+                change = fuse(events, i..end, &mut fused, instance, change, &mut partners);
             }
             let mut rest = hashes;
             while let Some((&hash, tail)) = rest.split_first() {
