@@ -250,14 +250,43 @@ impl KvEvents {
     /// The runs, in order.
     pub fn runs(&self) -> impl Iterator<Item = KvRun<'_>> + '_ {
         let ends = self.heads.iter().skip(1).map(|h| h.start as usize).chain([self.hashes.len()]);
-        self.heads.iter().zip(ends).map(move |(h, end)| {
-            let hashes = &self.hashes[h.start as usize..end];
-            match h.op {
-                Op::Stored(tier) => KvRun::Stored { tier, page: h.page, hashes },
-                Op::Removed(tier) => KvRun::Removed { tier, page: h.page, hashes },
-                Op::Cleared => KvRun::Cleared,
-            }
-        })
+        self.heads.iter().zip(ends).map(move |(h, end)| self.run_of(h, end))
+    }
+
+    /// How many runs the batch holds.
+    pub fn run_count(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Run `i` of [`KvEvents::runs`] (a reader looking ahead in the batch).
+    #[inline]
+    pub fn run(&self, i: usize) -> KvRun<'_> {
+        let end = self.heads.get(i + 1).map_or(self.hashes.len(), |h| h.start as usize);
+        self.run_of(&self.heads[i], end)
+    }
+
+    /// The first of runs `from..end` on `page` (a look ahead that reads no hashes; a
+    /// `Cleared` may answer for page 0, so callers look at the run found).
+    #[inline]
+    pub fn find_page(&self, from: usize, end: usize, page: BlockHash) -> Option<usize> {
+        let heads = self.heads.get(from..end.min(self.heads.len()))?;
+        heads.iter().position(|h| h.page == page).map(|k| from + k)
+    }
+
+    /// The first `Cleared` run from run `from` on (the run count when none).
+    pub fn next_cleared(&self, from: usize) -> usize {
+        let heads = self.heads.get(from..).unwrap_or_default();
+        heads.iter().position(|h| h.op == Op::Cleared).map_or(self.heads.len(), |k| from + k)
+    }
+
+    #[inline(always)]
+    fn run_of(&self, h: &Head, end: usize) -> KvRun<'_> {
+        let hashes = &self.hashes[h.start as usize..end];
+        match h.op {
+            Op::Stored(tier) => KvRun::Stored { tier, page: h.page, hashes },
+            Op::Removed(tier) => KvRun::Removed { tier, page: h.page, hashes },
+            Op::Cleared => KvRun::Cleared,
+        }
     }
 
     /// The events, block by block.

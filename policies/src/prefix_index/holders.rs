@@ -21,39 +21,56 @@ pub(super) fn holder_fp(h: u32) -> u64 {
 }
 pub(super) const L3_FP: u64 = 0x6a09_e667_f3bc_c909;
 
-/// A change one event makes to one block's holder set.
+/// What one or more events of one instance do to one block's holder set: per tier, store
+/// or remove (at most one of them a tier, so that the order they came in does not matter:
+/// the events of a demotion, "stored in L2, stored in L3, removed from L1", applied as one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Change {
-    Add(u32),
-    Remove(u32),
-    SetL3,
-    ClearL3,
+pub(super) struct Change {
+    /// The instance whose L1 and L2 the change touches (0 when it touches only L3, which is
+    /// everyone's: such changes share their cached transitions across instances).
+    instance: u32,
+    /// Bit `2 * tier` stores in the tier, bit `2 * tier + 1` removes from it.
+    ops: u8,
 }
 
 impl Change {
     pub(super) fn stored(instance: InstanceId, tier: Tier) -> Change {
-        if tier == Tier::L3 {
-            Change::SetL3
-        } else {
-            Change::Add(holder(instance, tier))
-        }
+        Change::new(instance, tier, 0)
     }
 
     pub(super) fn removed(instance: InstanceId, tier: Tier) -> Change {
-        if tier == Tier::L3 {
-            Change::ClearL3
-        } else {
-            Change::Remove(holder(instance, tier))
+        Change::new(instance, tier, 1)
+    }
+
+    fn new(instance: InstanceId, tier: Tier, removed: u8) -> Change {
+        let instance = if tier == Tier::L3 { 0 } else { holder(instance, tier) >> 1 };
+        Change { instance, ops: 1 << (2 * tier.index() as u8 + removed) }
+    }
+
+    /// Both changes, of one instance's events on tiers neither shares with the other.
+    pub(super) fn and(self, other: Change) -> Change {
+        debug_assert!(self.ops & (other.ops | other.ops >> 1 | other.ops << 1) == 0, "tiers touched twice");
+        debug_assert!(self.instance == other.instance || self.instance == 0 || other.instance == 0);
+        Change { instance: self.instance | other.instance, ops: self.ops | other.ops }
+    }
+
+    /// Whether the change stores in `tier` (`Some(true)`), removes from it (`Some(false)`),
+    /// or leaves it be.
+    pub(super) fn on(self, tier: Tier) -> Option<bool> {
+        match self.ops >> (2 * tier.index()) & 3 {
+            0 => None,
+            bits => Some(bits == 1),
         }
     }
 
-    pub(super) fn code(self) -> u32 {
-        match self {
-            Change::Add(h) => h << 2,
-            Change::Remove(h) => h << 2 | 1,
-            Change::SetL3 => 2,
-            Change::ClearL3 => 3,
-        }
+    /// The holder the change stores or removes in `tier` (L1 or L2).
+    pub(super) fn holder(self, tier: Tier) -> u32 {
+        self.instance << 1 | u32::from(tier == Tier::L2)
+    }
+
+    /// Names the change in the transition cache.
+    pub(super) fn code(self) -> u64 {
+        u64::from(self.instance) << 6 | u64::from(self.ops)
     }
 }
 
@@ -112,10 +129,10 @@ pub(super) struct Meta {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Transition {
     pub(super) from: u32,
-    pub(super) change: u32,
     pub(super) to: u32,
+    pub(super) change: u64,
     pub(super) from_gen: u32,
     pub(super) to_gen: u32,
 }
 
-pub(super) const NO_TRANSITION: Transition = Transition { from: NO_STATE, change: 0, to: 0, from_gen: 0, to_gen: 0 };
+pub(super) const NO_TRANSITION: Transition = Transition { from: NO_STATE, to: 0, change: 0, from_gen: 0, to_gen: 0 };

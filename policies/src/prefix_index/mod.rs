@@ -34,6 +34,7 @@
 //! | `State` | one holder set per run of equally held blocks; `Meta` keeps the fields each event touches dense |
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `Step`, `apply_batch` | a batch comes as runs (`engine::kv::KvRun`: one stream, one page, a list of hashes); a run's next block beside the last and in the same state takes the run's transition without decoding, a search or a lookup; the holder-set counts move once |
+//! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
@@ -64,6 +65,7 @@ use engine::block_map::{BlockMap, Probe};
 use engine::kv::{KvEvent, KvEvents, KvRun, Tier, PAGE_BLOCKS};
 use engine::{BlockHash, InstanceId};
 use rustc_hash::FxHashMap;
+use std::ops::Range;
 
 /// Blocks of a prefix matched on one instance, by the tier they would come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,6 +87,8 @@ const EMPTY: u32 = 0;
 const NO_STATE: u32 = u32::MAX;
 /// Slots of the direct-mapped transition cache.
 const TRANSITION_BITS: u32 = 12;
+/// Runs a batch's run storing in L2 or L3 looks ahead for runs over the same blocks.
+const FUSE_WINDOW: usize = 128;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -97,6 +101,61 @@ mod tests;
 use holders::{holder, holder_fp, Change, Meta, State, Transition, L3_FP, NO_TRANSITION};
 pub use matches::PrefixMatches;
 use page::Page;
+
+/// Takes into run `runs.start` of `events` (`change` on its page's blocks, storing in L2 or
+/// L3) the later runs of the batch before `runs.end` (a window with no `Cleared` in it) that
+/// go over the same blocks in the same order in other tiers (a demotion publishes "stored in
+/// L2", "stored in L3", "removed from L1" over the blocks of a page, other pages' runs and
+/// the stores' victims between): their blocks are found once and moved from their first
+/// state to their last in one transition. Returns the joint change, marks the runs taken in `fused` and lists their
+/// streams in `partners`.
+///
+/// Exact: a run taken is applied before the runs it came after, which are other pages'
+/// (other blocks) or this page's in other tiers than its own (other holders: the two
+/// commute). A run of this page in a tier already touched, by the runs taken or skipped,
+/// is never taken past.
+fn fuse(
+    events: &KvEvents,
+    runs: Range<usize>,
+    fused: &mut [bool],
+    instance: InstanceId,
+    mut change: Change,
+    partners: &mut [Option<usize>; 2],
+) -> Change {
+    let KvRun::Stored { tier, page, hashes } = events.run(runs.start) else { return change };
+    let mut touched = 1u8 << tier.index();
+    let mut taken = 0;
+    let mut from = runs.start + 1;
+    while let Some(j) = events.find_page(from, runs.end, page) {
+        from = j + 1;
+        let (tier, more, stream, run) = match events.run(j) {
+            KvRun::Stored { tier, hashes, .. } => (tier, Change::stored(instance, tier), tier.index(), hashes),
+            KvRun::Removed { tier, hashes, .. } => (tier, Change::removed(instance, tier), 3 + tier.index(), hashes),
+            KvRun::Cleared => break,
+        };
+        let bit = 1u8 << tier.index();
+        // A run taken by an earlier one counts as touching its tier (it was applied first:
+        // the runs taken now must not pass it either way).
+        if touched & bit == 0 && !fused[j] && same(run, hashes) {
+            change = change.and(more);
+            fused[j] = true;
+            partners[taken] = Some(stream);
+            taken += 1;
+        }
+        touched |= bit;
+        // A demotion's L1 removal is its last run: nothing more to take.
+        if touched & 1 != 0 {
+            break;
+        }
+    }
+    change
+}
+
+/// Whether two runs hold the same blocks (or-ing the differences: no branch a block).
+#[inline]
+fn same(a: &[BlockHash], b: &[BlockHash]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x.0 ^ y.0)) == 0
+}
 
 /// What an event did to a block: its stream (stored or removed, by tier), page and place,
 /// and its state before and after.
@@ -153,6 +212,8 @@ pub struct PrefixIndex {
     last_stream: usize,
     /// Scratch for forming holder sets.
     scratch: Vec<u32>,
+    /// Scratch of `apply_batch`: the runs of the batch already applied with an earlier one.
+    fused: Vec<bool>,
     /// One more than the largest instance id ever stored as a holder: the size of a query's
     /// per-instance table.
     instances: u32,
@@ -188,6 +249,7 @@ impl PrefixIndex {
             cursors: [None; 6],
             last_stream: 0,
             scratch: Vec::new(),
+            fused: Vec::new(),
             instances: 0,
         }
     }
@@ -242,10 +304,22 @@ impl PrefixIndex {
     /// the batch at a time (one stream, one page). Within a run, a block beside the one before
     /// and in the same state takes that block's transition directly (no search, no transition
     /// lookup, the holder sets' counts moved once for all of them); any other goes the general
-    /// way and starts a new stretch.
+    /// way and starts a new stretch. A run storing in L2 or L3 takes with it the later runs
+    /// of the batch over the same blocks in other tiers (see [`PrefixIndex::fuse`]).
     pub fn apply_batch(&mut self, instance: InstanceId, events: &KvEvents) {
-        for run in events.runs() {
-            let (tier, page, hashes, stored) = match run {
+        let mut fused = std::mem::take(&mut self.fused);
+        fused.clear();
+        fused.resize(events.run_count(), false);
+        // Where the look ahead stops: the next `Cleared`.
+        let mut cleared = events.next_cleared(0);
+        for i in 0..events.run_count() {
+            if i == cleared {
+                cleared = events.next_cleared(i + 1);
+            }
+            if fused[i] {
+                continue;
+            }
+            let (tier, page, hashes, stored) = match events.run(i) {
                 KvRun::Stored { tier, page, hashes } => (tier, page, hashes, true),
                 KvRun::Removed { tier, page, hashes } => (tier, page, hashes, false),
                 KvRun::Cleared => {
@@ -253,19 +327,34 @@ impl PrefixIndex {
                     continue;
                 }
             };
+            let (stream, mut change) = if stored {
+                (tier.index(), Change::stored(instance, tier))
+            } else {
+                (3 + tier.index(), Change::removed(instance, tier))
+            };
+            let mut partners = [None; 2];
+            if stored && tier != Tier::L1 {
+                let end = cleared.min(i + 1 + FUSE_WINDOW);
+                change = fuse(events, i..end, &mut fused, instance, change, &mut partners);
+            }
             let mut rest = hashes;
             while let Some((&hash, tail)) = rest.split_first() {
                 rest = tail;
                 let step = if stored {
-                    Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
+                    Some(self.store(hash, page, stream, change))
                 } else {
-                    self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
+                    self.unstore(hash, page, stream, change)
                 };
                 if let Some(run) = step.filter(|s| s.to != s.from) {
                     rest = &rest[self.extend_run(run, rest)..];
                 }
             }
+            // The partners' streams end where their runs would have.
+            for partner in partners.into_iter().flatten() {
+                self.cursors[partner] = self.cursors[stream];
+            }
         }
+        self.fused = fused;
     }
 
     /// Applies the blocks at the start of `hashes` (on the page and stream of `run`) that
@@ -413,8 +502,7 @@ impl PrefixIndex {
     /// The state `change` turns `from` into, from the cache or formed and interned.
     fn transition(&mut self, from: u32, change: Change) -> u32 {
         let code = change.code();
-        let slot =
-            (u64::from(from) << 32 | u64::from(code)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TRANSITION_BITS);
+        let slot = (u64::from(from) << 32 ^ code).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TRANSITION_BITS);
         let t = self.transitions[slot as usize];
         if t.from == from
             && t.change == code
@@ -425,7 +513,7 @@ impl PrefixIndex {
         }
         let to = self.form(from, change);
         let (from_gen, to_gen) = (self.meta[from as usize].gen, self.meta[to as usize].gen);
-        self.transitions[slot as usize] = Transition { from, change: code, to, from_gen, to_gen };
+        self.transitions[slot as usize] = Transition { from, to, change: code, from_gen, to_gen };
         to
     }
 
@@ -434,32 +522,33 @@ impl PrefixIndex {
         let (mut in_l3, mut fp) = (s.in_l3, s.fp);
         self.scratch.clear();
         self.scratch.extend_from_slice(&s.holders);
-        match change {
-            Change::Add(h) => match self.scratch.binary_search(&h) {
-                Ok(_) => return from,
-                Err(p) => {
+        // A change touches a tier once at most, so its parts apply in any order.
+        let mut changed = false;
+        for tier in [Tier::L1, Tier::L2] {
+            let Some(store) = change.on(tier) else { continue };
+            let h = change.holder(tier);
+            match (self.scratch.binary_search(&h), store) {
+                (Err(p), true) => {
                     self.scratch.insert(p, h);
                     fp = fp.wrapping_add(holder_fp(h));
                     self.instances = self.instances.max((h >> 1) + 1);
+                    changed = true;
                 }
-            },
-            Change::Remove(h) => match self.scratch.binary_search(&h) {
-                Ok(p) => {
+                (Ok(p), false) => {
                     self.scratch.remove(p);
                     fp = fp.wrapping_sub(holder_fp(h));
+                    changed = true;
                 }
-                Err(_) => return from,
-            },
-            Change::SetL3 if in_l3 => return from,
-            Change::SetL3 => {
-                in_l3 = true;
-                fp = fp.wrapping_add(L3_FP);
+                _ => {}
             }
-            Change::ClearL3 if !in_l3 => return from,
-            Change::ClearL3 => {
-                in_l3 = false;
-                fp = fp.wrapping_sub(L3_FP);
-            }
+        }
+        if let Some(store) = change.on(Tier::L3).filter(|&store| store != in_l3) {
+            in_l3 = store;
+            fp = if store { fp.wrapping_add(L3_FP) } else { fp.wrapping_sub(L3_FP) };
+            changed = true;
+        }
+        if !changed {
+            return from;
         }
         if self.scratch.is_empty() && !in_l3 {
             return EMPTY;

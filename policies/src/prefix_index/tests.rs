@@ -307,6 +307,15 @@ enum Op {
     Cleared {
         instance: u32,
     },
+    /// Several runs of one instance in one batch: `(shape, tier, from, len, cut)`, shape 0
+    /// a run stored in `tier`, 1 one removed from it, 2 a demotion of a run (stored in L2,
+    /// stored in L3 whole or but its first block, removed from L1; some L3 victims between),
+    /// 3 everything of the instance cleared, 4 a run stored in L3 then in L2 (a `Cleared`
+    /// between, which the L2 run must not pass).
+    Batch {
+        instance: u32,
+        parts: Vec<(u8, u8, usize, usize, usize)>,
+    },
     RemoveInstance {
         instance: u32,
     },
@@ -322,6 +331,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(instance, tier, from, len, down)| Op::RemoveRun { instance, tier, from, len, down }),
         2 => (0u32..4, 0u8..2, 0..n).prop_map(|(instance, tier, block)| Op::Move { instance, tier, block }),
         1 => (0u32..4).prop_map(|instance| Op::Cleared { instance }),
+        3 => (0u32..4, proptest::collection::vec((0u8..5, 0u8..3, 0..n, 1usize..8, 0..n), 1..6))
+            .prop_map(|(instance, parts)| Op::Batch { instance, parts }),
         1 => (0u32..4).prop_map(|instance| Op::RemoveInstance { instance }),
     ]
 }
@@ -373,6 +384,41 @@ proptest! {
                     events.push((instance, KvEvent::Stored { tier: tiers[tier as usize + 1], hash, page }));
                 }
                 Op::Cleared { instance } => events.push((instance, KvEvent::Cleared)),
+                Op::Batch { instance, parts } => {
+                    let run = |from: usize, len: usize| &u[from.min(u.len())..(from + len).min(u.len())];
+                    // `stored` 0 or 1 for the blocks' events, 2 for a `Cleared`.
+                    let mut push = |stored: u8, tier: usize, blocks: &[Block]| {
+                        if stored == 2 {
+                            events.push((instance, KvEvent::Cleared));
+                        }
+                        for b in blocks.iter().filter(|_| stored < 2) {
+                            let (tier, hash, page) = (tiers[tier], b.hash, b.page);
+                            let e = if stored == 1 { KvEvent::Stored { tier, hash, page } } else { KvEvent::Removed { tier, hash, page } };
+                            events.push((instance, e));
+                        }
+                    };
+                    for (shape, tier, from, len, cut) in parts {
+                        match shape {
+                            0 | 1 => push(1 - shape, tier as usize, run(from, len)),
+                            3 => push(2, 0, &[]),
+                            4 => {
+                                push(1, 2, run(from, len));
+                                if cut % 2 == 1 {
+                                    push(2, 0, &[]);
+                                }
+                                push(1, 1, run(from, len));
+                            }
+                            _ => {
+                                push(1, 1, run(from, len));
+                                if cut % 2 == 1 {
+                                    push(0, 2, run(cut, 2));
+                                }
+                                push(1, 2, run(from + usize::from(cut % 4 >= 2), len));
+                                push(0, 0, run(from, len));
+                            }
+                        }
+                    }
+                }
                 Op::RemoveInstance { instance } => {
                     index.remove_instance(InstanceId(instance));
                     model.apply(InstanceId(instance), &KvEvent::Cleared);
