@@ -107,8 +107,8 @@ use page::Page;
 /// go over the same blocks in the same order in other tiers (a demotion publishes "stored in
 /// L2", "stored in L3", "removed from L1" over the blocks of a page, other pages' runs and
 /// the stores' victims between): their blocks are found once and moved from their first
-/// state to their last in one transition. Returns the joint change, marks the runs taken in `fused` and lists their
-/// streams in `partners`.
+/// state to their last in one transition. Returns the joint change, marks the runs taken in
+/// `fused` and lists their streams in `partners`.
 ///
 /// Exact: a run taken is applied before the runs it came after, which are other pages'
 /// (other blocks) or this page's in other tiers than its own (other holders: the two
