@@ -17,7 +17,7 @@
 
 use crate::event::FleetEvent;
 use crate::fleet::{Command, Fleet, Reject, Route, Unplaced};
-use crate::flow::{Flow, Offer, Shed};
+use crate::flow::{Flow, Offer, Shed, Targets};
 use crate::pd::{Pd, PdConfig, PdStatus, ScalingEvent};
 use crate::router::{CostHints, Router, RouterConfig};
 use crate::view::{FleetView, InstanceState, Role};
@@ -108,6 +108,12 @@ impl Controller {
         if let Some(pd) = &mut self.pd {
             pd.set_slo_targets(ttft_ms, tpot_ms);
         }
+    }
+
+    /// Each class's latency targets (by [`engine::Class::index`]), which routers may place by
+    /// (see [`FleetView::ttft_left_s`]); a fleet without them has none.
+    pub fn set_targets(&mut self, targets: [Targets; 3]) {
+        self.fleet.targets = Some(targets);
     }
 
     /// The pools and their SLO loads as of the last tick (disaggregated fleets only).
@@ -229,6 +235,7 @@ impl Controller {
 
     /// Chooses the instances for `request` and accounts for it as routed.
     pub fn route(&mut self, now: Time, request: &Request) -> Result<Route, Reject> {
+        self.fleet.now = now;
         let Some(pick) = self.router.pick(request, &self.fleet) else {
             // Of the request's model: another model's engines are no place for it.
             let largest_tokens =

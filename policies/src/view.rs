@@ -1,8 +1,9 @@
 //! What the controller knows about each instance, built only from fleet events and its own
 //! routing decisions.
 
+use crate::flow::Targets;
 use crate::prefix_index::PrefixIndex;
-use engine::{InstanceId, Load, ModelId, Request};
+use engine::{InstanceId, Load, ModelId, Request, Time};
 
 /// Which phase of a request an instance serves. A colocated fleet has only `Colocated`
 /// instances; a disaggregated one has a prefill pool and a decode pool.
@@ -116,6 +117,11 @@ pub struct FleetView {
     pub(crate) avoid: Option<InstanceId>,
     /// The role a new request is routed to: `Prefill` once any instance has that role.
     pub(crate) route_role: Role,
+    /// Each class's latency targets (by [`engine::Class::index`]), once the driver has set
+    /// them: what the fleet is held to.
+    pub(crate) targets: Option<[Targets; 3]>,
+    /// When the request being routed is routed.
+    pub(crate) now: Time,
 }
 
 impl FleetView {
@@ -127,6 +133,17 @@ impl FleetView {
 
     pub(crate) fn index_mut(&mut self) -> &mut PrefixIndex {
         &mut self.index
+    }
+
+    /// `request`'s class's TTFT target in seconds; `None` where the fleet has no targets.
+    pub fn ttft_target_s(&self, request: &Request) -> Option<f64> {
+        Some(self.targets?[request.service.class.index()].ttft.as_secs_f64())
+    }
+
+    /// Seconds `request` has left to its first token under its class's TTFT target (negative
+    /// once past it); `None` where the fleet has no targets.
+    pub fn ttft_left_s(&self, request: &Request) -> Option<f64> {
+        Some(self.ttft_target_s(request)? - self.now.since(request.arrival).as_secs_f64())
     }
 
     pub fn all(&self) -> &[InstanceView] {

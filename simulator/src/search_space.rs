@@ -298,7 +298,17 @@ mod tests {
         let names: Vec<&str> = space.dims.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
             names,
-            ["copy_weight", "stall_weight", "own_weight", "hot_factor", "hot_slack", "kv_weight", "left_weight"]
+            [
+                "copy_weight",
+                "stall_weight",
+                "own_weight",
+                "hot_factor",
+                "hot_slack",
+                "kv_weight",
+                "left_weight",
+                "lost_queue_factor",
+                "lost_cap"
+            ]
         );
         let copy = &space.dims[0];
         assert_eq!((copy.lo, copy.start, copy.hi), (0.5, 2.0, 8.0));

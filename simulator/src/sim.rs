@@ -285,6 +285,7 @@ impl<'c> Run<'c> {
             instance.lower_class_step_tokens = config.flow.lower_class_step_tokens(&hints, &targets);
         }
         let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
+        controller.set_targets(targets);
         if let Some(pd) = &config.pd {
             let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);
             controller = controller.with_pools(pools);

@@ -71,11 +71,13 @@ impl Hub {
         metrics: Arc<Metrics>,
         replica_nonce: u32,
     ) -> Hub {
-        let controller = build(&config, pools, false);
+        let mut controller = build(&config, pools, false);
         fleet.configure(controller.wants_latencies(), pools.map(|p| p.transfer));
         let clock = fleet.clock();
         let slo = Slo { ttft_ms: super::DEFAULT_SLO.0, tpot_ms: super::DEFAULT_SLO.1 };
-        let flow = Flow::new(&FlowConfig::None, &config.hints, targets(slo, &BTreeMap::new()));
+        let targets = targets(slo, &BTreeMap::new());
+        controller.set_targets(targets);
+        let flow = Flow::new(&FlowConfig::None, &config.hints, targets);
         Hub {
             flow,
             flow_config: FlowConfig::None,
@@ -166,7 +168,9 @@ impl Hub {
     }
 
     fn rebuild_flow(&mut self, flow: FlowConfig, class_slo: BTreeMap<Class, Slo>) {
-        let fresh = Flow::new(&flow, &self.config.hints, targets(self.slo, &class_slo));
+        let targets = targets(self.slo, &class_slo);
+        self.controller.set_targets(targets);
+        let fresh = Flow::new(&flow, &self.config.hints, targets);
         let waiting = std::mem::replace(&mut self.flow, fresh).remove_where(|_| true);
         (self.flow_config, self.class_slo) = (flow, class_slo);
         let now = self.now();

@@ -55,6 +55,17 @@
 //! prefill, it moves placements between instances the other terms find alike towards the one
 //! that empties sooner.
 //!
+//! Triage (off unless `lost_cap` is set): a request whose first token, with the predicted
+//! queue taken `LOST_QUEUE_FACTOR` times longer (`queue_s × factor + max(suffix_s, load_s)`),
+//! comes after its class's TTFT target on every instance misses its SLO wherever it goes, so
+//! it goes where it delays the fewest requests that can still meet theirs: the instance with
+//! the longest predicted queue below `lost_cap` TTFT targets, which the rule above sends
+//! nothing else to while it is longest. The factor is above 1 because the queue is a lower
+//! bound (as last reported, no waiting for KV); the cap bounds how long a lost request waits.
+//! Uncapped, a fleet driven past saturation starves the lost requests (minutes) to keep the
+//! rest within target; with no queue below the cap (sustained overload), lost requests are
+//! placed as the others. Only where the fleet has targets (`FleetView::ttft_left_s`).
+//!
 //! Guard against piling onto one hot instance: the prediction does not see the decode batch a
 //! popular prefix draws until it runs. An instance whose requests in flight exceed
 //! `HOT_FACTOR` × the fleet's mean plus `HOT_SLACK` is passed over (unless every candidate
@@ -83,6 +94,11 @@ pub const OWN_WEIGHT: f64 = 4.0;
 pub const KV_WEIGHT: f64 = 0.5;
 /// Prefill-seconds of score per token the instance's requests have still to generate.
 pub const LEFT_WEIGHT: f64 = 1.0;
+/// How much longer than predicted the queue is taken to be when deciding that a request is
+/// lost (the prediction is a lower bound: the queue as last reported, no waiting for KV).
+pub const LOST_QUEUE_FACTOR: f64 = 1.5;
+/// The longest queue a lost request may join, in TTFT targets; 0: no triage.
+pub const LOST_CAP: f64 = 0.0;
 
 /// The rule's weights; [`Default`] is the rule as documented.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,6 +110,8 @@ pub struct CacheAwareConfig {
     pub hot_slack: f64,
     pub kv_weight: f64,
     pub left_weight: f64,
+    pub lost_queue_factor: f64,
+    pub lost_cap: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -106,6 +124,8 @@ impl Default for CacheAwareConfig {
             hot_slack: HOT_SLACK,
             kv_weight: KV_WEIGHT,
             left_weight: LEFT_WEIGHT,
+            lost_queue_factor: LOST_QUEUE_FACTOR,
+            lost_cap: LOST_CAP,
         }
     }
 }
@@ -118,6 +138,8 @@ crate::params!(CacheAwareConfig, "cache-aware", {
     hot_slack: float from 0.0 ..= 1024.0, "requests in flight above hot_factor times the mean before an instance is hot";
     kv_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's KV would be over-committed by (held plus still to generate, beyond capacity)";
     left_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's requests have still to generate";
+    lost_queue_factor: float from 1.0 ..= 16.0, "a request is lost when, with its predicted queue taken this many times longer, its first token comes after its TTFT target on every instance";
+    lost_cap: float from 0.0 ..= 64.0, "a lost request goes to the longest predicted queue shorter than this many TTFT targets (0: no triage; none that short: placed as the others)";
 });
 
 impl RouterFactory for CacheAwareConfig {
@@ -160,6 +182,12 @@ struct Estimate {
 }
 
 impl Estimate {
+    /// The time to the first token with the queue taken `queue_factor` times longer, without
+    /// the copy term (which is not waited).
+    fn first_token_s(&self, queue_factor: f64) -> f64 {
+        self.queue_s * queue_factor + self.prefill_s.max(self.load_s)
+    }
+
     fn ttft_s(&self) -> f64 {
         self.queue_s + self.prefill_s.max(self.load_s) + self.copy_s
     }
@@ -251,8 +279,12 @@ impl Router for CacheAware {
         }
         let hot_above = self.config.hot_factor * in_flight as f64 / f64::from(count) + self.config.hot_slack;
         fleet.index().match_prefix(&request.block_hashes, &mut self.matches);
-        // Best among the instances that pass the guards; failing that, among all.
+        // Best among the instances that pass the guards; failing that, among all. The longest
+        // queue and the soonest first token, for triage.
         let mut best: [Option<(&InstanceView, Estimate)>; 2] = [None, None];
+        let mut longest: Option<(&InstanceView, Estimate)> = None;
+        let mut soonest_s = f64::INFINITY;
+        let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
         for v in fleet.candidates(request) {
             let e = self.estimate(request, v);
             let guarded = f64::from(v.in_flight) > hot_above;
@@ -260,9 +292,15 @@ impl Router for CacheAware {
             if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
                 *slot = Some((v, e));
             }
+            if e.queue_s < cap_s && longest.is_none_or(|(_, l)| e.queue_s > l.queue_s) {
+                longest = Some((v, e));
+            }
+            soonest_s = soonest_s.min(e.first_token_s(self.config.lost_queue_factor));
         }
-        let (v, e) = best[0].or(best[1])?;
-        let guarded = best[0].is_none();
+        let lost = longest.filter(|_| fleet.ttft_left_s(request).is_some_and(|left_s| soonest_s > left_s));
+        let (v, e) = lost.or(best[0]).or(best[1])?;
+        let lost = lost.is_some();
+        let guarded = !lost && best[0].is_none();
         let id = v.id;
         if self.pending.len() <= id.0 as usize {
             self.pending.resize(id.0 as usize + 1, 0);
@@ -289,6 +327,7 @@ impl Router for CacheAware {
                 left_ms: ms(e.left_s),
                 score_ms: ms(e.score_s()),
                 all_guarded: guarded,
+                lost,
             },
         })
     }

@@ -116,8 +116,11 @@ pub enum Why {
     /// computed), `stall` (the prompt's prefill time × the running requests' Σ 1 / remaining
     /// tokens: the TPOT it adds to them) and `own` (the weighted own TPOT); the KV side:
     /// `kv` (the tokens by which the instance's KV would be over-committed, priced as
-    /// prefill); `score = predicted_ttft + stall + own + kv`. `all_guarded`: every candidate was hot, so the guard was
-    /// waived.
+    /// prefill), `left` (the tokens its requests have still to generate, priced as prefill);
+    /// `score = predicted_ttft + stall + own + kv + left`. `all_guarded`: every candidate was
+    /// hot, so the guard was waived. `lost`: the request was predicted to miss its TTFT target
+    /// on every instance and went to the longest queue below the cap (triage, `lost_cap`; the
+    /// terms are that instance's).
     CacheAware {
         l1_tokens: u32,
         l2_tokens: u32,
@@ -135,6 +138,7 @@ pub enum Why {
         left_ms: f64,
         score_ms: f64,
         all_guarded: bool,
+        lost: bool,
     },
 }
 

@@ -402,7 +402,7 @@ fn a_router_parameter_unknown_or_out_of_range_is_refused_by_name_with_its_range(
     let e = with("cache-aware", "copy", 1.0).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack, kv_weight, left_weight)"
+        "cache-aware has no parameter `copy` (valid: copy_weight, stall_weight, own_weight, hot_factor, hot_slack, kv_weight, left_weight, lost_queue_factor, lost_cap)"
     );
     assert_eq!(
         with("round-robin", "x", 1.0).unwrap_err().to_string(),
@@ -684,6 +684,54 @@ fn cache_aware_counts_the_tokens_left_of_requests_routed_since_the_report() {
     };
     assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 2_000)).unwrap()), 100.0);
     assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 100)).unwrap()), 150.0);
+}
+
+#[test]
+fn cache_aware_places_a_request_lost_everywhere_on_the_longest_queue_below_the_cap() {
+    // Queues of 2, 3 and 2.5 s of prefill: a 1,000-token prompt's first token comes after
+    // 2.025 s at best, past its 2 s target everywhere, so with triage on it goes to 1 (the
+    // longest queue), not to 0 (the best score); with the cap at 2.75 s, to 2; with triage
+    // off, or without targets to triage by, to 0.
+    let loaded = |c: &mut Controller| {
+        for (i, queued) in [80_000, 120_000, 100_000].into_iter().enumerate() {
+            report(c, i as u32, queued);
+        }
+    };
+    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
+    let place = |lost_cap: f64, with_targets: bool| {
+        let config = CacheAwareConfig { lost_cap, ..Default::default() };
+        let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 3]);
+        if with_targets {
+            c.set_targets(targets);
+        }
+        loaded(&mut c);
+        let route = c.route(Time::ZERO, &request(1_000, 10)).unwrap();
+        (route.prefill.0, matches!(route.why, Why::CacheAware { lost: true, .. }))
+    };
+    assert_eq!(place(4.0, true), (1, true));
+    assert_eq!(place(1.375, true), (2, true));
+    assert_eq!(place(0.0, true), (0, false));
+    assert_eq!(place(4.0, false), (0, false));
+    // Nothing below a 1 s cap: placed as the others.
+    assert_eq!(place(0.5, true), (0, false));
+}
+
+#[test]
+fn cache_aware_counts_the_time_a_request_has_waited_against_its_target() {
+    // 1 s of queue on 0, 1.5 s on 1, taken 1.5 times longer: a request arriving now makes
+    // its 2 s target on 0 (1.525 s), the same request routed 1 s after its arrival does not.
+    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
+    let config = CacheAwareConfig { lost_cap: 4.0, ..Default::default() };
+    let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 2]);
+    c.set_targets(targets);
+    report(&mut c, 0, 40_000);
+    report(&mut c, 1, 60_000);
+    let fresh = c.route(Time::ZERO, &request(1_000, 10)).unwrap();
+    assert_eq!(fresh.prefill, InstanceId(0));
+    assert!(matches!(fresh.why, Why::CacheAware { lost: false, .. }));
+    let late = c.route(Time(1_000_000), &request(1_000, 10)).unwrap();
+    assert_eq!(late.prefill, InstanceId(1));
+    assert!(matches!(late.why, Why::CacheAware { lost: true, .. }));
 }
 
 #[test]
