@@ -604,19 +604,23 @@ impl BlockLru {
         mut each: impl FnMut(PageKey, bool),
     ) {
         for (page, hashes) in pages {
-            let mut slot = self.slot(page);
+            let Some(slot) = self.slot(page) else {
+                hashes.iter().for_each(|&hash| each(PageKey { hash, page }, false));
+                continue;
+            };
+            // The blocks taken are counted once for the page (its slot freed then if it
+            // holds no more): a page left with holes only finds none of the rest.
+            let mut taken = 0;
             for &hash in hashes {
-                let key = PageKey { hash, page };
-                let Some((s, i)) = slot.and_then(|s| Some((s, self.find_in(s, hash)?))) else {
-                    each(key, false);
-                    continue;
-                };
-                self.take(s, i);
-                if self.pages[s as usize].live == 0 {
-                    // Its last block gone, the page's slot is free.
-                    slot = None;
+                let found = self.find_in(slot, hash);
+                if let Some(i) = found {
+                    self.pages[slot as usize].remove_at(i);
+                    taken += 1;
                 }
-                each(key, true);
+                each(PageKey { hash, page }, found.is_some());
+            }
+            if taken > 0 {
+                self.taken(slot, taken);
             }
         }
         self.compact_if_stale();
