@@ -189,6 +189,57 @@ impl Page {
             lookup.remove(hash);
         }
     }
+
+    /// Takes out the blocks whose latest use is one of `u`'s (live uses), oldest first, up
+    /// to `n` of them (at least one), handing each hash to `out`; returns how many uses it
+    /// went through and how many blocks it took. The uses' positions are one stretch of the
+    /// page, read in one direction with no bounds check a block (positions past the page's
+    /// end are stale uses of a page since emptied): a victim costs a stamp comparison, and
+    /// the hash when taken.
+    #[inline(always)]
+    fn take_live(&mut self, u: Uses, n: u32, mut out: impl FnMut(BlockHash)) -> (u32, u32) {
+        debug_assert!(n > 0, "at least one block taken");
+        let (len, end) = (u32::from(u.len), self.entries.len() as u32);
+        let (mut gone, mut found) = (len, 0);
+        let mut lookup = self.lookup.as_deref_mut();
+        // The `j`th use's block, if still last used by it: taken; true once `n` are.
+        let mut take = |j: u32, e: &mut HashEntry| {
+            if e.value != u.stamp.wrapping_add(j) {
+                return false;
+            }
+            let hash = e.hash();
+            e.value = HOLE;
+            if let Some(lookup) = lookup.as_deref_mut() {
+                lookup.remove(hash);
+            }
+            out(hash);
+            found += 1;
+            found == n
+        };
+        if u.down {
+            // Positions `first`, `first - 1`, ... (`first + 1 >= len`, as `Uses::extend`
+            // keeps it): those from `end` on are past the end, the first `skip` uses.
+            let hi = (u.first + 1).min(end);
+            let skip = u.first + 1 - hi;
+            let stretch = &mut self.entries[(u.first + 1 - len).min(hi) as usize..hi as usize];
+            for (e, j) in stretch.iter_mut().rev().zip(skip..) {
+                if take(j, e) {
+                    gone = j + 1;
+                    break;
+                }
+            }
+        } else {
+            let stretch = &mut self.entries[u.first.min(end) as usize..(u.first + len).min(end) as usize];
+            for (e, j) in stretch.iter_mut().zip(0..) {
+                if take(j, e) {
+                    gone = j + 1;
+                    break;
+                }
+            }
+        }
+        self.live -= found;
+        (gone, found)
+    }
 }
 
 /// Consecutive uses in the LRU queue: `len` blocks of the page in `slot`, at positions
@@ -553,19 +604,23 @@ impl BlockLru {
         mut each: impl FnMut(PageKey, bool),
     ) {
         for (page, hashes) in pages {
-            let mut slot = self.slot(page);
+            let Some(slot) = self.slot(page) else {
+                hashes.iter().for_each(|&hash| each(PageKey { hash, page }, false));
+                continue;
+            };
+            // The blocks taken are counted once for the page (its slot freed then if it
+            // holds no more): a page left with holes only finds none of the rest.
+            let mut taken = 0;
             for &hash in hashes {
-                let key = PageKey { hash, page };
-                let Some((s, i)) = slot.and_then(|s| Some((s, self.find_in(s, hash)?))) else {
-                    each(key, false);
-                    continue;
-                };
-                self.take(s, i);
-                if self.pages[s as usize].live == 0 {
-                    // Its last block gone, the page's slot is free.
-                    slot = None;
+                let found = self.find_in(slot, hash);
+                if let Some(i) = found {
+                    self.pages[slot as usize].remove_at(i);
+                    taken += 1;
                 }
-                each(key, true);
+                each(PageKey { hash, page }, found.is_some());
+            }
+            if taken > 0 {
+                self.taken(slot, taken);
             }
         }
         self.compact_if_stale();
@@ -701,18 +756,8 @@ impl BlockLru {
     /// handing each hash to `out`, oldest first; returns how many. The entry is dropped, or
     /// shortened by the uses gone through.
     #[inline(always)]
-    fn pop_front_entry(&mut self, u: Uses, n: u32, mut out: impl FnMut(BlockHash)) -> u32 {
-        let p = &mut self.pages[u.slot as usize];
-        let (mut k, mut found) = (0, 0);
-        while k < u32::from(u.len) && found < n {
-            let (pos, stamp) = u.at(k);
-            k += 1;
-            if p.used_at(pos, stamp) {
-                out(p.entries[pos].hash());
-                p.remove_at(pos);
-                found += 1;
-            }
-        }
+    fn pop_front_entry(&mut self, u: Uses, n: u32, out: impl FnMut(BlockHash)) -> u32 {
+        let (k, found) = self.pages[u.slot as usize].take_live(u, n, out);
         if k == u32::from(u.len) {
             self.order.pop_front();
         } else if let Some(front) = self.order.front_mut() {
@@ -975,6 +1020,26 @@ mod tests {
             lru.clear();
             proptest::prop_assert!(lru.is_empty() && lru.iter().next().is_none());
         }
+    }
+
+    /// A page emptied and its slot taken by the next page: the new page's first use can
+    /// continue the queue's last entry (the next stamp, the position before), which then
+    /// names a position past the new page's end before the one it holds. Its block is still
+    /// the victim in its turn.
+    #[test]
+    fn an_entry_running_past_its_pages_end_still_gives_its_victim() {
+        let mut lru = BlockLru::new(4);
+        lru.insert(k(0));
+        lru.insert(k(1));
+        assert!(lru.touch(k(1)));
+        assert!(lru.remove(k(0)) && lru.remove(k(1)));
+        // Page 10,001 takes the freed slot; its use at position 0 continues the touch's entry
+        // (position 1) downwards.
+        for i in [4, 8, 12, 16] {
+            assert_eq!(lru.insert(k(i)), None);
+        }
+        assert_eq!(lru.insert(k(20)), Some(k(4)));
+        lru.check_invariants();
     }
 
     #[test]
