@@ -58,9 +58,11 @@
 //! Triage (off unless `lost_cap` is set): a request whose first token, with the predicted
 //! queue taken `LOST_QUEUE_FACTOR` times longer (`queue_s × factor + max(suffix_s, load_s)`),
 //! comes after its class's TTFT target on every instance misses its SLO wherever it goes, so
-//! it goes where it delays the fewest requests that can still meet theirs: the instance with
-//! the longest predicted queue below `lost_cap` TTFT targets, which the rule above sends
-//! nothing else to while it is longest. The factor is above 1 because the queue is a lower
+//! it goes where it delays the fewest requests that can still meet theirs, among the
+//! instances whose predicted queue is below `lost_cap` TTFT targets: the longest queue (the
+//! rule above sends nothing else there while it is long) less the prompt's uncached prefill
+//! and copy term there (`queue_s − suffix_s − copy_s`, highest wins: the work it brings, and
+//! on sessions the next turns' prefix). The factor is above 1 because the queue is a lower
 //! bound (as last reported, no waiting for KV); the cap bounds how long a lost request waits.
 //! Uncapped, a fleet driven past saturation starves the lost requests (minutes) to keep the
 //! rest within target; with no queue below the cap (sustained overload), lost requests are
@@ -139,7 +141,7 @@ crate::params!(CacheAwareConfig, "cache-aware", {
     kv_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's KV would be over-committed by (held plus still to generate, beyond capacity)";
     left_weight: float from 0.0 ..= 16.0, "prefill-seconds of score per token the instance's requests have still to generate";
     lost_queue_factor: float from 1.0 ..= 16.0, "a request is lost when, with its predicted queue taken this many times longer, its first token comes after its TTFT target on every instance";
-    lost_cap: float from 0.0 ..= 64.0, "a lost request goes to the longest predicted queue shorter than this many TTFT targets (0: no triage; none that short: placed as the others)";
+    lost_cap: float from 0.0 ..= 64.0, "a lost request goes to a predicted queue shorter than this many TTFT targets, the longest net of the work it brings (0: no triage; none that short: placed as the others)";
 });
 
 impl RouterFactory for CacheAwareConfig {
@@ -186,6 +188,13 @@ impl Estimate {
     /// the copy term (which is not waited).
     fn first_token_s(&self, queue_factor: f64) -> f64 {
         self.queue_s * queue_factor + self.prefill_s.max(self.load_s)
+    }
+
+    /// Where a lost request does least harm ranks highest: a long queue (no request that can
+    /// still make its target is sent there) less the work it brings (its uncached prefill)
+    /// and the copy it makes (away from its prefix, later turns pay for it).
+    fn lost_rank_s(&self) -> f64 {
+        self.queue_s - self.prefill_s - self.copy_s
     }
 
     fn ttft_s(&self) -> f64 {
@@ -279,10 +288,10 @@ impl Router for CacheAware {
         }
         let hot_above = self.config.hot_factor * in_flight as f64 / f64::from(count) + self.config.hot_slack;
         fleet.index().match_prefix(&request.block_hashes, &mut self.matches);
-        // Best among the instances that pass the guards; failing that, among all. The longest
-        // queue and the soonest first token, for triage.
+        // Best among the instances that pass the guards; failing that, among all. The place
+        // for a lost request and the soonest first token, for triage.
         let mut best: [Option<(&InstanceView, Estimate)>; 2] = [None, None];
-        let mut longest: Option<(&InstanceView, Estimate)> = None;
+        let mut for_lost: Option<(&InstanceView, Estimate)> = None;
         let mut soonest_s = f64::INFINITY;
         let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
         for v in fleet.candidates(request) {
@@ -292,12 +301,12 @@ impl Router for CacheAware {
             if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
                 *slot = Some((v, e));
             }
-            if e.queue_s < cap_s && longest.is_none_or(|(_, l)| e.queue_s > l.queue_s) {
-                longest = Some((v, e));
+            if e.queue_s < cap_s && for_lost.is_none_or(|(_, l)| e.lost_rank_s() > l.lost_rank_s()) {
+                for_lost = Some((v, e));
             }
             soonest_s = soonest_s.min(e.first_token_s(self.config.lost_queue_factor));
         }
-        let lost = longest.filter(|_| fleet.ttft_left_s(request).is_some_and(|left_s| soonest_s > left_s));
+        let lost = for_lost.filter(|_| fleet.ttft_left_s(request).is_some_and(|left_s| soonest_s > left_s));
         let (v, e) = lost.or(best[0]).or(best[1])?;
         let lost = lost.is_some();
         let guarded = !lost && best[0].is_none();

@@ -119,8 +119,8 @@ pub enum Why {
     /// prefill), `left` (the tokens its requests have still to generate, priced as prefill);
     /// `score = predicted_ttft + stall + own + kv + left`. `all_guarded`: every candidate was
     /// hot, so the guard was waived. `lost`: the request was predicted to miss its TTFT target
-    /// on every instance and went to the longest queue below the cap (triage, `lost_cap`; the
-    /// terms are that instance's).
+    /// on every instance and went where it does least harm among the queues below the cap
+    /// (triage, `lost_cap`; the terms are that instance's).
     CacheAware {
         l1_tokens: u32,
         l2_tokens: u32,

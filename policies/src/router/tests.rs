@@ -717,6 +717,24 @@ fn cache_aware_places_a_request_lost_everywhere_on_the_longest_queue_below_the_c
 }
 
 #[test]
+fn cache_aware_places_a_lost_request_by_its_queue_less_the_work_it_brings() {
+    // 0 holds all but the last block of the 4,000-token prompt behind a 3 s queue; 1 holds
+    // nothing behind 3.2 s. Lost on both (3 s × 1.5 > 2 s): on 0 it brings 16 tokens of
+    // prefill, on 1 all 4,000 and a new copy (0.1 s + 4 × 0.1 s), so it goes to 0.
+    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
+    let config = CacheAwareConfig { lost_cap: 4.0, ..Default::default() };
+    let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 2]);
+    c.set_targets(targets);
+    let prompt = chain(3, 250);
+    store(&mut c, 0, Tier::L1, &prompt[..249]);
+    report(&mut c, 0, 120_000);
+    report(&mut c, 1, 128_000);
+    let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
+    assert_eq!(route.prefill, InstanceId(0));
+    assert!(matches!(route.why, Why::CacheAware { lost: true, .. }));
+}
+
+#[test]
 fn cache_aware_counts_the_time_a_request_has_waited_against_its_target() {
     // 1 s of queue on 0, 1.5 s on 1, taken 1.5 times longer: a request arriving now makes
     // its 2 s target on 0 (1.525 s), the same request routed 1 s after its arrival does not.
