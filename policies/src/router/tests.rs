@@ -686,6 +686,18 @@ fn cache_aware_counts_the_tokens_left_of_requests_routed_since_the_report() {
     assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 100)).unwrap()), 150.0);
 }
 
+/// TTFT 2 s, TPOT 100 ms for every class.
+const TARGETS_2S: [crate::flow::Targets; 3] =
+    [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
+
+/// Cache-aware with triage at `lost_cap` on `n` instances, under [`TARGETS_2S`].
+fn triage_controller(lost_cap: f64, n: usize) -> Controller {
+    let config = CacheAwareConfig { lost_cap, ..Default::default() };
+    let mut c = controller(RouterConfig::CacheAware(config), &vec![1_000_000; n]);
+    c.set_targets(TARGETS_2S);
+    c
+}
+
 #[test]
 fn cache_aware_places_a_request_lost_everywhere_on_the_longest_queue_below_the_cap() {
     // Queues of 2, 3 and 2.5 s of prefill: a 1,000-token prompt's first token comes after
@@ -697,12 +709,11 @@ fn cache_aware_places_a_request_lost_everywhere_on_the_longest_queue_below_the_c
             report(c, i as u32, queued);
         }
     };
-    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
     let place = |lost_cap: f64, with_targets: bool| {
         let config = CacheAwareConfig { lost_cap, ..Default::default() };
         let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 3]);
         if with_targets {
-            c.set_targets(targets);
+            c.set_targets(TARGETS_2S);
         }
         loaded(&mut c);
         let route = c.route(Time::ZERO, &request(1_000, 10)).unwrap();
@@ -721,10 +732,7 @@ fn cache_aware_places_a_lost_request_by_its_queue_less_the_work_it_brings() {
     // 0 holds all but the last block of the 4,000-token prompt behind a 3 s queue; 1 holds
     // nothing behind 3.2 s. Lost on both (3 s × 1.5 > 2 s): on 0 it brings 16 tokens of
     // prefill, on 1 all 4,000 and a new copy (0.1 s + 4 × 0.1 s), so it goes to 0.
-    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
-    let config = CacheAwareConfig { lost_cap: 4.0, ..Default::default() };
-    let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 2]);
-    c.set_targets(targets);
+    let mut c = triage_controller(4.0, 2);
     let prompt = chain(3, 250);
     store(&mut c, 0, Tier::L1, &prompt[..249]);
     report(&mut c, 0, 120_000);
@@ -738,10 +746,7 @@ fn cache_aware_places_a_lost_request_by_its_queue_less_the_work_it_brings() {
 fn cache_aware_counts_the_time_a_request_has_waited_against_its_target() {
     // 1 s of queue on 0, 1.5 s on 1, taken 1.5 times longer: a request arriving now makes
     // its 2 s target on 0 (1.525 s), the same request routed 1 s after its arrival does not.
-    let targets = [crate::flow::Targets { ttft: engine::Dur(2_000_000), tpot: engine::Dur(100_000) }; 3];
-    let config = CacheAwareConfig { lost_cap: 4.0, ..Default::default() };
-    let mut c = controller(RouterConfig::CacheAware(config), &[1_000_000; 2]);
-    c.set_targets(targets);
+    let mut c = triage_controller(4.0, 2);
     report(&mut c, 0, 40_000);
     report(&mut c, 1, 60_000);
     let fresh = c.route(Time::ZERO, &request(1_000, 10)).unwrap();
