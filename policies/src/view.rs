@@ -1,5 +1,5 @@
 //! What the controller knows about each instance, built only from fleet events and its own
-//! routing decisions.
+//! routing decisions, and the latency targets the driver holds the fleet to.
 
 use crate::flow::Targets;
 use crate::prefix_index::PrefixIndex;
