@@ -170,6 +170,23 @@ impl KvEvents {
         }
     }
 
+    /// Appends that the blocks of `hashes` (of `page`, 64 at most) that `removed` marks (bit `k` for
+    /// `hashes[k]`, as [`super::BlockLru::remove_all`] gives them) were removed from `tier`,
+    /// in order: one run, the hashes in one copy when all are marked.
+    #[inline]
+    pub fn removed_some(&mut self, tier: Tier, page: BlockHash, hashes: &[BlockHash], removed: u64) {
+        debug_assert!(hashes.len() <= 64 && (hashes.len() == 64 || removed >> hashes.len() == 0));
+        if removed == 0 {
+            return;
+        }
+        self.push_head(Op::Removed(tier), page, self.start());
+        if removed.count_ones() as usize == hashes.len() {
+            self.hashes.extend_from_slice(hashes);
+        } else {
+            self.hashes.extend(hashes.iter().enumerate().filter(|&(k, _)| removed >> k & 1 == 1).map(|(_, &h)| h));
+        }
+    }
+
     /// Starts a run of `op` on `page` at `start` (where the next hash goes), unless the
     /// batch's last run is of that kind and page and goes on there.
     #[inline(always)]
@@ -390,6 +407,37 @@ mod tests {
                 }
             }
             proptest::prop_assert_eq!(by_stretch, batch);
+        }
+
+        /// A page's removals given with a mask (a store's `remove_all`) are the runs pushing
+        /// the marked blocks' events one by one gives, after whatever came before (a run of
+        /// the same page and tier extended, none started for an empty mask).
+        #[test]
+        fn a_page_s_removals_by_mask_are_its_blocks_removed_one_by_one(
+            before in proptest::collection::vec((0u8..3, 0u8..3, 0u64..6, 0u64..3), 0..8),
+            pages in proptest::collection::vec((0u64..3, 1usize..70, proptest::num::u64::ANY, 0u8..3), 0..6),
+        ) {
+            let before: Vec<KvEvent> = before.into_iter().map(|(k, t, h, p)| event(k, t, h, p)).collect();
+            let mut by_mask: KvEvents = before.iter().copied().collect();
+            let mut one_by_one = by_mask.clone();
+            for (page, n, mask, full) in pages {
+                let n = n.min(64);
+                let hashes: Vec<BlockHash> = (0..n as u64).map(|h| BlockHash(h * 7 % 5)).collect();
+                // Every block, none or some (the mask's bits past the blocks cleared).
+                let mask = match full {
+                    0 => u64::MAX,
+                    1 => 0,
+                    _ => mask,
+                } & (u64::MAX >> (64 - n));
+                let (tier, page) = (Tier::L2, BlockHash(page));
+                by_mask.removed_some(tier, page, &hashes, mask);
+                for (k, &hash) in hashes.iter().enumerate() {
+                    if mask >> k & 1 == 1 {
+                        one_by_one.removed(tier, hash, page);
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(by_mask, one_by_one);
         }
     }
 }

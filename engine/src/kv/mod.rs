@@ -315,11 +315,16 @@ impl KvCache {
             let mut events = self.tree.events_mut();
             let in_l3 = &mut self.evicting;
             in_l3.clear();
-            self.l2.remove_all(pages, |key, removed| {
-                if !removed {
-                    in_l3.push(key);
-                } else if let Some(events) = events.as_deref_mut() {
-                    events.removed(Tier::L2, key.hash, key.page);
+            self.l2.remove_all(pages, |page, hashes, removed| {
+                if removed.count_ones() as usize != hashes.len() {
+                    for (k, &hash) in hashes.iter().enumerate() {
+                        if removed >> k & 1 == 0 {
+                            in_l3.push(PageKey { hash, page });
+                        }
+                    }
+                }
+                if let Some(events) = events.as_deref_mut() {
+                    events.removed_some(Tier::L2, page, hashes, removed);
                 }
             });
             if let Some(l3) = &self.l3 {
@@ -346,9 +351,9 @@ impl KvCache {
         // tiers. Shared blocks were in L1 already, hence not in L2.
         if !self.l2.is_empty() {
             let mut events = self.tree.events_mut();
-            self.l2.remove_all(PageKey::pages(hashes, new..upto), |key, removed| {
-                if let Some(events) = events.as_deref_mut().filter(|_| removed) {
-                    events.removed(Tier::L2, key.hash, key.page);
+            self.l2.remove_all(PageKey::pages(hashes, new..upto), |page, hashes, removed| {
+                if let Some(events) = events.as_deref_mut() {
+                    events.removed_some(Tier::L2, page, hashes, removed);
                 }
             });
         }

@@ -595,29 +595,33 @@ impl BlockLru {
     }
 
     /// Removes the blocks `pages` gives (a prompt's, a page at a time: [`PageKey::pages`]), as
-    /// [`BlockLru::remove`] one by one, handing each to `each` with whether it was here (and
-    /// is now removed): a page looked up once for its blocks, none of them looked for when the
-    /// store lacks it.
+    /// [`BlockLru::remove`] one by one, handing each page's blocks to `each` at most 64 at a
+    /// time with a mask of those that were here (bit `k` for `hashes[k]`: removed now), for
+    /// the caller to publish them as one run: a page looked up once for its blocks, none of
+    /// them looked for when the store lacks it.
     pub fn remove_all<'a>(
         &mut self,
         pages: impl IntoIterator<Item = (BlockHash, &'a [BlockHash])>,
-        mut each: impl FnMut(PageKey, bool),
+        mut each: impl FnMut(BlockHash, &'a [BlockHash], u64),
     ) {
         for (page, hashes) in pages {
             let Some(slot) = self.slot(page) else {
-                hashes.iter().for_each(|&hash| each(PageKey { hash, page }, false));
+                hashes.chunks(64).for_each(|hashes| each(page, hashes, 0));
                 continue;
             };
             // The blocks taken are counted once for the page (its slot freed then if it
             // holds no more): a page left with holes only finds none of the rest.
             let mut taken = 0;
-            for &hash in hashes {
-                let found = self.find_in(slot, hash);
-                if let Some(i) = found {
-                    self.pages[slot as usize].remove_at(i);
-                    taken += 1;
+            for hashes in hashes.chunks(64) {
+                let mut removed = 0u64;
+                for (k, &hash) in hashes.iter().enumerate() {
+                    if let Some(i) = self.find_in(slot, hash) {
+                        self.pages[slot as usize].remove_at(i);
+                        removed |= 1 << k;
+                    }
                 }
-                each(PageKey { hash, page }, found.is_some());
+                taken += removed.count_ones();
+                each(page, hashes, removed);
             }
             if taken > 0 {
                 self.taken(slot, taken);
@@ -970,7 +974,11 @@ mod tests {
                     // The whole run's removal at once, as a commit removes superseded copies.
                     let mut answers = Vec::new();
                     let runs: PageRuns = keys.iter().copied().collect();
-                    lru.remove_all(runs.runs(), |key, removed| answers.push((key, removed)));
+                    lru.remove_all(runs.runs(), |page, hashes, removed| {
+                        for (k, &hash) in hashes.iter().enumerate() {
+                            answers.push((PageKey { hash, page }, removed >> k & 1 == 1));
+                        }
+                    });
                     let want: Vec<(PageKey, bool)> = keys.iter().map(|&key| (key, model.remove(key))).collect();
                     proptest::prop_assert_eq!(answers, want);
                     lru.check_invariants();
