@@ -24,9 +24,25 @@ impl Failure {
             Failure::Run(e) => (1, e),
             Failure::Output(e) => (3, e),
         };
-        eprintln!("error: {err:#}");
+        eprintln!("error: {}", describe(&err));
         ExitCode::from(code)
     }
+}
+
+/// The error and its causes joined by `: `, as `{:#}` prints them, without the causes an error's
+/// own message already ends with (most of ours put their source in their message, and
+/// `{:#}` would print it again).
+pub fn describe(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let cause = cause.to_string();
+        if text.is_empty() {
+            text = cause;
+        } else if !text.ends_with(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
 }
 
 /// The `q` quantile of `v` (sorted in place), the sample nearest to rank q × (n − 1); NaN for
@@ -57,4 +73,26 @@ pub fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("policy p: {source}")]
+    struct Outer {
+        source: Inner,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("no parameter `x`")]
+    struct Inner;
+
+    #[test]
+    fn a_cause_an_error_already_says_is_printed_once() {
+        let err = anyhow::Error::new(Outer { source: Inner }).context("simulate");
+        assert_eq!(describe(&err), "simulate: policy p: no parameter `x`");
+        assert_eq!(format!("{err:#}"), "simulate: policy p: no parameter `x`: no parameter `x`");
+    }
 }
