@@ -198,7 +198,7 @@ impl Estimate {
     }
 
     fn ttft_s(&self) -> f64 {
-        self.queue_s + self.prefill_s.max(self.load_s) + self.copy_s
+        self.first_token_s(1.0) + self.copy_s
     }
 
     fn score_s(&self) -> f64 {
