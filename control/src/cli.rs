@@ -11,6 +11,7 @@ use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{
     FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, SloSection, WorkloadSection,
 };
+use simulator::workload::MaxTokens;
 use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]
@@ -116,6 +117,13 @@ pub struct SimFlags {
     /// --max-requests: another slice of the same trace).
     #[arg(long, value_name = "N")]
     pub skip_requests: Option<u64>,
+
+    /// What clients ask as max_tokens, all the router and the engines' load reports know of an
+    /// output before it ends: `exact` (the trace's own output lengths, known in advance: no
+    /// live router has them) or N (every client bounds its output at N tokens; it still ends
+    /// where the trace says, and one the trace has longer is asked for in full) [default: exact].
+    #[arg(long, value_name = "exact|N")]
+    pub max_tokens: Option<MaxTokens>,
 
     /// Time-to-first-token target of the SLO, in milliseconds [default: 2000].
     #[arg(long, value_name = "MS")]
@@ -266,6 +274,7 @@ impl SimFlags {
                 phased: None,
                 agentic: None,
                 classes: None,
+                max_tokens: self.max_tokens,
             },
             slo: SloSection { ttft_ms: self.ttft_slo_ms, tpot_ms: self.tpot_slo_ms },
             kv: KvSection {
@@ -379,6 +388,10 @@ pub fn describe(s: &Settings) -> String {
     let spec = s.drafter.map(|d| format!(", drafter {}", d.name)).unwrap_or_default();
     let dispatch =
         if s.dispatch.0 > 0 { format!(", dispatch {:.2} ms", s.dispatch.as_secs_f64() * 1e3) } else { String::new() };
+    let max_tokens = match s.max_tokens {
+        MaxTokens::Exact => String::new(),
+        MaxTokens::Bound(n) => format!(", clients' max_tokens {n}"),
+    };
     let sharing = if s.instances_per_gpu > 1 {
         format!(
             ", {} instances per GPU ({:.0}% of it while steps overlap)",
@@ -389,7 +402,7 @@ pub fn describe(s: &Settings) -> String {
         String::new()
     };
     format!(
-        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch}{sharing} | {} at rate x{}{}{calibrated}",
+        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch}{sharing} | {} at rate x{}{}{max_tokens}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,

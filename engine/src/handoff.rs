@@ -38,9 +38,9 @@ impl Instance {
         let s = self.enqueue_slot(now, request)?;
         let seq = self.seq_mut(s);
         debug_assert_eq!(seq.request.id, id);
-        let before = seq.decode_left();
+        let before = seq.declared_left();
         seq.handoff = true;
-        let after = seq.decode_left();
+        let after = seq.declared_left();
         self.decode_tokens_left -= u64::from(before - after);
         Ok(())
     }
@@ -86,7 +86,7 @@ impl Instance {
             return Err((e, request));
         }
         let generated = request.generated_before();
-        if generated == 0 || generated >= request.max_output_tokens {
+        if generated == 0 || generated >= request.output_len() {
             return Err((Rejected::NotPrefilled, request));
         }
         // The prompt's KV and that of every generated token but the last (whose KV the next
@@ -104,7 +104,7 @@ impl Instance {
         seq.prefill_len = kv_tokens;
         seq.kv_len = kv_tokens;
         seq.parked = Some(Parked::Receiving);
-        self.decode_tokens_left += u64::from(seq.decode_left());
+        self.decode_tokens_left += u64::from(seq.declared_left());
         let s = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
         self.parked.push(s);
         self.debug_check_handoff();
@@ -137,7 +137,7 @@ impl Instance {
         let s = self.parked.remove(pos);
         let mut seq = self.slots[s as usize].take().expect("parked slot is empty");
         // A sending sequence's one token is out; a receiving one had its output to come.
-        self.decode_tokens_left -= u64::from(seq.decode_left());
+        self.decode_tokens_left -= u64::from(seq.declared_left());
         self.kv.release(now, &mut seq.kv);
         self.free_slots.push(s);
         self.debug_check_handoff();
@@ -385,7 +385,7 @@ mod tests {
             prop_assert!(evicted.is_empty());
             prop_assert_eq!(done.len(), reqs.len());
             for f in &done {
-                prop_assert_eq!(f.output_tokens, f.request.max_output_tokens.max(1));
+                prop_assert_eq!(f.output_tokens, f.request.output_len());
             }
             for inst in [&p, &d] {
                 inst.check_invariants();

@@ -363,7 +363,7 @@ impl Instance {
         }
         let seq = Seq::new(request, self.paused_clock(now));
         self.prefill_tokens_left += u64::from(seq.prefill_left());
-        self.decode_tokens_left += u64::from(seq.decode_left());
+        self.decode_tokens_left += u64::from(seq.declared_left());
         let slot = crate::slots::place(&mut self.slots, &mut self.free_slots, Some(seq));
         let at = self.waiting_place(slot, false);
         self.waiting.insert(at, slot);
@@ -474,7 +474,7 @@ impl Instance {
         let mut seq = self.slots[slot as usize].take().expect("queued slot is empty");
         self.kv.release(now, &mut seq.kv);
         self.prefill_tokens_left -= u64::from(seq.prefill_left());
-        self.decode_tokens_left -= u64::from(seq.decode_left());
+        self.decode_tokens_left -= u64::from(seq.declared_left());
         self.free_slots.push(slot);
         if self.config.kv_protection.is_some() {
             self.update_admission(now);
@@ -606,7 +606,7 @@ impl Instance {
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
             self.kv.release(now, &mut seq.kv);
             self.prefill_tokens_left -= u64::from(seq.prefill_left());
-            self.decode_tokens_left -= u64::from(seq.decode_left());
+            self.decode_tokens_left -= u64::from(seq.declared_left());
             let reason = CutShort::Runaway { generated_here: seq.generated_here(), limit };
             match p.runaway_action {
                 RunawayAction::Reroute => evicted.push(Evicted { request: seq.into_evicted(now), reason }),
@@ -631,6 +631,8 @@ impl Instance {
                 continue;
             }
             let mut seq = self.slots[s as usize].take().expect("running slot is empty");
+            // Its end-of-sequence came before the bound the report counted to.
+            self.decode_tokens_left -= u64::from(seq.declared_left());
             self.release_finished(now, &mut seq);
             self.free_slots.push(s);
             finished.push(seq.into_finished(now, None));
@@ -817,7 +819,7 @@ impl Instance {
             assert!(seq.kv.blocks.len() as u32 >= self.kv.blocks_for(seq.kv_len), "slot {i} has KV without blocks");
             private += seq.kv.private_blocks();
             prefill += u64::from(seq.prefill_left());
-            decode += u64::from(seq.decode_left());
+            decode += u64::from(seq.declared_left());
         }
         for &s in &self.waiting {
             let seq = self.seq(s);

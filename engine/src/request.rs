@@ -4,6 +4,7 @@ use crate::ids::{BlockHash, ModelId, RequestId};
 use crate::service::Service;
 use crate::time::{Dur, Time};
 use std::fmt;
+use std::num::NonZeroU32;
 
 /// A generation request as the engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,9 +13,15 @@ pub struct Request {
     /// When the request reached the fleet (TTFT and queueing are measured from here).
     pub arrival: Time,
     pub prompt_tokens: u32,
-    /// Tokens to generate. The simulator knows the exact count from the trace; a live engine
-    /// may stop earlier at an end-of-sequence token.
+    /// The bound on its output the client asked for (`max_tokens`): all that routers, load
+    /// reports and KV admission know of the output before it ends, in the simulator as live.
     pub max_output_tokens: u32,
+    /// Where the model's end-of-sequence comes, in output tokens, when before the bound: known
+    /// only to a simulation (a trace's output length under a larger client bound; at least
+    /// one: the token the prefill samples); `None`:
+    /// the output runs to `max_output_tokens` (a live engine may still stop earlier, at an
+    /// end-of-sequence token it samples).
+    pub ends_after: Option<NonZeroU32>,
     /// Chained hashes of the prompt's full blocks at the engine's block size (see
     /// [`BlockHash`]); may be shorter than `prompt_tokens / block_size`, in which case the rest
     /// of the prompt is never shared.
@@ -56,6 +63,12 @@ impl Request {
     /// but the last (whose KV is never written).
     pub fn peak_kv_tokens(&self) -> u64 {
         u64::from(self.prompt_tokens) + u64::from(self.max_output_tokens.max(1)) - 1
+    }
+
+    /// Output tokens it generates unless cut short: up to its end-of-sequence where the
+    /// simulation knows it, else its bound; at least one (the token its prefill samples).
+    pub fn output_len(&self) -> u32 {
+        self.ends_after.map_or(self.max_output_tokens, |e| e.get().min(self.max_output_tokens)).max(1)
     }
 
     /// Output tokens generated before it came to this instance (0 for a new request).

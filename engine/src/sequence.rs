@@ -64,11 +64,7 @@ impl Seq {
     pub fn new(request: Request, paused_mark: Dur) -> Seq {
         let resume = request.resume.as_deref().copied();
         let generated = request.generated_before();
-        assert!(
-            generated < request.max_output_tokens.max(1),
-            "{} resumed with its output already complete",
-            request.id
-        );
+        assert!(generated < request.output_len(), "{} resumed with its output already complete", request.id);
         Seq {
             prefill_len: request.prompt_tokens + generated,
             request,
@@ -102,9 +98,9 @@ impl Seq {
         !self.is_decoding()
     }
 
-    /// Output tokens the request wants; at least one (the token its prefill samples).
+    /// Output tokens the request generates; at least one (the token its prefill samples).
     pub fn target_output(&self) -> u32 {
-        self.request.max_output_tokens.max(1)
+        self.request.output_len()
     }
 
     pub fn prefill_left(&self) -> u32 {
@@ -127,6 +123,16 @@ impl Seq {
         self.stop_at().saturating_sub(self.generated)
     }
 
+    /// Tokens still to generate on this instance as far as anyone outside the engine can know:
+    /// up to the client's bound (`max_output_tokens`), not the end-of-sequence a simulation
+    /// knows of. What the load report counts, as a live engine's would; at least
+    /// [`Seq::decode_left`].
+    pub fn declared_left(&self) -> u32 {
+        let bound = self.request.max_output_tokens.max(1);
+        let stop = if self.handoff { (self.generated_before + 1).min(bound) } else { bound };
+        stop.saturating_sub(self.generated)
+    }
+
     /// Hit accounting counts only the first prefill, so that a recompute after preemption
     /// cannot push the hit rate above what the prompt allows.
     pub fn counts_hits(&self) -> bool {
@@ -138,7 +144,9 @@ impl Seq {
     /// block by decode block would double up to it, a quarter of it spare on average.
     pub(crate) fn reserve_table(&mut self, block_size: u32, most_blocks: u32) {
         if self.kv.blocks.capacity() == 0 {
-            let whole = self.request.peak_kv_tokens().div_ceil(u64::from(block_size)).min(u64::from(most_blocks));
+            // Up to its end-of-sequence where a simulation knows it: the bound may be far.
+            let peak = u64::from(self.request.prompt_tokens) + u64::from(self.target_output()) - 1;
+            let whole = peak.div_ceil(u64::from(block_size)).min(u64::from(most_blocks));
             self.kv.blocks.reserve_exact(whole as usize);
         }
     }

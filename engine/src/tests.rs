@@ -73,6 +73,7 @@ pub(crate) fn req(id: u64, prompt: u32, output: u32, prefix: &[u64]) -> Request 
         arrival: Time::ZERO,
         prompt_tokens: prompt,
         max_output_tokens: output,
+        ends_after: None,
         block_hashes,
         resume: None,
         service: Default::default(),
@@ -107,6 +108,24 @@ fn a_long_prompt_is_prefilled_in_chunks_under_the_token_budget() {
     assert_eq!(prefill, [16, 16, 8, 0, 0]);
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].output_tokens, 3);
+}
+
+/// The load report knows only the client's bound (as a live engine's would); the request
+/// still ends at its end-of-sequence, and what the bound counted beyond it leaves the report.
+#[test]
+fn a_request_ending_before_its_bound_is_reported_to_the_bound_and_ends_at_its_end_of_sequence() {
+    let mut inst = Instance::new(config(64, 64));
+    let mut r = req(1, 8, 100, &[]);
+    r.ends_after = std::num::NonZeroU32::new(3);
+    inst.enqueue(Time::ZERO, r).unwrap();
+    assert_eq!(inst.load().decode_tokens_left, 100);
+    let mut done = Vec::new();
+    let d = inst.begin_step(Time::ZERO, &mut Fixed).unwrap().unwrap();
+    inst.end_step(Time::ZERO + d, &mut done, &mut Vec::new());
+    assert_eq!(inst.load().decode_tokens_left, 99, "the prefill's token counts against the bound");
+    let (rest, _, _) = run(&mut inst, Time::ZERO + d);
+    assert_eq!((rest.len(), rest[0].output_tokens), (1, 3));
+    assert_eq!(inst.load().decode_tokens_left, 0);
 }
 
 #[test]
@@ -527,7 +546,7 @@ proptest! {
     /// is leaked (invariants are checked after every step).
     #[test]
     fn every_request_finishes_and_no_block_leaks(
-        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3, 0usize..3), 1..40),
+        reqs in proptest::collection::vec((0u64..50_000, 1u32..120, 0u32..40, 0u64..3, 0usize..3, 0u32..3), 1..40),
         class_priority in any::<bool>(),
         step_cap in proptest::option::of(1u32..16),
         blocks in 40u32..80,
@@ -553,9 +572,14 @@ proptest! {
         });
         let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
-        let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class))| {
+        let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class, over))| {
             let shared = [g, g + 10, g + 20];
             let mut r = req(i as u64, p, o, &shared);
+            // Some clients bound their output above where it ends (an end-of-sequence).
+            if over > 0 {
+                r.max_output_tokens = o + 20 * over;
+                r.ends_after = std::num::NonZeroU32::new(o.max(1));
+            }
             r.service.class = Class::ALL[class];
             // Requests of one shared prefix group are turns of one session.
             r.service.session = SessionId::new(g + 1);
@@ -582,7 +606,7 @@ proptest! {
                     for e in evicted.drain(..) {
                         prop_assert!(kv_protection.is_some());
                         let resume = e.request.resume.as_deref().copied().expect("an evicted request carries its progress");
-                        prop_assert!(resume.generated < e.request.max_output_tokens);
+                        prop_assert!(resume.generated < e.request.output_len());
                         evictions += 1;
                         prop_assert!(inst.enqueue(now, e.request).is_ok(), "it fitted before");
                     }
@@ -591,9 +615,10 @@ proptest! {
             }
         }
         prop_assert!(!inst.has_work(), "the instance drained");
+        prop_assert_eq!((inst.load().prefill_tokens_left, inst.load().decode_tokens_left), (0, 0));
         prop_assert_eq!(done.len(), accepted);
         for f in &done {
-            let wanted = f.request.max_output_tokens.max(1);
+            let wanted = f.request.output_len();
             match f.ended {
                 None => prop_assert_eq!(f.output_tokens, wanted),
                 Some(CutShort::Runaway { limit, generated_here }) => {

@@ -436,6 +436,7 @@ mod tests {
             arrival: Time::ZERO,
             prompt_tokens: 100,
             max_output_tokens: 10,
+            ends_after: None,
             block_hashes: Vec::new(),
             resume: None,
             service: Default::default(),

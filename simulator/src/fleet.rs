@@ -913,6 +913,7 @@ mod tests {
             arrival: Time::ZERO,
             prompt_tokens: prompt,
             max_output_tokens: output,
+            ends_after: None,
             block_hashes,
             resume: None,
             service: Default::default(),

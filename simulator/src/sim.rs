@@ -29,7 +29,7 @@ use crate::phases::{NoStopwatch, Phase, PhaseTimes, Stopwatch};
 use crate::pools::{direction_changes, PdRun, PoolsReport};
 use crate::slo::Slo;
 use crate::timeline::{restore_times_by_finish_s, restore_times_s, Sizes, Timeline};
-use crate::workload::{Arrival, SessionStats, TurnEnd, Workload, WorkloadError};
+use crate::workload::{Arrival, MaxTokens, SessionStats, TurnEnd, Workload, WorkloadError};
 use cost::{CostModel, CostModelExecutor, Drafter};
 use engine::{Dur, Finished, InstanceConfig, InstanceId, Request, RequestId, Time};
 use policies::{Controller, ControllerConfig, Fleet, FleetEvent, Flow, FlowConfig, Released, RouterConfig, Unplaced};
@@ -66,6 +66,9 @@ pub struct SimConfig {
     /// and its latencies count from its arrival. Measured on a live fleet by `fleetplane
     /// latency`; zero models an ideal path.
     pub dispatch: Dur,
+    /// What clients ask as `max_tokens`: all the router and the load reports know of an
+    /// output before it ends; the engine still ends it where the workload says.
+    pub max_tokens: MaxTokens,
     /// Instances per GPU (1: each has its own); above 1 they share its time.
     pub instances_per_gpu: u32,
     /// The share of a shared GPU's time left to steps while several overlap (context switches
@@ -363,11 +366,13 @@ impl<'c> Run<'c> {
     /// An arrival, routed `dispatch` after it arrives.
     fn arrive<S: Stopwatch>(&mut self, a: Arrival, watch: &mut S) {
         self.now = a.at + self.config.dispatch;
+        let (max_output_tokens, ends_after) = self.config.max_tokens.apply(a.output_tokens);
         let request = Request {
             id: RequestId(self.arrivals),
             arrival: a.at,
             prompt_tokens: a.prompt_tokens,
-            max_output_tokens: a.output_tokens,
+            max_output_tokens,
+            ends_after,
             block_hashes: a.block_hashes,
             resume: None,
             service: a.service,

@@ -6,7 +6,7 @@ use simulator::report::{Report, RunReport};
 use simulator::scenario::tiers::KvSection;
 use simulator::scenario::{FleetSection, PoolsSection, Scenario, SchedulerSection, Settings, WorkloadSection};
 use simulator::sim;
-use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, SyntheticConfig};
+use simulator::workload::{ArrivalProcess, LengthDist, LongOutputs, MaxTokens, SyntheticConfig};
 
 fn mooncake(instances: u32, max_requests: u64) -> Settings {
     Scenario {
@@ -40,6 +40,32 @@ fn json_of(settings: &Settings) -> String {
 fn the_same_seed_and_inputs_give_byte_identical_json() {
     let s = mooncake(4, 1500);
     assert_eq!(json_of(&s), json_of(&s));
+}
+
+/// Clients' `max_tokens` changes what routers know of outputs, not the work: the same tokens
+/// come out, a router blind to token counts places every request as before, and one that
+/// counts tokens left (least-outstanding) sees the bound.
+#[test]
+fn a_client_bound_on_outputs_hides_their_lengths_from_routers_not_from_engines() {
+    let run = |router: &str, max_tokens: MaxTokens| {
+        let mut s = mooncake(4, 1500);
+        s.routers.retain(|r| r.label() == router);
+        s.max_tokens = max_tokens;
+        let w = s.open_workload(s.rate_scale).expect("trace opens");
+        sim::run(&s.sim_config(&s.routers[0]), w, &mut |_| {}).expect("run")
+    };
+    for router in ["round-robin", "least-outstanding"] {
+        let (exact, bound) = (run(router, MaxTokens::Exact), run(router, MaxTokens::Bound(8192)));
+        assert_eq!(exact.summary.output_tokens, bound.summary.output_tokens, "{router}");
+        let same = serde_json::to_string(&exact.summary).ok() == serde_json::to_string(&bound.summary).ok();
+        assert_eq!(same, router == "round-robin", "{router}: only a router counting tokens left sees the bound");
+    }
+    // The decisions sampled: with requests in flight, the least outstanding is past the bound.
+    let outstanding = |m| {
+        let out = run("least-outstanding", m);
+        out.decisions.iter().filter_map(|d| d.why["outstanding_tokens"].as_u64()).max().unwrap_or(0)
+    };
+    assert!(outstanding(MaxTokens::Bound(8192)) > outstanding(MaxTokens::Exact));
 }
 
 #[test]

@@ -78,6 +78,7 @@ impl Engine for EngineService {
             arrival: Time::ZERO,
             prompt_tokens: prompt.len() as u32,
             max_output_tokens: g.max_tokens - generated,
+            ends_after: None,
             block_hashes: engine::block_hashes(&prompt, self.info.block_size),
             resume: None,
             service: engine::Service { class, ..Default::default() },
@@ -116,6 +117,7 @@ impl Engine for EngineService {
             arrival: Time::ZERO,
             prompt_tokens: h.prompt.len() as u32,
             max_output_tokens: h.max_tokens,
+            ends_after: None,
             block_hashes: engine::block_hashes(&h.prompt, self.info.block_size),
             // The prefill engine's clock is not ours: the timeline starts here.
             resume: Some(Box::new(Resume {

@@ -378,6 +378,7 @@ async fn serve(
             arrival: hub.now(),
             prompt_tokens,
             max_output_tokens: parsed.max_tokens,
+            ends_after: None,
             block_hashes: engine::block_hashes(&parsed.prompt, block_size),
             resume: None,
             service,

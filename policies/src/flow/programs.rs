@@ -201,6 +201,7 @@ mod tests {
             arrival: Time::ZERO,
             prompt_tokens: tokens,
             max_output_tokens: 0,
+            ends_after: None,
             block_hashes: Vec::new(),
             resume: None,
             service: Service { session: SessionId::new(session), ..Service::default() },

@@ -37,6 +37,7 @@ fn request(id: u64, at_ms: u64, class: Class, tenant: u32) -> Request {
         arrival: Time::from_millis(at_ms),
         prompt_tokens: 100,
         max_output_tokens: 100,
+        ends_after: None,
         block_hashes: Vec::new(),
         resume: None,
         model: Default::default(),

@@ -13,6 +13,7 @@ fn request(prompt: u32, output: u32) -> Request {
         arrival: Time::ZERO,
         prompt_tokens: prompt,
         max_output_tokens: output,
+        ends_after: None,
         block_hashes: Vec::new(),
         resume: None,
         service: Default::default(),

@@ -213,7 +213,7 @@ impl Metrics {
         } else {
             self.ttft_short.record(ttft_us as f64);
         }
-        let short_output = f.request.max_output_tokens < LONG_OUTPUT_TOKENS;
+        let short_output = f.request.output_len() < LONG_OUTPUT_TOKENS;
         if short_output {
             self.ttft_short_output.record(ttft_us as f64);
         } else {
@@ -260,7 +260,7 @@ impl Metrics {
             g.record_rejected(request);
         }
         self.rejected += 1;
-        if request.max_output_tokens < LONG_OUTPUT_TOKENS {
+        if request.output_len() < LONG_OUTPUT_TOKENS {
             self.rejected_short_output += 1;
         } else {
             self.long_output += 1;

@@ -45,7 +45,7 @@
 //! A [`Scenario`] is the raw file (every field optional, unknown keys refused with their
 //! name); [`Scenario::resolve`] fills the defaults, checks every name and gives [`Settings`].
 
-use crate::workload::{AgenticConfig, ClassesConfig, PhasedConfig, SyntheticConfig, WorkloadError};
+use crate::workload::{AgenticConfig, ClassesConfig, MaxTokens, PhasedConfig, SyntheticConfig, WorkloadError};
 use cost::{CostError, CostParams, CpMode, ProfileError, UnknownName};
 use engine::Dur;
 use flow::FlowSection;
@@ -230,6 +230,10 @@ pub struct WorkloadSection {
     /// Request classes and tenants drawn per request (see [`crate::workload::ClassesConfig`]).
     #[serde(default)]
     pub classes: Option<ClassesConfig>,
+    /// What clients ask as `max_tokens`: `"exact"` (the trace's output lengths, known in
+    /// advance) or a number of tokens (see [`crate::workload::MaxTokens`]) [default: exact].
+    #[serde(default)]
+    pub max_tokens: Option<MaxTokens>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

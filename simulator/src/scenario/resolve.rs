@@ -86,6 +86,7 @@ impl Scenario {
                 phased,
                 agentic,
                 classes: w.classes.or(self.workload.classes),
+                max_tokens: w.max_tokens.or(self.workload.max_tokens),
             },
             slo: SloSection {
                 ttft_ms: over.slo.ttft_ms.or(self.slo.ttft_ms),
@@ -227,6 +228,7 @@ impl Scenario {
             dispatch: Dur::from_secs_f64(dispatch_ms / 1e3),
             instances_per_gpu,
             gpu_share_efficiency,
+            max_tokens: w.max_tokens.unwrap_or_default(),
         })
     }
 

@@ -6,7 +6,7 @@ use super::tiers::KvTiers;
 use crate::sim::SimConfig;
 use crate::slo::Slo;
 use crate::workload::{
-    self, AgenticConfig, ClassesConfig, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError,
+    self, AgenticConfig, ClassesConfig, MaxTokens, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError,
     WorkloadOptions,
 };
 use cost::{Calibration, CostModel, Drafter};
@@ -87,6 +87,8 @@ pub struct Settings {
     pub gpu_share_efficiency: f64,
     /// `[workload.classes]`: request classes, their targets and the tenants.
     pub classes: Option<ClassesConfig>,
+    /// `[workload] max_tokens` (see [`SimConfig::max_tokens`]).
+    pub max_tokens: MaxTokens,
 }
 
 /// The run variant without speculation (`name@nospec`, like `@nohw`).
@@ -146,6 +148,7 @@ impl Settings {
             },
             drafter: run.drafter,
             dispatch: self.dispatch,
+            max_tokens: self.max_tokens,
             instances_per_gpu: self.instances_per_gpu,
             gpu_share_efficiency: self.gpu_share_efficiency,
             flow: run.flow.flow,

@@ -16,6 +16,7 @@
 //! | `agentic.rs` | [`AgenticConfig`]: closed-loop agent sessions (turns, tool calls, growing contexts) |
 //! | `classes.rs` | [`ClassesConfig`]: request classes and tenants drawn for any workload ([`classify`]) |
 //! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
+//! | `max_tokens.rs` | [`MaxTokens`]: the output bound clients ask for, all a router knows of an output before it ends |
 //! | `tile.rs` | any workload [`tile`]d to a size: copies side by side and wave after wave, hashes salted per copy |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
@@ -38,6 +39,7 @@ mod azure;
 mod classes;
 mod limit;
 mod lines;
+mod max_tokens;
 mod mooncake;
 mod phased;
 mod servegen;
@@ -55,6 +57,7 @@ use std::str::FromStr;
 pub use agentic::{agentic, AgenticConfig, SessionStats, TurnEnd};
 pub use classes::{classify, ClassShare, ClassesConfig, TenantShare};
 pub use limit::{limit, skip};
+pub use max_tokens::{BadMaxTokens, MaxTokens};
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
 pub use phased::{phased, Phase, PhasedConfig};
 pub use servegen::{ServeGenShape, SERVEGEN_WINDOW_S};
