@@ -16,8 +16,8 @@ pub enum FleetEvent {
     /// The instance's queues and KV use at the end of an iteration.
     Load { instance: InstanceId, load: Load },
     /// A request left the instance after generating its output (or ended early, with a
-    /// reason in its record).
-    RequestFinished { instance: InstanceId, request: RequestId },
+    /// reason in its record). `output`: how long it was, for one that ended by itself.
+    RequestFinished { instance: InstanceId, request: RequestId, output: Option<OutputEnd> },
     /// The instance evicted a request before it finished (KV high-water protection); the
     /// driver places it again through [`crate::Controller::place`].
     RequestEvicted { instance: InstanceId, request: RequestId, reason: CutShort },
@@ -53,4 +53,13 @@ pub enum FleetEvent {
     /// controller that asked: [`crate::Controller::wants_latencies`]). `tpot` is `None` for
     /// outputs of one token.
     RequestLatency { instance: InstanceId, request: RequestId, ttft: Dur, tpot: Option<Dur> },
+}
+
+/// The length of an output that ended by itself (its end-of-sequence or its bound), beside
+/// the bound its client asked for: how much of their bounds outputs use, which routers may
+/// learn (a live router knows no output's length before it ends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputEnd {
+    pub tokens: u32,
+    pub bound: u32,
 }

@@ -34,7 +34,7 @@ pub mod view;
 
 pub use autoscaler::{Autoscaler, AutoscalerConfig, Knobs, PoolSize, UnknownAutoscaler};
 pub use controller::{Controller, ControllerConfig, Released};
-pub use event::FleetEvent;
+pub use event::{FleetEvent, OutputEnd};
 pub use fleet::{Command, DispatchError, Fleet, PlaceError, Reject, Route, Unplaced};
 pub use flow::{Flow, FlowConfig, Shed, ShedReason, Targets};
 pub use pairing::TransferHints;

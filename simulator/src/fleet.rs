@@ -21,7 +21,9 @@ use crate::queue::EventQueue;
 use cost::{CostModelExecutor, GpuTime, SpeculationTally};
 use engine::kv::{KvEvents, SharedStore};
 use engine::{Dur, Evicted, Finished, Handoff, Instance, InstanceConfig, InstanceId, Load, Request, RequestId, Time};
-use policies::{Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, Role, Route, TransferHints};
+use policies::{
+    Command, DispatchError, Fleet, FleetEvent, FleetView, InstanceState, OutputEnd, Role, Route, TransferHints,
+};
 use std::collections::VecDeque;
 
 /// Something that happens to one instance at a point in virtual time.
@@ -461,7 +463,9 @@ impl SimFleet {
         let before = self.finished.len();
         inst.engine.end_step(now, &mut self.finished, &mut self.evicted_scratch);
         for f in &self.finished[before..] {
-            self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id });
+            let output =
+                f.ended.is_none().then_some(OutputEnd { tokens: f.output_tokens, bound: f.request.max_output_tokens });
+            self.events.push(FleetEvent::RequestFinished { instance: id, request: f.request.id, output });
             if self.report_latencies {
                 let ttft = f.first_token_at.since(f.request.arrival);
                 let tpot = (f.output_tokens >= 2)

@@ -409,7 +409,7 @@ impl LiveFleet {
             // The request is no longer here (its client left, or a policy change re-sent a
             // request already on its way): close the transfer the controller opened.
             self.events.push(FleetEvent::TransferDone { request, from, to });
-            self.events.push(FleetEvent::RequestFinished { instance: to, request });
+            self.events.push(FleetEvent::RequestFinished { instance: to, request, output: None });
             return;
         };
         let report = self.report.clone();

@@ -6,7 +6,7 @@ use super::news::{Delta, News, Parked, Payload};
 use crate::engine_auth::EngineLink;
 use crate::proto::{self, FinishReason};
 use engine::{Dur, InstanceId, Request, Time};
-use policies::FleetEvent;
+use policies::{FleetEvent, OutputEnd};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Instant;
@@ -138,7 +138,9 @@ impl Reporter {
 
     /// The request left `instance`: finished, or its client went away.
     pub(super) fn finished(&self, instance: InstanceId, request: &Request, payload: &Payload, ok: bool) {
-        self.event(FleetEvent::RequestFinished { instance, request: request.id });
+        let output =
+            ok.then_some(OutputEnd { tokens: payload.generated.len() as u32, bound: request.max_output_tokens });
+        self.event(FleetEvent::RequestFinished { instance, request: request.id, output });
         if let (true, true, Some(first)) = (ok, self.latencies, payload.first_token_at()) {
             let tokens = payload.generated.len() as u64;
             let tpot = (tokens >= 2).then(|| Dur(self.now().since(first).0 / (tokens - 1)));

@@ -173,7 +173,10 @@ fn a_light_tenant_is_not_stuck_behind_a_heavy_one() {
     let mut order = Vec::new();
     for _ in 0..11 {
         // Room for one request at a time.
-        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+        c.on_event(
+            Time::ZERO,
+            &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0), output: None },
+        );
         report(&mut c, false);
         let mut out = Vec::new();
         while let Some((r, ())) = flow.next(Time::from_millis(30), c.fleet()) {

@@ -19,6 +19,11 @@
 //! score(i)    = ttft(i) + stall_s(i) + own_s(i) + kv_s(i) + left_s(i)
 //! ```
 //!
+//! `decode tokens left(i)` is what i's report counts (each request's tokens to its bound, the
+//! client's `max_tokens`: no router knows an output's length before it ends) times the share
+//! of their bounds the outputs that ended lately used ([`OutputShare`]); the output routed
+//! since the report counts the same way. Where outputs run to their bounds the share is 1.
+//!
 //! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
 //! `D(seqs, kv tokens)` its decode step ([`CostHints`]); the load overlaps the suffix's
 //! compute (layer-wise loading), hence the max. The prefill routed since the report counts
@@ -76,6 +81,7 @@
 //! The parameters, the terms tried and dropped, and the runs that chose them are in
 //! docs/ROUTERS.md.
 
+use super::output_share::OutputShare;
 use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::event::FleetEvent;
 use crate::prefix_index::{PrefixMatches, TierMatch};
@@ -157,6 +163,9 @@ pub struct CacheAware {
     matches: PrefixMatches,
     /// Uncached prompt tokens routed to each instance since its last load report.
     pending: Vec<u64>,
+    /// How much of their bounds outputs use: the tokens left the reports count to the
+    /// requests' bounds, scaled to what they will generate.
+    outputs: OutputShare,
 }
 
 /// One candidate's terms, in seconds.
@@ -208,7 +217,7 @@ impl Estimate {
 
 impl CacheAware {
     pub fn new(config: CacheAwareConfig, hints: CostHints) -> CacheAware {
-        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new() }
+        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new(), outputs: OutputShare::default() }
     }
 
     fn pending(&self, v: &InstanceView) -> u64 {
@@ -237,14 +246,17 @@ impl CacheAware {
         let batch_step_s = h.decode.step_us(in_flight, kv_tokens) / 1e6 + chunk / h.prefill_tokens_per_s;
         // Σ 1 / remaining tokens over the running requests, as running / mean remaining (by
         // Jensen a lower bound: a few nearly done requests count more than this).
+        // Tokens still to generate, as reported (counted to the requests' bounds) and scaled by
+        // the share of their bounds outputs use.
+        let share = self.outputs.share();
+        let decode_left = v.load.decode_tokens_left as f64 * share;
         let requests = f64::from(v.load.running + v.load.waiting);
-        let left = (v.load.decode_tokens_left as f64).max(requests).max(1.0);
+        let left = decode_left.max(requests).max(1.0);
         let stalled = f64::from(v.load.running) * requests / left;
         let capacity = (u64::from(v.load.kv_total_blocks) * bs) as f64;
         // Tokens to generate: as last reported, and those of the requests routed since.
-        let to_generate =
-            v.load.decode_tokens_left + v.routed_since_report.saturating_sub(v.prompt_since_report);
-        let fullest = kv_tokens + v.load.decode_tokens_left as f64 + prompt as f64;
+        let to_generate = decode_left + v.routed_since_report.saturating_sub(v.prompt_since_report) as f64 * share;
+        let fullest = kv_tokens + decode_left + prompt as f64;
         Estimate {
             m,
             queue_s: queued as f64 / h.prefill_tokens_per_s,
@@ -257,7 +269,7 @@ impl CacheAware {
             stall_s: c.stall_weight * prefill_s * stalled,
             own_s: c.own_weight * step_s,
             kv_s: c.kv_weight * (fullest - capacity).max(0.0) / h.prefill_tokens_per_s,
-            left_s: c.left_weight * to_generate as f64 / h.prefill_tokens_per_s,
+            left_s: c.left_weight * to_generate / h.prefill_tokens_per_s,
             uncached_tokens,
         }
     }
@@ -273,10 +285,14 @@ impl Router for CacheAware {
     }
 
     fn on_event(&mut self, event: &FleetEvent) {
-        if let FleetEvent::Load { instance, .. } = *event {
-            if let Some(p) = self.pending.get_mut(instance.0 as usize) {
-                *p = 0;
+        match *event {
+            FleetEvent::Load { instance, .. } => {
+                if let Some(p) = self.pending.get_mut(instance.0 as usize) {
+                    *p = 0;
+                }
             }
+            FleetEvent::RequestFinished { output: Some(end), .. } => self.outputs.record(end),
+            _ => {}
         }
     }
 
@@ -335,6 +351,7 @@ impl Router for CacheAware {
                 kv_ms: ms(e.kv_s),
                 left_ms: ms(e.left_s),
                 score_ms: ms(e.score_s()),
+                output_share: (self.outputs.share() * 1e3).round() / 1e3,
                 all_guarded: guarded,
                 lost,
             },

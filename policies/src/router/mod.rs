@@ -8,6 +8,8 @@
 
 pub use sglang_cache_aware::SglangBranch;
 
+mod output_share;
+
 use crate::event::FleetEvent;
 use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::slo_load::DecodeModel;
@@ -117,7 +119,9 @@ pub enum Why {
     /// tokens: the TPOT it adds to them) and `own` (the weighted own TPOT); the KV side:
     /// `kv` (the tokens by which the instance's KV would be over-committed, priced as
     /// prefill), `left` (the tokens its requests have still to generate, priced as prefill);
-    /// `score = predicted_ttft + stall + own + kv + left`. `all_guarded`: every candidate was
+    /// `score = predicted_ttft + stall + own + kv + left`. `output_share`: the share of their
+    /// bounds (`max_tokens`) that outputs used lately, which scales the reported tokens left
+    /// in `stall`, `kv` and `left` (1 where outputs run to their bounds). `all_guarded`: every candidate was
     /// hot, so the guard was waived. `lost`: the request was predicted to miss its TTFT target
     /// on every instance and went where it does least harm among the queues below the cap
     /// (triage, `lost_cap`; the terms are that instance's).
@@ -137,6 +141,7 @@ pub enum Why {
         kv_ms: f64,
         left_ms: f64,
         score_ms: f64,
+        output_share: f64,
         all_guarded: bool,
         lost: bool,
     },

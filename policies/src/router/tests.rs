@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::controller::{Controller, ControllerConfig};
+use crate::event::OutputEnd;
 use crate::fleet::Reject;
 use crate::fleet::Route;
 use engine::kv::{KvEvent, Tier};
@@ -310,7 +311,10 @@ fn sglang_sends_to_the_least_loaded_once_the_spread_passes_64_and_half_the_minim
     assert_eq!((route.prefill, in_flight_min, in_flight_max), (InstanceId(2), 1, 66));
     // Finishing requests lowers the load the rule sees.
     for _ in 0..60 {
-        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+        c.on_event(
+            Time::ZERO,
+            &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0), output: None },
+        );
     }
     assert_eq!(sglang_why(&c.route(Time::ZERO, &a).unwrap()).0, CacheHit);
 }
@@ -322,7 +326,10 @@ fn sglang_forgets_what_it_sent_to_an_instance_that_went_down() {
     assert_eq!(c.route(Time::ZERO, &a).unwrap().prefill, InstanceId(0));
     c.on_event(Time::ZERO, &FleetEvent::InstanceDown { instance: InstanceId(0) });
     c.on_event(Time::ZERO, &FleetEvent::InstanceUp { instance: InstanceId(0), capacity_tokens: 100_000 });
-    c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0) });
+    c.on_event(
+        Time::ZERO,
+        &FleetEvent::RequestFinished { instance: InstanceId(0), request: RequestId(0), output: None },
+    );
     let route = c.route(Time::ZERO, &a).unwrap();
     assert_eq!((route.prefill, sglang_why(&route)), (InstanceId(0), (SglangBranch::CacheMiss, 0, 8)));
 }
@@ -549,7 +556,10 @@ fn cache_aware_passes_over_a_hot_instance_however_much_it_caches() {
         // Nothing queued as far as the report says: only the in-flight count differs.
         report(c, 0, 0);
         let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
-        c.on_event(Time::ZERO, &FleetEvent::RequestFinished { instance: route.prefill, request: RequestId(0) });
+        c.on_event(
+            Time::ZERO,
+            &FleetEvent::RequestFinished { instance: route.prefill, request: RequestId(0), output: None },
+        );
         route.prefill
     };
     // Hot above 2 × mean + 8: 16 of 16 in flight is not (2 × 4 + 8 = 16), 17 is.
@@ -685,6 +695,21 @@ fn cache_aware_counts_the_tokens_left_of_requests_routed_since_the_report() {
     };
     assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 2_000)).unwrap()), 100.0);
     assert_eq!(left_ms(c.route(Time::ZERO, &request(1_000, 100)).unwrap()), 150.0);
+}
+
+#[test]
+fn cache_aware_scales_the_reported_tokens_left_by_the_share_of_their_bounds_outputs_use() {
+    // The report counts 4,000 tokens left, to the requests' bounds. Outputs that ended used a
+    // tenth of theirs, so 400 are expected: 10 ms, not 100; one cut short teaches nothing.
+    let mut c = controller(RouterConfig::CacheAware(Default::default()), &[1_000_000; 2]);
+    let ended = |output| FleetEvent::RequestFinished { instance: InstanceId(1), request: RequestId(0), output };
+    c.on_event(Time::ZERO, &ended(Some(OutputEnd { tokens: 400, bound: 4_000 })));
+    c.on_event(Time::ZERO, &ended(None));
+    report_load(&mut c, 0, decoding(20, 4_000));
+    report_load(&mut c, 1, Load { prefill_tokens_left: 100_000, ..decoding(20, 4_000) });
+    let route = c.route(Time::ZERO, &request(1_000, 2_000)).unwrap();
+    let Why::CacheAware { left_ms, output_share, .. } = route.why else { panic!("not a cache-aware reason") };
+    assert_eq!((route.prefill, left_ms, output_share), (InstanceId(0), 10.0, 0.1));
 }
 
 /// TTFT 2 s, TPOT 100 ms for every class.
