@@ -385,6 +385,28 @@ pub async fn scaling_events(State(app): State<Arc<App>>, headers: HeaderMap) -> 
     Ok(Json(json!({"events": app.store.scaling_events().await.map_err(db_error)?})).into_response())
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionsQuery {
+    limit: Option<usize>,
+}
+
+/// The router's latest decisions, oldest first, each with the reason it gave.
+pub async fn decisions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    query: Result<Query<DecisionsQuery>, QueryRejection>,
+) -> ApiResult {
+    admin(&app, &headers)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid("limit", e.body_text()))?;
+    let limit = q.limit.unwrap_or(super::decisions::KEPT);
+    if !(1..=super::decisions::KEPT).contains(&limit) {
+        return Err(ApiError::invalid("limit", format!("limit must be from 1 to {}", super::decisions::KEPT)));
+    }
+    let decisions = app.lock_hub().decisions.latest(limit);
+    Ok(Json(json!({"decisions": decisions})).into_response())
+}
+
 pub async fn audit_log(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
     admin(&app, &headers)?;
     Ok(Json(json!({"entries": app.store.audit_log().await.map_err(db_error)?})).into_response())

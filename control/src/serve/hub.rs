@@ -19,6 +19,8 @@ use std::time::Instant;
 pub struct Hub {
     /// The prompt prefixes recent requests share (the console's cache page).
     pub prefixes: super::prefixes::SharedPrefixes,
+    /// The router's latest decisions with their reasons.
+    pub decisions: super::decisions::RecentDecisions,
     pub controller: Controller,
     pub fleet: LiveFleet,
     pub config: ControllerConfig,
@@ -86,6 +88,7 @@ impl Hub {
             tenants: HashMap::new(),
             released: Vec::new(),
             prefixes: Default::default(),
+            decisions: Default::default(),
             controller,
             fleet,
             config,
@@ -210,6 +213,7 @@ impl Hub {
         let outcome = match r {
             Released::Placed { route, .. } => {
                 tracing::debug!(request = %id, instance = %route.prefill, why = ?route.why, "routed");
+                self.decisions.record(now, id, &route);
                 Ok(Admitted::Placed)
             }
             Released::Queued => Ok(Admitted::Queued),
@@ -263,6 +267,8 @@ impl Hub {
         match r {
             Released::Placed { id, route, .. } => {
                 tracing::debug!(request = %id, instance = %route.prefill, "released by flow control");
+                let now = self.now();
+                self.decisions.record(now, id, &route);
             }
             Released::Queued => {}
             Released::Unplaced(Unplaced { error, payload, request }) => {

@@ -14,6 +14,7 @@
 //! | **routing** | |
 //! | `hub.rs` | the `Controller` and the `LiveFleet` under one mutex: flow control, place, events, re-placement |
 //! | `live_fleet.rs` | `policies::Fleet` over our gRPC engines and vLLM's HTTP ones |
+//! | `decisions.rs` | the router's latest decisions with their reasons (`/api/decisions`) |
 //! | `stream.rs`, `transfer.rs` | a request's token stream to its client; a P/D hand-off |
 //! | `pools.rs`, `actuator.rs` | `--mode pd`'s pool settings; starting and stopping engines |
 //! | `registry.rs`, `engines.rs`, `vllm/` | engines registering (ours over gRPC; vLLM and SGLang by an operator) |
@@ -33,6 +34,7 @@ mod api;
 mod app;
 mod auth;
 mod console;
+mod decisions;
 mod engines;
 mod errors;
 mod gateway;
@@ -325,6 +327,7 @@ pub fn routes(app: Arc<App>) -> axum::Router {
         .route("/api/simulations/{id}", get(api::simulation))
         .route("/api/simulations/{id}/chart.svg", get(api::simulation_chart))
         .route("/api/scaling-events", get(api::scaling_events))
+        .route("/api/decisions", get(api::decisions))
         .route("/api/audit", get(api::audit_log))
         .route("/api/history", get(api::history))
         .route("/api/prefixes", get(api::prefixes))

@@ -246,3 +246,49 @@ fn a_policy_change_keeps_what_the_controller_knows_of_the_caches() {
     eventually(10, "dynamo-kv in force", || get(&url, Some(ADMIN)).1["in_force"]["router"] == "dynamo-kv");
     assert!(cached_tokens(&s.http, &prompt) >= 576, "the first request after the change is served from the cache");
 }
+
+/// The router's decisions are explained live (`GET /api/decisions`), and cache-aware's triage
+/// runs on the SLO in force: under a TTFT target no prompt can make, a request is placed as
+/// lost.
+#[test]
+fn the_routers_decisions_are_explained_live_and_triage_follows_the_slo_in_force() {
+    let db = Db::fresh("decisions");
+    let s = serve(&db, &["--router", "cache-aware"]);
+    let _e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    let decisions = |query: &str| {
+        let (status, v) = get(&format!("{}/api/decisions{query}", s.http), Some(ADMIN));
+        assert_eq!(status, 200, "{v}");
+        v["decisions"].as_array().cloned().unwrap_or_default()
+    };
+    let ask = || {
+        let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "why here", "max_tokens": 3}));
+        assert_eq!(status, 200, "{v}");
+    };
+    ask();
+    ask();
+    let d = decisions("");
+    assert_eq!(d.len(), 2, "{d:?}");
+    let why = &d[1]["why"];
+    assert_eq!(why["rule"].as_str(), Some("cache-aware"), "{why}");
+    // The first output ran to its bound: the share of their bounds outputs use is 1.
+    assert_eq!((why["lost"].as_bool(), why["output_share"].as_f64()), (Some(false), Some(1.0)), "{why}");
+    assert!(why["predicted_ttft_ms"].as_f64().is_some_and(|t| t > 0.0), "{why}");
+    assert_eq!(decisions("?limit=1"), d[1..].to_vec());
+    let (status, v) = get(&format!("{}/api/decisions?limit=0", s.http), Some(ADMIN));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("limit")), "{v}");
+
+    // Triage on, and a 1 ms TTFT target: a prompt of 1,000 tokens (~25 ms of prefill) is lost
+    // wherever it goes.
+    let policy = json!({"router": "cache-aware", "router_params": {"lost_cap": 4}});
+    let (status, v) = common::send(reqwest::Method::PUT, &format!("{}/api/policies", s.http), Some(ADMIN), &policy);
+    assert_eq!(status, 200, "{v}");
+    let slo = json!({"ttft_ms": 1, "tpot_ms": 100});
+    let (status, v) = common::send(reqwest::Method::PUT, &format!("{}/api/slo", s.http), Some(ADMIN), &slo);
+    assert_eq!(status, 200, "{v}");
+    let prompt: Vec<u32> = (0..1_000).map(|i| i % 97 + 1).collect();
+    let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": prompt, "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+    let last = decisions("?limit=1");
+    assert_eq!(last[0]["why"]["lost"].as_bool(), Some(true), "{last:?}");
+}
