@@ -385,6 +385,11 @@ pub async fn scaling_events(State(app): State<Arc<App>>, headers: HeaderMap) -> 
     Ok(Json(json!({"events": app.store.scaling_events().await.map_err(db_error)?})).into_response())
 }
 
+/// A query string's parameters; one that does not parse is a 400 naming `param`.
+fn query_of<T>(query: Result<Query<T>, QueryRejection>, param: &'static str) -> Result<T, ApiError> {
+    query.map(|Query(q)| q).map_err(|e| ApiError::invalid(param, e.body_text()))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionsQuery {
@@ -398,7 +403,7 @@ pub async fn decisions(
     query: Result<Query<DecisionsQuery>, QueryRejection>,
 ) -> ApiResult {
     admin(&app, &headers)?;
-    let Query(q) = query.map_err(|e| ApiError::invalid("limit", e.body_text()))?;
+    let q = query_of(query, "limit")?;
     let limit = q.limit.unwrap_or(super::decisions::KEPT);
     if !(1..=super::decisions::KEPT).contains(&limit) {
         return Err(ApiError::invalid("limit", format!("limit must be from 1 to {}", super::decisions::KEPT)));
@@ -548,7 +553,7 @@ pub async fn history(
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> ApiResult {
     admin(&app, &headers)?;
-    let Query(q) = query.map_err(|e| ApiError::invalid("since_ms", e.body_text()))?;
+    let q = query_of(query, "since_ms")?;
     if q.since_ms > super::gateway::JSON_SAFE_MAX {
         let why = format!("since_ms must be at most {}", super::gateway::JSON_SAFE_MAX);
         return Err(ApiError::invalid("since_ms", why));

@@ -2,12 +2,18 @@
 
 use super::*;
 
+/// A fresh database, a serve routing with `router` and one engine, `e0`, serving.
+fn one_engine(db: &str, router: &str) -> (Db, Serve, Proc) {
+    let db = Db::fresh(db);
+    let s = serve(&db, &["--router", router]);
+    let e0 = engine(&s.grpc, "e0", &[]);
+    wait_serving(&s.http, 1);
+    (db, s, e0)
+}
+
 #[test]
 fn policies_are_validated_audited_and_recovered_after_a_restart() {
-    let db = Db::fresh("policy");
-    let mut s = serve(&db, &["--router", "round-robin"]);
-    let _e = engine(&s.grpc, "e0", &[]);
-    wait_serving(&s.http, 1);
+    let (db, mut s, _e) = one_engine("policy", "round-robin");
     let url = format!("{}/api/policies", s.http);
     let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "fastest"}));
     assert_eq!(status, 400);
@@ -70,10 +76,7 @@ fn refused_by_name(url: &str, cases: &[(Value, &str, &str)]) {
 
 #[test]
 fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set() {
-    let db = Db::fresh("policyset");
-    let s = serve(&db, &["--router", "round-robin"]);
-    let _e0 = engine(&s.grpc, "e0", &[]);
-    wait_serving(&s.http, 1);
+    let (_db, s, _e0) = one_engine("policyset", "round-robin");
     let url = format!("{}/api/policies", s.http);
     let fcfs = json!({"prefill_scheduler": "fcfs", "prefill_params": {}, "kv_high_water": null, "kv_low_water": null,
         "class_priority": false});
@@ -150,10 +153,7 @@ fn apply_policy_file(http: &str, text: &str) -> (u16, Value) {
 
 #[test]
 fn a_policys_parameters_run_in_the_controller_and_reach_the_engines() {
-    let db = Db::fresh("policyparams");
-    let s = serve(&db, &["--router", "round-robin"]);
-    let _e0 = engine(&s.grpc, "e0", &[]);
-    wait_serving(&s.http, 1);
+    let (_db, s, _e0) = one_engine("policyparams", "round-robin");
     let url = format!("{}/api/policies", s.http);
 
     // A parameter out of its range, or one the router does not have, is refused by name.
@@ -252,10 +252,7 @@ fn a_policy_change_keeps_what_the_controller_knows_of_the_caches() {
 /// lost.
 #[test]
 fn the_routers_decisions_are_explained_live_and_triage_follows_the_slo_in_force() {
-    let db = Db::fresh("decisions");
-    let s = serve(&db, &["--router", "cache-aware"]);
-    let _e0 = engine(&s.grpc, "e0", &[]);
-    wait_serving(&s.http, 1);
+    let (_db, s, _e0) = one_engine("decisions", "cache-aware");
     let decisions = |query: &str| {
         let (status, v) = get(&format!("{}/api/decisions{query}", s.http), Some(ADMIN));
         assert_eq!(status, 200, "{v}");
