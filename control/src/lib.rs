@@ -24,17 +24,17 @@ impl Failure {
             Failure::Run(e) => (1, e),
             Failure::Output(e) => (3, e),
         };
-        eprintln!("error: {}", describe(&err));
+        eprintln!("error: {}", describe(&*err));
         ExitCode::from(code)
     }
 }
 
 /// The error and its causes joined by `: `, as `{:#}` prints them, without the causes an error's
 /// own message already ends with (most of ours put their source in their message, and
-/// `{:#}` would print it again).
-pub fn describe(err: &anyhow::Error) -> String {
+/// `{:#}` would print it again). An `anyhow::Error` `e` is `&*e`.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = String::new();
-    for cause in err.chain() {
+    for cause in std::iter::successors(Some(err), |e| e.source()) {
         let cause = cause.to_string();
         if text.is_empty() {
             text = cause;
@@ -92,7 +92,7 @@ mod tests {
     #[test]
     fn a_cause_an_error_already_says_is_printed_once() {
         let err = anyhow::Error::new(Outer { source: Inner }).context("simulate");
-        assert_eq!(describe(&err), "simulate: policy p: no parameter `x`");
+        assert_eq!(describe(&*err), "simulate: policy p: no parameter `x`");
         assert_eq!(format!("{err:#}"), "simulate: policy p: no parameter `x`: no parameter `x`");
     }
 }

@@ -30,7 +30,11 @@ fn admin(app: &App, headers: &HeaderMap) -> Result<Principal, ApiError> {
 }
 
 fn db_error(e: anyhow::Error) -> ApiError {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", format!("database: {e:#}"))
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "database_unavailable",
+        format!("database: {}", control::describe(&*e)),
+    )
 }
 
 /// A body as axum read it, its rejection (too large, cut off) in the API's error shape.

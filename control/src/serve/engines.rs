@@ -102,7 +102,7 @@ pub async fn register(app: &Arc<App>, mut spec: EngineSpec) -> Result<InstanceId
     let engine = vllm::Engine::new(spec, probed, app.http.clone());
     let id = app.store.register_external(&engine.spec, &info).await.map_err(|e| RegisterError {
         status: StatusCode::SERVICE_UNAVAILABLE,
-        message: format!("cannot record the engine (database: {e:#})"),
+        message: format!("cannot record the engine (database: {})", control::describe(&*e)),
     })?;
     let id = InstanceId(id as u32);
     let engine = Arc::new(engine);
@@ -136,7 +136,7 @@ fn ensure_tokenizer(app: &App, spec: &EngineSpec, probed: &vllm::Probed) -> Resu
             probed.root.as_deref().unwrap_or("not reported")
         )));
     };
-    let loaded = tokenizer::load(&path).map_err(|e| bad(format!("{e:#}")))?;
+    let loaded = tokenizer::load(&path).map_err(|e| bad(control::describe(&*e)))?;
     let sha = loaded.sha256.clone();
     app.tokenizers.insert(model, loaded, path.display().to_string()).map_err(bad)?;
     Ok(sha)
@@ -181,7 +181,7 @@ pub async fn start(app: &Arc<App>, mut specs: Vec<EngineSpec>) {
                 }
             }
         }
-        Err(e) => tracing::warn!("cannot read the registered engines: {e:#}"),
+        Err(e) => tracing::warn!("cannot read the registered engines: {}", control::describe(&*e)),
     }
     for spec in specs {
         app.pending_engines

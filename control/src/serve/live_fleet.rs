@@ -486,7 +486,7 @@ impl Fleet for LiveFleet {
             Command::Start { role } => match &mut self.actuator {
                 Some(a) => {
                     if let Err(e) = a.start(role) {
-                        tracing::error!(?role, "cannot start an engine: {e:#}");
+                        tracing::error!(?role, "cannot start an engine: {}", control::describe(&*e));
                     }
                 }
                 None => tracing::warn!(?role, "no actuator (serve --actuator): cannot start an engine"),

@@ -545,7 +545,7 @@ async fn recover_instances(app: &Arc<App>) {
     let rows = match app.store.instances().await {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!("cannot read instances: {e:#}");
+            tracing::warn!("cannot read instances: {}", control::describe(&*e));
             return;
         }
     };

@@ -58,17 +58,15 @@ impl Control for Registry {
             let known = hub.fleet.members().find(|m| m.address == r.address).map(|m| (m.id, m.state));
             known
         };
-        let id =
-            match known {
-                Some((id, state)) if state != MemberState::Down => id,
-                _ => {
-                    let id =
-                        self.app.store.register_instance(&r.address, &r.pool, &info).await.map_err(|e| {
-                            Status::unavailable(format!("cannot record a new engine (database: {e:#})"))
-                        })?;
-                    InstanceId(id as u32)
-                }
-            };
+        let id = match known {
+            Some((id, state)) if state != MemberState::Down => id,
+            _ => {
+                let id = self.app.store.register_instance(&r.address, &r.pool, &info).await.map_err(|e| {
+                    Status::unavailable(format!("cannot record a new engine (database: {})", control::describe(&*e)))
+                })?;
+                InstanceId(id as u32)
+            }
+        };
         let mut hub = self.app.lock_hub();
         if hub.fleet.join(id, r.address.clone(), r.pool.clone(), info.clone()) {
             tracing::info!(instance = %id, address = %r.address, name = %info.name, "engine joined");
@@ -99,7 +97,11 @@ pub(super) fn price_as(hub: &mut Hub, info: &proto::EngineInfo) {
             tracing::info!(model = %shape.model, gpu = %shape.gpu, tp = shape.tp, "routers price steps as engine {}'s", info.name);
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!("engine {}'s steps cannot be priced, the routers' cost hints stay: {e:#}", info.name),
+        Err(e) => tracing::warn!(
+            "engine {}'s steps cannot be priced, the routers' cost hints stay: {}",
+            info.name,
+            control::describe(&*e)
+        ),
     }
 }
 

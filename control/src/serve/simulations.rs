@@ -149,13 +149,13 @@ pub fn spawn(app: Arc<App>, id: i64, scenario: String) {
     tokio::spawn(async move {
         let Ok(_permit) = app.simulations.acquire().await else { return };
         if let Err(e) = app.store.simulation_state(id, "running").await {
-            tracing::warn!(simulation = id, "cannot mark it running: {e:#}");
+            tracing::warn!(simulation = id, "cannot mark it running: {}", control::describe(&*e));
         }
         let outcome = tokio::task::spawn_blocking(move || run(&scenario))
             .await
             .unwrap_or_else(|e| Err(format!("the simulation panicked: {e}")));
         if let Err(e) = app.store.finish_simulation(id, outcome).await {
-            tracing::warn!(simulation = id, "cannot store its result: {e:#}");
+            tracing::warn!(simulation = id, "cannot store its result: {}", control::describe(&*e));
         }
     });
 }

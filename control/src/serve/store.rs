@@ -120,7 +120,10 @@ impl Store {
         let mut spool = super::lock::lock(&q.spool);
         if let Some(s) = spool.as_mut() {
             if let Err(e) = s.append(&w) {
-                tracing::warn!("write not spooled (lost if this replica dies before the database takes it): {e:#}");
+                tracing::warn!(
+                    "write not spooled (lost if this replica dies before the database takes it): {}",
+                    control::describe(&*e)
+                );
             }
         }
         q.backlog.fetch_add(1, Ordering::Relaxed);
@@ -576,7 +579,7 @@ async fn write_behind(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Spooled>, qu
         let mut spool = super::lock::lock(&queue.spool);
         if queue.backlog.fetch_sub(1, Ordering::Relaxed) == 1 {
             if let Some(Err(e)) = spool.as_mut().map(Spool::clear) {
-                tracing::warn!("{e:#}");
+                tracing::warn!("{}", control::describe(&*e));
             }
         }
     }
