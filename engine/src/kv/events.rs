@@ -282,12 +282,10 @@ impl KvEvents {
         self.run_of(&self.heads[i], end)
     }
 
-    /// The first of runs `from..end` on `page` (a look ahead that reads no hashes; a
-    /// `Cleared` may answer for page 0, so callers look at the run found).
+    /// The page of run `i` (page 0 for a `Cleared`): a look ahead that reads no hashes.
     #[inline]
-    pub fn find_page(&self, from: usize, end: usize, page: BlockHash) -> Option<usize> {
-        let heads = self.heads.get(from..end.min(self.heads.len()))?;
-        heads.iter().position(|h| h.page == page).map(|k| from + k)
+    pub fn run_page(&self, i: usize) -> BlockHash {
+        self.heads[i].page
     }
 
     /// The first `Cleared` run from run `from` on (the run count when none).

@@ -366,6 +366,47 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
+    /// Each run's link names the batch's next run on its page, or nothing when there is none
+    /// or when a run between on another page took its table entry; entries left by earlier
+    /// batches (a table of four, shared by all) never link anything.
+    #[test]
+    fn runs_are_linked_to_the_next_run_on_their_page(
+        batches in proptest::collection::vec(proptest::collection::vec((0u64..6, 0usize..3, any::<bool>()), 0..40), 1..6),
+    ) {
+        let tiers = [Tier::L1, Tier::L2, Tier::L3];
+        let mut recent = vec![(BlockHash(0), 0); 4];
+        let (mut next, mut base) = (Vec::new(), 1);
+        for events in batches {
+            let batch: KvEvents = events
+                .iter()
+                .enumerate()
+                .map(|(k, &(page, tier, stored))| {
+                    let (tier, hash, page) = (tiers[tier], BlockHash(1000 + k as u64), BlockHash(page));
+                    if stored { KvEvent::Stored { tier, hash, page } } else { KvEvent::Removed { tier, hash, page } }
+                })
+                .collect();
+            let n = batch.run_count();
+            let from = n / 3;
+            link_runs(&batch, from, &mut next, &mut recent, base);
+            base += n as u64;
+            for (i, &link) in next.iter().enumerate().skip(from) {
+                let page = batch.run_page(i);
+                let later = (i + 1..n).find(|&j| batch.run_page(j) == page);
+                if link == NO_RUN {
+                    // Only a run between on another page in the same entry breaks the link.
+                    if let Some(j) = later {
+                        let slot = link_slot(page, recent.len());
+                        prop_assert!((i + 1..j).any(|k| link_slot(batch.run_page(k), recent.len()) == slot));
+                    }
+                } else {
+                    prop_assert_eq!(Some(link as usize), later);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Every instance's match, the shared match, the matched instances and the block
