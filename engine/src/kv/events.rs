@@ -95,6 +95,9 @@ struct Head {
 pub struct KvEvents {
     heads: Vec<Head>,
     hashes: Vec<BlockHash>,
+    /// `Cleared` runs among `heads`: almost every batch has none, and a reader looking for
+    /// the next one then need not look.
+    cleared: u32,
 }
 
 impl KvEvents {
@@ -108,7 +111,10 @@ impl KvEvents {
         match event {
             KvEvent::Stored { tier, hash, page } => self.push_block(Op::Stored(tier), hash, page),
             KvEvent::Removed { tier, hash, page } => self.push_block(Op::Removed(tier), hash, page),
-            KvEvent::Cleared => self.heads.push(Head { op: Op::Cleared, page: BlockHash(0), start: self.start() }),
+            KvEvent::Cleared => {
+                self.heads.push(Head { op: Op::Cleared, page: BlockHash(0), start: self.start() });
+                self.cleared += 1;
+            }
         }
     }
 
@@ -250,7 +256,7 @@ impl KvEvents {
 
     /// Events, counted block by block.
     pub fn len(&self) -> usize {
-        self.hashes.len() + self.heads.iter().filter(|h| h.op == Op::Cleared).count()
+        self.hashes.len() + self.cleared as usize
     }
 
     /// Blocks' events the buffers hold room for.
@@ -260,6 +266,7 @@ impl KvEvents {
 
     /// Empties the batch, keeping its buffers.
     pub fn clear(&mut self) {
+        self.cleared = 0;
         self.heads.clear();
         self.hashes.clear();
     }
@@ -282,16 +289,17 @@ impl KvEvents {
         self.run_of(&self.heads[i], end)
     }
 
-    /// The first of runs `from..end` on `page` (a look ahead that reads no hashes; a
-    /// `Cleared` may answer for page 0, so callers look at the run found).
+    /// The page of run `i` (page 0 for a `Cleared`): a look ahead that reads no hashes.
     #[inline]
-    pub fn find_page(&self, from: usize, end: usize, page: BlockHash) -> Option<usize> {
-        let heads = self.heads.get(from..end.min(self.heads.len()))?;
-        heads.iter().position(|h| h.page == page).map(|k| from + k)
+    pub fn run_page(&self, i: usize) -> BlockHash {
+        self.heads[i].page
     }
 
     /// The first `Cleared` run from run `from` on (the run count when none).
     pub fn next_cleared(&self, from: usize) -> usize {
+        if self.cleared == 0 {
+            return self.heads.len();
+        }
         let heads = self.heads.get(from..).unwrap_or_default();
         heads.iter().position(|h| h.op == Op::Cleared).map_or(self.heads.len(), |k| from + k)
     }
@@ -406,7 +414,20 @@ mod tests {
                     KvEvent::Cleared => by_stretch.extend(stretch.iter().copied()),
                 }
             }
-            proptest::prop_assert_eq!(by_stretch, batch);
+            proptest::prop_assert_eq!(&by_stretch, &batch);
+            // Each run's next `Cleared` is the one a scan of the runs finds; a batch cleared
+            // and used again counts only its new events.
+            let runs: Vec<KvRun<'_>> = batch.runs().collect();
+            for from in 0..=runs.len() {
+                let want = (from..runs.len()).find(|&i| runs[i] == KvRun::Cleared).unwrap_or(runs.len());
+                proptest::prop_assert_eq!(batch.next_cleared(from), want);
+            }
+            let mut reused = batch.clone();
+            reused.clear();
+            reused.extend(events[split..].iter().copied());
+            proptest::prop_assert_eq!(reused.len(), events.len() - split);
+            let fresh: KvEvents = events[split..].iter().copied().collect();
+            proptest::prop_assert_eq!(reused.next_cleared(0), fresh.next_cleared(0));
         }
 
         /// A page's removals given with a mask (a store's `remove_all`) are the runs pushing

@@ -150,11 +150,13 @@ impl Page {
     fn push_run(&mut self, hashes: &[BlockHash], stamp: u32) -> usize {
         let first = self.entries.len();
         reserve_page_entries(&mut self.entries, hashes.len(), PAGE_BLOCKS);
-        // A copy of known length, written without a check a block.
-        self.entries.extend(hashes.iter().enumerate().map(|(j, &hash)| HashEntry::new(hash, stamp + j as u32)));
-        for &hash in hashes {
-            self.filter.add(hash);
-        }
+        // A copy of known length, written without a check a block, the filter noting each
+        // hash on the way (one pass over the run, not two).
+        let filter = &mut self.filter;
+        self.entries.extend(hashes.iter().enumerate().map(|(j, &hash)| {
+            filter.add(hash);
+            HashEntry::new(hash, stamp + j as u32)
+        }));
         self.live += hashes.len() as u32;
         match &mut self.lookup {
             Some(lookup) => {

@@ -35,6 +35,7 @@
 //! | `transitions` | events doing the same thing (instance 3 stores in L1) to blocks in the same state cost one cache probe each |
 //! | `Step`, `apply_batch` | a batch comes as runs (`engine::kv::KvRun`: one stream, one page, a list of hashes); a run's next block beside the last and in the same state takes the run's transition without decoding, a search or a lookup; the holder-set counts move once |
 //! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
+//! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
@@ -89,6 +90,10 @@ const NO_STATE: u32 = u32::MAX;
 const TRANSITION_BITS: u32 = 12;
 /// Runs a batch's run storing in L2 or L3 looks ahead for runs over the same blocks.
 const FUSE_WINDOW: usize = 128;
+/// Slots of the table [`link_runs`] finds the next run on a page with.
+const LINK_BITS: u32 = 10;
+/// No later run on the page (past any batch's end).
+const NO_RUN: u32 = u32::MAX;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -107,8 +112,9 @@ use page::Page;
 /// go over the same blocks in the same order in other tiers (a demotion publishes "stored in
 /// L2", "stored in L3", "removed from L1" over the blocks of a page, other pages' runs and
 /// the stores' victims between): their blocks are found once and moved from their first
-/// state to their last in one transition. Returns the joint change, marks the runs taken in
-/// `fused` and lists their streams in `partners`.
+/// state to their last in one transition. The runs on the page are followed by `next` (see
+/// [`link_runs`]). Returns the joint change, marks the runs taken in `fused` and lists their
+/// streams in `partners`.
 ///
 /// Exact: a run taken is applied before the runs it came after, which are other pages'
 /// (other blocks) or this page's in other tiers than its own (other holders: the two
@@ -117,17 +123,17 @@ use page::Page;
 fn fuse(
     events: &KvEvents,
     runs: Range<usize>,
+    next: &[u32],
     fused: &mut [bool],
     instance: InstanceId,
     mut change: Change,
     partners: &mut [Option<usize>; 2],
 ) -> Change {
-    let KvRun::Stored { tier, page, hashes } = events.run(runs.start) else { return change };
+    let KvRun::Stored { tier, hashes, .. } = events.run(runs.start) else { return change };
     let mut touched = 1u8 << tier.index();
     let mut taken = 0;
-    let mut from = runs.start + 1;
-    while let Some(j) = events.find_page(from, runs.end, page) {
-        from = j + 1;
+    let mut j = next[runs.start] as usize;
+    while j < runs.end {
         let (tier, more, stream, run) = match events.run(j) {
             KvRun::Stored { tier, hashes, .. } => (tier, Change::stored(instance, tier), tier.index(), hashes),
             KvRun::Removed { tier, hashes, .. } => (tier, Change::removed(instance, tier), 3 + tier.index(), hashes),
@@ -147,8 +153,38 @@ fn fuse(
         if touched & 1 != 0 {
             break;
         }
+        j = next[j] as usize;
     }
     change
+}
+
+/// Sets `next[i]` to the batch's next run on run `i`'s page, for the runs from `from` on,
+/// going through them backwards with `recent`, the last run seen of each page by a few bits
+/// of its name: so a look ahead for a page visits that page's runs only, not every run
+/// between (a demotion of `k` pages publishes each page's runs `k` runs apart). `NO_RUN` when
+/// there is none, or when another page's run took the slot between the two (the look ahead
+/// then stops short, as at the end of its window: never wrong). Runs are numbered from
+/// `base`, the runs of the batches linked before, so that an entry left by one of them is
+/// told by its number.
+fn link_runs(events: &KvEvents, from: usize, next: &mut Vec<u32>, recent: &mut [(BlockHash, u64)], base: u64) {
+    let n = events.run_count();
+    next.clear();
+    next.resize(n, NO_RUN);
+    for i in (from..n).rev() {
+        let page = events.run_page(i);
+        let slot = &mut recent[link_slot(page, recent.len())];
+        let (seen, j) = *slot;
+        if seen == page && j >= base {
+            next[i] = (j - base) as u32;
+        }
+        *slot = (page, base + i as u64);
+    }
+}
+
+/// The entry of a table of `len` (a power of two, at least 2) that [`link_runs`] keeps
+/// `page`'s last run in: the top bits of the name times `2^64/φ`.
+fn link_slot(page: BlockHash, len: usize) -> usize {
+    (page.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - len.trailing_zeros())) as usize
 }
 
 /// Whether two runs hold the same blocks (or-ing the differences: no branch a block).
@@ -214,6 +250,12 @@ pub struct PrefixIndex {
     scratch: Vec<u32>,
     /// Scratch of `apply_batch`: the runs of the batch already applied with an earlier one.
     fused: Vec<bool>,
+    /// Scratch of `apply_batch`: each run's next run on its page ([`link_runs`]), the table
+    /// that finds them (kept from batch to batch: never cleared) and the number the next
+    /// batch's runs start from there.
+    next: Vec<u32>,
+    recent: Box<[(BlockHash, u64)]>,
+    linked_runs: u64,
     /// One more than the largest instance id ever stored as a holder: the size of a query's
     /// per-instance table.
     instances: u32,
@@ -250,6 +292,10 @@ impl PrefixIndex {
             last_stream: 0,
             scratch: Vec::new(),
             fused: Vec::new(),
+            next: Vec::new(),
+            // Numbered from 1: the table's first entries name no run.
+            recent: vec![(BlockHash(0), 0); 1 << LINK_BITS].into_boxed_slice(),
+            linked_runs: 1,
             instances: 0,
         }
     }
@@ -310,6 +356,8 @@ impl PrefixIndex {
         let mut fused = std::mem::take(&mut self.fused);
         fused.clear();
         fused.resize(events.run_count(), false);
+        // Linked when a run first looks ahead (most batches, a commit's, never do).
+        let mut linked = false;
         // Where the look ahead stops: the next `Cleared`.
         let mut cleared = events.next_cleared(0);
         for i in 0..events.run_count() {
@@ -334,8 +382,13 @@ impl PrefixIndex {
             };
             let mut partners = [None; 2];
             if stored && tier != Tier::L1 {
+                if !linked {
+                    link_runs(events, i, &mut self.next, &mut self.recent, self.linked_runs);
+                    self.linked_runs += events.run_count() as u64;
+                    linked = true;
+                }
                 let end = cleared.min(i + 1 + FUSE_WINDOW);
-                change = fuse(events, i..end, &mut fused, instance, change, &mut partners);
+                change = fuse(events, i..end, &self.next, &mut fused, instance, change, &mut partners);
             }
             let mut rest = hashes;
             while let Some((&hash, tail)) = rest.split_first() {

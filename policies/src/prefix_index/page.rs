@@ -165,20 +165,21 @@ impl Page {
         i
     }
 
-    /// Appends the blocks at the start of `hashes` that the page surely lacks (as its filter
-    /// tells, each checked after the ones before it were added), with state
-    /// `state`, as [`Page::push`] would one by one; returns how many. A prompt's blocks cached
-    /// for the first time come as such a run.
+    /// Appends the blocks at the start of `hashes` that the page lacks (up to the first it
+    /// holds, or that comes twice), with state `state`, as [`Page::push`] would one by one;
+    /// returns how many. A prompt's blocks cached for the first time come as such a run. The
+    /// filter answers for most blocks; one it may hold (a false positive for one block in ten
+    /// or so on a full page) is looked for in the page and among the blocks taken before it,
+    /// so that the run goes on instead of starting again.
     pub(super) fn push_new(&mut self, hashes: &[BlockHash], state: u32, page_blocks: usize) -> usize {
-        let filter = &mut self.filter;
-        let n = hashes
-            .iter()
-            .take_while(|&&hash| {
-                let new = !filter.may_hold(hash);
-                filter.add(hash);
-                new
-            })
-            .count();
+        let mut n = 0;
+        for &hash in hashes {
+            if self.filter.may_hold(hash) && (self.holds(hash) || hashes[..n].contains(&hash)) {
+                break;
+            }
+            self.filter.add(hash);
+            n += 1;
+        }
         let first = self.entries.len();
         reserve_page_entries(&mut self.entries, n, page_blocks);
         self.entries.extend(hashes[..n].iter().map(|&hash| HashEntry::new(hash, state)));
@@ -195,6 +196,15 @@ impl Page {
             None => {}
         }
         n
+    }
+
+    /// Whether the page holds `hash` (its lookup, or a scan of a small page).
+    #[inline(never)]
+    fn holds(&self, hash: BlockHash) -> bool {
+        match &self.lookup {
+            Some(lookup) => lookup.get(hash).is_some(),
+            None => self.entries.iter().any(|e| e.hash() == hash),
+        }
     }
 
     /// Builds the lookup of positions by hash (again, after a compaction).

@@ -182,6 +182,34 @@ fn a_fleet_wide_prefix_is_matched_for_every_instance() {
     assert_eq!(m.iter().filter(|(_, t)| t.total() > 4).count(), 2);
 }
 
+#[test]
+fn a_run_of_new_blocks_whose_filter_bits_collide_is_stored_once_each() {
+    // Every hash has the same top byte, so the page's filter "may hold" each one after the
+    // first: whether a block is new is told by looking, and the run goes on past the ones
+    // that are.
+    let h = |k: u64| BlockHash(0xab << 56 | k);
+    let page = h(1);
+    let run = |instance: InstanceId, index: &mut PrefixIndex, blocks: &[u64]| {
+        let batch: KvEvents = blocks.iter().map(|&k| KvEvent::Stored { tier: Tier::L1, hash: h(k), page }).collect();
+        index.apply_batch(instance, &batch);
+        index.check_invariants();
+    };
+    let mut index = new_index();
+    run(A, &mut index, &[1, 2, 3, 4]);
+    // h(2) is on the page already, not beside the run's last block: it is not pushed again.
+    run(B, &mut index, &[5, 6, 2]);
+    // A block named twice among the new ones of a run is pushed once.
+    run(C, &mut index, &[7, 8, 8]);
+    let slot = index.slots.get(page).expect("the page");
+    let p = &index.pages[slot as usize];
+    let hashes: Vec<BlockHash> = p.entries.iter().map(|e| e.hash()).collect();
+    assert_eq!(hashes, [1, 2, 3, 4, 5, 6, 7, 8].map(h));
+    let holders = |k: usize| index.states[p.entries[k].value as usize].holders.clone();
+    assert_eq!(holders(1), [holder(A, Tier::L1), holder(B, Tier::L1)]);
+    assert_eq!(holders(7), [holder(C, Tier::L1)]);
+    assert_eq!(index.blocks(), 8);
+}
+
 /// The index against the semantics written out: per (instance, tier) sets and a walk.
 #[derive(Default)]
 struct Model {
@@ -335,6 +363,47 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(instance, parts)| Op::Batch { instance, parts }),
         1 => (0u32..4).prop_map(|instance| Op::RemoveInstance { instance }),
     ]
+}
+
+proptest! {
+    /// Each run's link names the batch's next run on its page, or nothing when there is none
+    /// or when a run between on another page took its table entry; entries left by earlier
+    /// batches (a table of four, shared by all) never link anything.
+    #[test]
+    fn runs_are_linked_to_the_next_run_on_their_page(
+        batches in proptest::collection::vec(proptest::collection::vec((0u64..6, 0usize..3, any::<bool>()), 0..40), 1..6),
+    ) {
+        let tiers = [Tier::L1, Tier::L2, Tier::L3];
+        let mut recent = vec![(BlockHash(0), 0); 4];
+        let (mut next, mut base) = (Vec::new(), 1);
+        for events in batches {
+            let batch: KvEvents = events
+                .iter()
+                .enumerate()
+                .map(|(k, &(page, tier, stored))| {
+                    let (tier, hash, page) = (tiers[tier], BlockHash(1000 + k as u64), BlockHash(page));
+                    if stored { KvEvent::Stored { tier, hash, page } } else { KvEvent::Removed { tier, hash, page } }
+                })
+                .collect();
+            let n = batch.run_count();
+            let from = n / 3;
+            link_runs(&batch, from, &mut next, &mut recent, base);
+            base += n as u64;
+            for (i, &link) in next.iter().enumerate().skip(from) {
+                let page = batch.run_page(i);
+                let later = (i + 1..n).find(|&j| batch.run_page(j) == page);
+                if link == NO_RUN {
+                    // Only a run between on another page in the same entry breaks the link.
+                    if let Some(j) = later {
+                        let slot = link_slot(page, recent.len());
+                        prop_assert!((i + 1..j).any(|k| link_slot(batch.run_page(k), recent.len()) == slot));
+                    }
+                } else {
+                    prop_assert_eq!(Some(link as usize), later);
+                }
+            }
+        }
+    }
 }
 
 proptest! {
