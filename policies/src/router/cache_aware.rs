@@ -93,7 +93,7 @@ pub const HOT_FACTOR: f64 = 2.0;
 pub const HOT_SLACK: f64 = 8.0;
 /// Weight of the prompt tokens an instance would newly hold (not in its L1 or L2), in
 /// prefill-seconds per token.
-pub const COPY_WEIGHT: f64 = 4.0;
+pub const COPY_WEIGHT: f64 = 8.0;
 /// Seconds of score per second of TPOT added to the running requests, summed over them.
 pub const STALL_WEIGHT: f64 = 2.0;
 /// Seconds of score per second of the request's own predicted TPOT.

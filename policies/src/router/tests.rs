@@ -525,21 +525,21 @@ fn cache_aware_weighs_a_cached_prefix_against_the_queue_in_predicted_seconds() {
     let prompt = chain(1, 250); // 4,000 tokens: 100 ms to compute from scratch
     store(&mut c, 0, Tier::L1, &prompt[..200]);
     store(&mut c, 1, Tier::L2, &prompt[..249]);
-    // Every instance is charged 4 × the prefill time of the prompt tokens it does not hold in
-    // L1 or L2 (the new copy): 0 holds 3,200, so 800 tokens: 80 ms; 1 holds 3,984: 1.6 ms;
-    // 2 holds none: 400 ms.
-    // 0 has 40 ms of queued prefill: 40 + 50 tokens × 16 / 40k + 80 = 40 + 20 + 80 = 140 ms.
+    // Every instance is charged 8 × the prefill time of the prompt tokens it does not hold in
+    // L1 or L2 (the new copy): 0 holds 3,200, so 800 tokens: 160 ms; 1 holds 3,984: 3.2 ms;
+    // 2 holds none: 800 ms.
+    // 0 has 40 ms of queued prefill: 40 + 50 tokens × 16 / 40k + 160 = 40 + 20 + 160 = 220 ms.
     report(&mut c, 0, 1_600);
-    // 1 loads 3,984 tokens from L2 (10 ms) while computing 16 (0.4 ms): 10 + 1.6 ms.
-    // 2: 100 + 400 ms.
+    // 1 loads 3,984 tokens from L2 (10 ms) while computing 16 (0.4 ms): 10 + 3.2 ms.
+    // 2: 100 + 800 ms.
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
-    assert_eq!(cache_aware_why(&route), (0, 3_984, 0, 11.6));
-    // The uncached 16 tokens now count as routed to 1; a queue of 200 ms there tips it to 0.
-    report(&mut c, 1, 8_000);
+    assert_eq!(cache_aware_why(&route), (0, 3_984, 0, 13.2));
+    // The uncached 16 tokens now count as routed to 1; a queue of 250 ms there tips it to 0.
+    report(&mut c, 1, 10_000);
     let route = c.route(Time::ZERO, &request_of(&prompt)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
-    assert_eq!(cache_aware_why(&route), (3_200, 0, 0, 140.0));
+    assert_eq!(cache_aware_why(&route), (3_200, 0, 0, 220.0));
 }
 
 #[test]
@@ -590,21 +590,22 @@ fn without_left() -> RouterConfig {
 #[test]
 fn cache_aware_sends_a_prompt_away_from_a_big_decode_batch_when_ttft_is_equal() {
     // 0 decodes 60 requests (100 tokens left each on average), 1 is idle; neither has a
-    // queue, so the time to first token is the same (50 ms of prefill, no prefix).
+    // queue, so the time to first token is the same (50 ms of prefill and 8 × 50 ms of copy
+    // term: no prefix).
     let mut c = controller(without_left(), &[1_000_000; 2]);
     report_load(&mut c, 0, decoding(60, 6_000));
     report_load(&mut c, 1, decoding(0, 0));
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(1));
     let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
-    assert_eq!((ttft_ms, stall_ms), (250.0, 0.0));
+    assert_eq!((ttft_ms, stall_ms), (450.0, 0.0));
     // On 0 the prompt would have cost each of its 60 decodes 50 ms more over ~100 tokens:
     // 2 × 50 ms × 60 × 60 / 6,000 = 60 ms. A queue of 100 ms on 1 outweighs that.
     report(&mut c, 1, 4_000);
     let route = c.route(Time::ZERO, &request(2_000, 100)).unwrap();
     assert_eq!(route.prefill, InstanceId(0));
     let (ttft_ms, stall_ms, ..) = cache_aware_terms(&route);
-    assert_eq!((ttft_ms, stall_ms), (250.0, 60.0));
+    assert_eq!((ttft_ms, stall_ms), (450.0, 60.0));
 }
 
 #[test]
