@@ -18,9 +18,8 @@ pub struct Request {
     pub max_output_tokens: u32,
     /// Where the model's end-of-sequence comes, in output tokens, when before the bound: known
     /// only to a simulation (a trace's output length under a larger client bound; at least
-    /// one: the token the prefill samples); `None`:
-    /// the output runs to `max_output_tokens` (a live engine may still stop earlier, at an
-    /// end-of-sequence token it samples).
+    /// one, the token the prefill samples). `None`: the output runs to `max_output_tokens` (a
+    /// live engine may still stop earlier, at an end-of-sequence token it samples).
     pub ends_after: Option<NonZeroU32>,
     /// Chained hashes of the prompt's full blocks at the engine's block size (see
     /// [`BlockHash`]); may be shorter than `prompt_tokens / block_size`, in which case the rest
