@@ -167,9 +167,13 @@ impl Controller {
                     }
                 }
             }
-            FleetEvent::RequestFinished { instance, .. }
-            | FleetEvent::RequestEvicted { instance, .. }
-            | FleetEvent::RequestLost { instance, .. } => {
+            FleetEvent::RequestFinished { instance, output, .. } => {
+                if let Some(end) = output {
+                    self.fleet.outputs.record(end);
+                }
+                self.request_left(instance);
+            }
+            FleetEvent::RequestEvicted { instance, .. } | FleetEvent::RequestLost { instance, .. } => {
                 self.request_left(instance);
             }
             FleetEvent::Kv { instance, ref events } => self.fleet.index_mut().apply_batch(instance, events),

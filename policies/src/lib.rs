@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | `fleet` | the [`Fleet`] trait, [`FleetEvent`] in, [`Command`] out |
 //! | `view` | [`FleetView`]: what the controller knows of each instance |
+//! | `output_share` | how much of their bounds (`max_tokens`) outputs use, learned from those that ended |
 //! | `controller` | [`Controller`]: admission, routing, accounting |
 //! | `prefix_index` | [`PrefixIndex`]: which instance caches which prefix, from KV events |
 //! | `router` | the [`Router`] trait, one file per router, and the registry |
@@ -24,6 +25,7 @@ pub mod controller;
 pub mod event;
 pub mod fleet;
 pub mod flow;
+pub mod output_share;
 pub mod pairing;
 pub mod params;
 pub mod pd;

@@ -1,7 +1,9 @@
 //! What the controller knows about each instance, built only from fleet events and its own
-//! routing decisions, and the latency targets the driver holds the fleet to.
+//! routing decisions, the latency targets the driver holds the fleet to, and how much of their
+//! bounds outputs use.
 
 use crate::flow::Targets;
+use crate::output_share::OutputShare;
 use crate::prefix_index::PrefixIndex;
 use engine::{InstanceId, Load, ModelId, Request, Time};
 
@@ -122,6 +124,8 @@ pub struct FleetView {
     pub(crate) targets: Option<[Targets; 3]>,
     /// When the request being routed is routed.
     pub(crate) now: Time,
+    /// How much of their bounds the outputs that ended used.
+    pub(crate) outputs: OutputShare,
 }
 
 impl FleetView {
@@ -133,6 +137,12 @@ impl FleetView {
 
     pub(crate) fn index_mut(&mut self) -> &mut PrefixIndex {
         &mut self.index
+    }
+
+    /// The share of their bounds (`max_tokens`) that outputs used lately, at most 1; 1 before
+    /// any ended (see [`OutputShare`]).
+    pub fn output_share(&self) -> f64 {
+        self.outputs.share()
     }
 
     /// `request`'s class's TTFT target in seconds; `None` where the fleet has no targets.

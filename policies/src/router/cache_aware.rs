@@ -21,7 +21,7 @@
 //!
 //! `decode tokens left(i)` is what i's report counts (each request's tokens to its bound, the
 //! client's `max_tokens`: no router knows an output's length before it ends) times the share
-//! of their bounds the outputs that ended lately used ([`OutputShare`]); the output routed
+//! of their bounds the outputs that ended lately used ([`FleetView::output_share`]); the output routed
 //! since the report counts the same way. Where outputs run to their bounds the share is 1.
 //!
 //! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
@@ -81,7 +81,6 @@
 //! The parameters, the terms tried and dropped, and the runs that chose them are in
 //! docs/ROUTERS.md.
 
-use super::output_share::OutputShare;
 use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::event::FleetEvent;
 use crate::prefix_index::{PrefixMatches, TierMatch};
@@ -163,9 +162,6 @@ pub struct CacheAware {
     matches: PrefixMatches,
     /// Uncached prompt tokens routed to each instance since its last load report.
     pending: Vec<u64>,
-    /// How much of their bounds outputs use: the tokens left the reports count to the
-    /// requests' bounds, scaled to what they will generate.
-    outputs: OutputShare,
 }
 
 /// One candidate's terms, in seconds.
@@ -217,14 +213,14 @@ impl Estimate {
 
 impl CacheAware {
     pub fn new(config: CacheAwareConfig, hints: CostHints) -> CacheAware {
-        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new(), outputs: OutputShare::default() }
+        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new() }
     }
 
     fn pending(&self, v: &InstanceView) -> u64 {
         self.pending.get(v.id.0 as usize).copied().unwrap_or(0)
     }
 
-    fn estimate(&self, request: &Request, v: &InstanceView) -> Estimate {
+    fn estimate(&self, request: &Request, v: &InstanceView, share: f64) -> Estimate {
         let h = &self.hints;
         let c = &self.config;
         let bs = u64::from(h.block_size);
@@ -248,7 +244,6 @@ impl CacheAware {
         // Jensen a lower bound: a few nearly done requests count more than this).
         // Tokens still to generate, as reported (counted to the requests' bounds) and scaled by
         // the share of their bounds outputs use.
-        let share = self.outputs.share();
         let decode_left = v.load.decode_tokens_left as f64 * share;
         let requests = f64::from(v.load.running + v.load.waiting);
         let left = decode_left.max(requests).max(1.0);
@@ -285,14 +280,10 @@ impl Router for CacheAware {
     }
 
     fn on_event(&mut self, event: &FleetEvent) {
-        match *event {
-            FleetEvent::Load { instance, .. } => {
-                if let Some(p) = self.pending.get_mut(instance.0 as usize) {
-                    *p = 0;
-                }
+        if let FleetEvent::Load { instance, .. } = *event {
+            if let Some(p) = self.pending.get_mut(instance.0 as usize) {
+                *p = 0;
             }
-            FleetEvent::RequestFinished { output: Some(end), .. } => self.outputs.record(end),
-            _ => {}
         }
     }
 
@@ -311,7 +302,7 @@ impl Router for CacheAware {
         let mut soonest_s = f64::INFINITY;
         let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
         for v in fleet.candidates(request) {
-            let e = self.estimate(request, v);
+            let e = self.estimate(request, v, fleet.output_share());
             let guarded = f64::from(v.in_flight) > hot_above;
             let slot = &mut best[usize::from(guarded)];
             if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
@@ -351,7 +342,7 @@ impl Router for CacheAware {
                 kv_ms: ms(e.kv_s),
                 left_ms: ms(e.left_s),
                 score_ms: ms(e.score_s()),
-                output_share: (self.outputs.share() * 1e3).round() / 1e3,
+                output_share: (fleet.output_share() * 1e3).round() / 1e3,
                 all_guarded: guarded,
                 lost,
             },

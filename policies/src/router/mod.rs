@@ -8,8 +8,6 @@
 
 pub use sglang_cache_aware::SglangBranch;
 
-mod output_share;
-
 use crate::event::FleetEvent;
 use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::slo_load::DecodeModel;

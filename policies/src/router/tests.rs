@@ -711,6 +711,11 @@ fn cache_aware_scales_the_reported_tokens_left_by_the_share_of_their_bounds_outp
     let route = c.route(Time::ZERO, &request(1_000, 2_000)).unwrap();
     let Why::CacheAware { left_ms, output_share, .. } = route.why else { panic!("not a cache-aware reason") };
     assert_eq!((route.prefill, left_ms, output_share), (InstanceId(0), 10.0, 0.1));
+    // The share is the fleet's, kept when a policy change builds the router anew.
+    let config =
+        ControllerConfig { router: RouterConfig::CacheAware(Default::default()), seed: 7, hints: CostHints::default() };
+    c.set_router(&config);
+    assert_eq!(c.fleet().output_share(), 0.1);
 }
 
 /// TTFT 2 s, TPOT 100 ms for every class.

@@ -1,6 +1,7 @@
-//! How much of their bounds (`max_tokens`) outputs use, learned from those that ended. Load
-//! reports count a request's tokens still to generate up to its bound, which a live router
-//! cannot see past; scaled by this share they are the expected tokens left again.
+//! How much of their bounds (`max_tokens`) outputs use, learned from those that ended: fleet
+//! knowledge the controller keeps in its view (across policy changes). Load reports count a
+//! request's tokens still to generate up to its bound, which a live router cannot see past;
+//! scaled by this share they are the expected tokens left again.
 
 use crate::event::OutputEnd;
 
