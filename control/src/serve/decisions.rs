@@ -9,9 +9,11 @@ use std::collections::VecDeque;
 /// Decisions kept, the oldest dropped first.
 pub const KEPT: usize = 256;
 
+/// Kept as routed (a copy of the route, under the hub's lock on every placement); made JSON
+/// only when asked for.
 #[derive(Debug, Default)]
 pub struct RecentDecisions {
-    kept: VecDeque<Value>,
+    kept: VecDeque<(Time, RequestId, Route)>,
 }
 
 impl RecentDecisions {
@@ -20,18 +22,25 @@ impl RecentDecisions {
         if self.kept.len() == KEPT {
             self.kept.pop_front();
         }
-        self.kept.push_back(json!({
-            "request": request.to_string(),
-            "at_s": now.as_secs_f64(),
-            "prefill": route.prefill.0,
-            "decode": route.decode.0,
-            "why": serde_json::to_value(&route.why).unwrap_or(Value::Null),
-        }));
+        self.kept.push_back((now, request, route.clone()));
     }
 
     /// The latest `n` at most, oldest first.
     pub fn latest(&self, n: usize) -> Vec<Value> {
-        self.kept.iter().skip(self.kept.len().saturating_sub(n)).cloned().collect()
+        let skip = self.kept.len().saturating_sub(n);
+        self.kept
+            .iter()
+            .skip(skip)
+            .map(|(at, request, route)| {
+                json!({
+                    "request": request.to_string(),
+                    "at_s": at.as_secs_f64(),
+                    "prefill": route.prefill.0,
+                    "decode": route.decode.0,
+                    "why": serde_json::to_value(&route.why).unwrap_or(Value::Null),
+                })
+            })
+            .collect()
     }
 }
 
@@ -54,5 +63,6 @@ mod tests {
         let last = d.latest(2);
         assert_eq!((last.len(), last[1]["at_s"].as_f64()), (2, Some((KEPT + 4) as f64)));
         assert_eq!(last[1]["prefill"], 1);
+        assert_eq!(last[1]["why"]["rule"], "turn");
     }
 }
