@@ -21,8 +21,9 @@
 //!
 //! `decode tokens left(i)` is what i's report counts (each request's tokens to its bound, the
 //! client's `max_tokens`: no router knows an output's length before it ends) times the share
-//! of their bounds the outputs that ended lately used ([`FleetView::output_share`]); the output routed
-//! since the report counts the same way. Where outputs run to their bounds the share is 1.
+//! of their bounds the outputs that ended lately used ([`FleetView::output_share`]); the
+//! output routed since the report counts the same way. Where outputs run to their bounds the
+//! share is 1.
 //!
 //! `R` is the instance's prefill rate, `R_L2`, `R_L3` its load rates from the lower tiers and
 //! `D(seqs, kv tokens)` its decode step ([`CostHints`]); the load overlaps the suffix's
@@ -240,11 +241,11 @@ impl CacheAware {
         let step_s = h.decode.step_us(in_flight + 1.0, kv_tokens + prompt as f64) / 1e6;
         let chunk = uncached_tokens.min(u64::from(h.max_batch_tokens)) as f64;
         let batch_step_s = h.decode.step_us(in_flight, kv_tokens) / 1e6 + chunk / h.prefill_tokens_per_s;
-        // Σ 1 / remaining tokens over the running requests, as running / mean remaining (by
-        // Jensen a lower bound: a few nearly done requests count more than this).
         // Tokens still to generate, as reported (counted to the requests' bounds) and scaled by
         // the share of their bounds outputs use.
         let decode_left = v.load.decode_tokens_left as f64 * share;
+        // Σ 1 / remaining tokens over the running requests, as running / mean remaining (by
+        // Jensen a lower bound: a few nearly done requests count more than this).
         let requests = f64::from(v.load.running + v.load.waiting);
         let left = decode_left.max(requests).max(1.0);
         let stalled = f64::from(v.load.running) * requests / left;
@@ -301,8 +302,9 @@ impl Router for CacheAware {
         let mut for_lost: Option<(&InstanceView, Estimate)> = None;
         let mut soonest_s = f64::INFINITY;
         let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
+        let share = fleet.output_share();
         for v in fleet.candidates(request) {
-            let e = self.estimate(request, v, fleet.output_share());
+            let e = self.estimate(request, v, share);
             let guarded = f64::from(v.in_flight) > hot_above;
             let slot = &mut best[usize::from(guarded)];
             if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
@@ -342,7 +344,7 @@ impl Router for CacheAware {
                 kv_ms: ms(e.kv_s),
                 left_ms: ms(e.left_s),
                 score_ms: ms(e.score_s()),
-                output_share: (fleet.output_share() * 1e3).round() / 1e3,
+                output_share: (share * 1e3).round() / 1e3,
                 all_guarded: guarded,
                 lost,
             },
