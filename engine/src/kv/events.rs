@@ -100,6 +100,13 @@ pub struct KvEvents {
     cleared: u32,
 }
 
+/// The hashes of `hashes` (64 at most) whose bit in `mask` is set (bit `k` for `hashes[k]`,
+/// as [`super::BlockLru::remove_all`] marks the blocks it removed).
+#[inline]
+pub(crate) fn marked(hashes: &[BlockHash], mask: u64) -> impl Iterator<Item = BlockHash> + '_ {
+    hashes.iter().enumerate().filter(move |&(k, _)| mask >> k & 1 == 1).map(|(_, &hash)| hash)
+}
+
 impl KvEvents {
     pub fn new() -> KvEvents {
         KvEvents::default()
@@ -189,7 +196,7 @@ impl KvEvents {
         if removed.count_ones() as usize == hashes.len() {
             self.hashes.extend_from_slice(hashes);
         } else {
-            self.hashes.extend(hashes.iter().enumerate().filter(|&(k, _)| removed >> k & 1 == 1).map(|(_, &h)| h));
+            self.hashes.extend(marked(hashes, removed));
         }
     }
 

@@ -317,10 +317,8 @@ impl KvCache {
             in_l3.clear();
             self.l2.remove_all(pages, |page, hashes, removed| {
                 if removed.count_ones() as usize != hashes.len() {
-                    for (k, &hash) in hashes.iter().enumerate() {
-                        if removed >> k & 1 == 0 {
-                            in_l3.push(PageKey { hash, page });
-                        }
+                    for hash in events::marked(hashes, !removed) {
+                        in_l3.push(PageKey { hash, page });
                     }
                 }
                 if let Some(events) = events.as_deref_mut() {

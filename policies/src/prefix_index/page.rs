@@ -90,6 +90,12 @@ impl Page {
         if !self.filter.may_hold(hash) {
             return None;
         }
+        self.position(hash)
+    }
+
+    /// Where `hash` is: its lookup, or a scan of a small page (no guesses, no filter).
+    #[inline]
+    fn position(&self, hash: BlockHash) -> Option<usize> {
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
             None => self.entries.iter().position(|e| e.hash() == hash),
@@ -198,13 +204,10 @@ impl Page {
         n
     }
 
-    /// Whether the page holds `hash` (its lookup, or a scan of a small page).
+    /// Whether the page holds `hash`: out of line, as only the filter's false positives ask.
     #[inline(never)]
     fn holds(&self, hash: BlockHash) -> bool {
-        match &self.lookup {
-            Some(lookup) => lookup.get(hash).is_some(),
-            None => self.entries.iter().any(|e| e.hash() == hash),
-        }
+        self.position(hash).is_some()
     }
 
     /// Builds the lookup of positions by hash (again, after a compaction).
