@@ -65,6 +65,14 @@ pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
     }
 }
 
+/// A scheduling's step budget (`None`: the engine's own); 0 is refused.
+pub fn max_batch_tokens(s: &Scheduling) -> Result<Option<u32>, Invalid> {
+    match s.max_batch_tokens {
+        Some(0) => Err(Invalid { field: "max_batch_tokens".into(), reason: "must be at least 1".into() }),
+        budget => Ok(budget),
+    }
+}
+
 /// A scheduling's holds of sessions' KV (see [`engine::programs`]), checked as a flow rule's
 /// are.
 pub fn program_hold(s: &Scheduling) -> Result<Option<ProgramHold>, Invalid> {
@@ -117,13 +125,15 @@ pub fn wire(prefill: &PrefillPolicy, kv_protection: Option<KvProtection>) -> Sch
         program_hold_s: None,
         program_hold_share: None,
         program_prefetch_s: None,
+        max_batch_tokens: None,
     }
 }
 
-/// The scheduling an engine runs, as it reports it.
+/// The scheduling an engine runs, as it reports it (its step budget always).
 pub fn of(config: &InstanceConfig) -> Scheduling {
     let scheduling = Scheduling {
         class_priority: config.class_priority.then_some(true),
+        max_batch_tokens: Some(config.max_batch_tokens),
         lower_class_step_tokens: config.lower_class_step_tokens.filter(|_| config.class_priority),
         ..wire(&config.prefill, config.kv_protection)
     };
@@ -156,7 +166,9 @@ mod tests {
             long_min_tokens: Some(512),
             ..scheduling("fair", Some(0.9), Some(0.6))
         };
-        for s in [fair, scheduling("fcfs", None, None)] {
+        let budget = Some(InstanceConfig::default().max_batch_tokens);
+        let fair = Scheduling { max_batch_tokens: budget, ..fair };
+        for s in [fair, Scheduling { max_batch_tokens: budget, ..scheduling("fcfs", None, None) }] {
             let (prefill, kv_protection) = resolve(&s).expect("valid");
             assert_eq!(of(&InstanceConfig { prefill, kv_protection, ..InstanceConfig::default() }), s);
         }

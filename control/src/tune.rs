@@ -28,7 +28,7 @@ use simulator::plot::{plot_search, SearchPlot};
 use simulator::policy_file::PolicyFile;
 use simulator::report::write_json;
 use simulator::scenario::{Scenario, Settings};
-use simulator::search_space::{kv_params, Dim, SearchSpace};
+use simulator::search_space::{scheduling_params, Dim, SearchSpace};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -636,27 +636,29 @@ fn held_out_table(runs: &[HeldOutRun], objective: Objective) -> String {
     out
 }
 
-/// `--list-params`: every policy's parameters, and the water marks.
+/// `--list-params`: every policy's parameters, and the engines' other scheduling settings.
 fn list_params(args: &Args) -> Result<(), Failure> {
     let catalog = policies::catalog();
     for p in &catalog {
         print!("{p}");
     }
-    println!("scheduling (KV high-water protection)");
-    for p in kv_params() {
-        println!("  {:<24} {:>10}  {:<28} {}", p.name, "off", p.range(), p.doc);
+    println!("scheduling (KV high-water protection, the step budget)");
+    for p in scheduling_params() {
+        let default = if p.name == "max_batch_tokens" { "scenario's" } else { "off" };
+        println!("  {:<24} {:>10}  {:<28} {}", p.name, default, p.range(), p.doc);
     }
     println!(
         "\nWith tune --params: a router's parameters by name, fair prefill's as prefill.NAME, an autoscaler's as \
-         autoscaler.NAME, kv_high_water, kv_low_water, and the scenario's flow control rule's as flow.NAME."
+         autoscaler.NAME, kv_high_water, kv_low_water, max_batch_tokens, and the scenario's flow control rule's as \
+         flow.NAME."
     );
     if let Some(path) = &args.json {
         #[derive(Serialize)]
         struct Listing<'a> {
             policies: &'a [policies::PolicyParams],
-            scheduling: [policies::Param; 2],
+            scheduling: [policies::Param; 3],
         }
-        write_json(path, &Listing { policies: &catalog, scheduling: kv_params() })
+        write_json(path, &Listing { policies: &catalog, scheduling: scheduling_params() })
             .map_err(|e| Failure::Output(e.into()))?;
     }
     Ok(())

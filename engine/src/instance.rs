@@ -290,6 +290,16 @@ impl Instance {
         self.debug_check();
     }
 
+    /// Changes the token budget of one step (decode tokens plus prefill chunks): an operator's
+    /// policy change, between steps. A smaller budget computes prompts in smaller chunks, so the
+    /// decodes beside them wait less per step (TPOT) and prompts take more steps (TTFT).
+    pub fn set_max_batch_tokens(&mut self, tokens: u32) {
+        assert!(!self.stepping, "set_max_batch_tokens called during a step");
+        assert!(tokens > 0, "a step's token budget is at least 1");
+        self.config.max_batch_tokens = tokens;
+        self.debug_check();
+    }
+
     /// Turns class priority on or off (see [`InstanceConfig::class_priority`]); turned on,
     /// the requests waiting are put in class order (FCFS within a class, as they were).
     pub fn set_class_priority(&mut self, on: bool, lower_class_step_tokens: Option<u32>) {

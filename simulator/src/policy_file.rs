@@ -10,6 +10,7 @@
 //! prefill_params = { chunk_tokens = 4096 }
 //! kv_high_water = 0.9
 //! kv_low_water = 0.7
+//! max_batch_tokens = 2048                       # the engines' token budget of one step
 //! autoscaler = "slo-load"
 //! autoscaler_params = { up_load = 0.85 }
 //! flow = "slo"                                  # flow control at the controller
@@ -26,11 +27,11 @@
 
 use crate::scenario::flow::{FlowEntry, FlowRun, FlowSection};
 use crate::scenario::{
-    autoscaler_with_params, router_with_params, set_autoscaler_params, PoolsSection, RouterEntry, RunSpec, Scenario,
-    ScenarioError, SchedulerSection,
+    autoscaler_with_params, router_with_params, set_autoscaler_params, FleetSection, PoolsSection, RouterEntry,
+    RunSpec, Scenario, ScenarioError, SchedulerSection,
 };
 use crate::slo::Slo;
-use engine::{Class, Dur, FairPrefill, PrefillPolicy};
+use engine::{Class, Dur, FairPrefill, InstanceConfig, PrefillPolicy};
 use policies::params::changed;
 use policies::{AutoscalerConfig, Knobs, Params, RouterConfig};
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,11 @@ pub struct PolicyFile {
     pub kv_high_water: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_low_water: Option<f64>,
+    /// The engines' token budget of one step, decode tokens plus prefill chunks (vLLM's
+    /// `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`): smaller, the decodes
+    /// beside a long prompt's chunks wait less a step; larger, prompts take fewer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch_tokens: Option<u32>,
     /// A P/D fleet's autoscaler (the scenario's `[pools] autoscaler`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaler: Option<String>,
@@ -126,6 +132,8 @@ impl PolicyFile {
             prefill_params,
             kv_high_water: run.kv_protection.map(|k| k.high_water),
             kv_low_water: run.kv_protection.map(|k| k.low_water),
+            max_batch_tokens: (run.max_batch_tokens != InstanceConfig::default().max_batch_tokens)
+                .then_some(run.max_batch_tokens),
             autoscaler: pd.map(|pd| pd.autoscaler.name().to_string()),
             autoscaler_params,
             ..PolicyFile::of_router(&run.router)
@@ -158,6 +166,9 @@ impl PolicyFile {
     pub fn check(&self) -> Result<(), ScenarioError> {
         self.router_config()?;
         self.scheduler()?.engine_scheduling()?;
+        if self.max_batch_tokens == Some(0) {
+            return Err(ScenarioError::Invalid { key: "max_batch_tokens", reason: "must be at least 1".into() });
+        }
         if let Some(name) = &self.autoscaler {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }
@@ -244,6 +255,7 @@ impl PolicyFile {
         let over = Scenario {
             routers: Some(vec![RouterEntry::with_params(&self.router, &self.router_params)]),
             scheduler: self.scheduler()?,
+            fleet: FleetSection { max_batch_tokens: self.max_batch_tokens, ..FleetSection::default() },
             pools,
             flow: FlowSection { rules: self.flow_entry().map(|e| vec![e]) },
             ..Scenario::default()
@@ -264,6 +276,7 @@ mod tests {
             prefill_params: [("chunk_tokens".to_string(), 4096.0)].into(),
             kv_high_water: Some(0.9),
             kv_low_water: Some(0.7),
+            max_batch_tokens: Some(2048),
             autoscaler: Some("slo-load".into()),
             autoscaler_params: [("up_load".to_string(), 0.85)].into(),
             flow: Some("slo".into()),
@@ -295,6 +308,13 @@ mod tests {
         assert_eq!((name, params), ("cache-aware", policy().router_params));
         assert_eq!(s.routers.as_ref().map(Vec::len), Some(1));
         assert_eq!(s.scheduler.chunk_tokens, Some(4096));
+        assert_eq!(s.fleet.max_batch_tokens, Some(2048));
+        let colocated = PolicyFile { autoscaler: None, autoscaler_params: BTreeMap::new(), ..policy() };
+        let workload = "[workload.synthetic]\nrequests = 10\narrival = { kind = \"poisson\", rate_rps = 1.0 }\n\
+                        input = { kind = \"constant\", tokens = 100 }\noutput = { kind = \"constant\", tokens = 10 }";
+        let base: Scenario = toml::from_str(workload).expect("parses");
+        let runs = colocated.overlay(base).and_then(|s| s.resolve()).expect("resolves").routers;
+        assert_eq!(runs[0].max_batch_tokens, 2048, "the policy's budget is the run's");
         assert_eq!(s.pools.autoscaler_params, Some(policy().autoscaler_params));
     }
 
@@ -311,6 +331,8 @@ mod tests {
         assert!(check(p).starts_with("invalid setting `prefill_params.chunk_tokens`"));
         let p = PolicyFile { autoscaler_params: [("up".to_string(), 1.0)].into(), ..policy() };
         assert!(check(p).starts_with("invalid setting `autoscaler_params.up`: autoscaler has no parameter `up`"));
+        let p = PolicyFile { max_batch_tokens: Some(0), ..policy() };
+        assert_eq!(check(p), "invalid setting `max_batch_tokens`: must be at least 1");
         let p = PolicyFile { kv_high_water: Some(1.5), ..policy() };
         assert_eq!(check(p), "invalid setting `scheduler.kv_high_water`: 1.5 is not a share in (0, 1]");
         assert!(check(PolicyFile { router: "magic".into(), ..PolicyFile::default() }).starts_with("unknown router"));

@@ -3,13 +3,17 @@
 //!
 //! Names: a router parameter by its own name (`copy_weight`); fair prefill's as
 //! `prefill.NAME` (tuning one runs fair prefill); the autoscaler's as `autoscaler.NAME`;
-//! `kv_high_water` and `kv_low_water` (tuning either runs KV high-water protection); the flow
-//! control rule's as `flow.NAME` (the scenario's run must have a rule).
+//! `kv_high_water` and `kv_low_water` (tuning either runs KV high-water protection);
+//! `max_batch_tokens`, the engines' token budget of one step; the flow control rule's as
+//! `flow.NAME` (the scenario's run must have a rule).
 //!
 //! A parameter's range is its own range narrowed to a quarter to four times the value the
 //! scenario runs with (a weight's useful values are within a small factor of a sane default;
 //! the full ranges are safety bounds, up to 1,024 for a request count), or what `--range`
-//! gives.
+//! gives. The step budget's is a sixteenth of the scenario's to the scenario's: a live engine
+//! cannot take a budget above the one it started with (its buffers are sized for it), and
+//! what a smaller one trades (decodes that wait less beside a prompt's chunks, prompts that
+//! take more steps) is what a search can find.
 
 use crate::policy_file::PolicyFile;
 use crate::scenario::RunSpec;
@@ -39,6 +43,7 @@ enum Target {
     Autoscaler(&'static str),
     KvHighWater,
     KvLowWater,
+    BatchTokens,
     Flow(&'static str),
 }
 
@@ -81,6 +86,14 @@ const KV_LOW_WATER: Param = Param {
     min_open: true,
     max: 1.0,
     doc: "share at which a paused instance admits again, below kv_high_water",
+};
+const MAX_BATCH_TOKENS: Param = Param {
+    name: "max_batch_tokens",
+    kind: Kind::Integer,
+    min: 1.0,
+    min_open: false,
+    max: 1_048_576.0,
+    doc: "the engines' token budget of one step, decode tokens plus prefill chunks (vLLM's --max-num-batched-tokens)",
 };
 /// Where a search of a water mark starts when the scenario runs without protection.
 const KV_HIGH_START: f64 = 0.95;
@@ -129,6 +142,7 @@ impl SearchSpace {
                     }
                     (lo, hi)
                 }
+                None if target == Target::BatchTokens => ((start / 16.0).round().max(param.min), start),
                 None => window(&param, start),
             };
             dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), target });
@@ -185,6 +199,7 @@ impl SearchSpace {
                 }
                 Target::KvHighWater => p.kv_high_water = Some(v),
                 Target::KvLowWater => p.kv_low_water = Some(v),
+                Target::BatchTokens => p.max_batch_tokens = Some(v as u32),
                 Target::Flow(n) => {
                     p.flow_params.insert(n.into(), v);
                 }
@@ -245,6 +260,7 @@ fn lookup(run: &RunSpec, name: &str) -> Option<(Param, Target, f64)> {
         "kv_low_water" => {
             Some((KV_LOW_WATER, Target::KvLowWater, protection.map_or(0.8 * KV_HIGH_START, |k| k.low_water)))
         }
+        "max_batch_tokens" => Some((MAX_BATCH_TOKENS, Target::BatchTokens, f64::from(run.max_batch_tokens))),
         _ => {
             let p = *run.router.params().iter().find(|p| p.name == name)?;
             Some((p, Target::Router(p.name), run.router.values().get(p.name).copied()?))
@@ -260,7 +276,7 @@ fn autoscaler(run: &RunSpec) -> Option<&AutoscalerConfig> {
 pub fn valid(run: &RunSpec) -> Vec<String> {
     let mut out: Vec<String> = run.router.params().iter().map(|p| p.name.to_string()).collect();
     out.extend(fair_params().iter().map(|p| format!("prefill.{}", p.name)));
-    out.extend(["kv_high_water".to_string(), "kv_low_water".to_string()]);
+    out.extend(scheduling_params().iter().map(|p| p.name.to_string()));
     out.extend(run.flow.flow.params().iter().map(|p| format!("flow.{}", p.name)));
     if autoscaler(run).and_then(AutoscalerConfig::knobs).is_some() {
         out.extend(<policies::Knobs as Params>::PARAMS.iter().map(|p| format!("autoscaler.{}", p.name)));
@@ -278,9 +294,10 @@ fn window(p: &Param, start: f64) -> (f64, f64) {
     (lo, hi.min(p.max))
 }
 
-/// The water marks as parameters, for listings.
-pub fn kv_params() -> [Param; 2] {
-    [KV_HIGH_WATER, KV_LOW_WATER]
+/// The engines' scheduling settings outside fair prefill (the water marks, the step budget)
+/// as parameters, for listings.
+pub fn scheduling_params() -> [Param; 3] {
+    [KV_HIGH_WATER, KV_LOW_WATER, MAX_BATCH_TOKENS]
 }
 
 #[cfg(test)]
@@ -355,6 +372,21 @@ rules = [{ name = "slo", program_kv_share = 0.9, program_hold_s = 10 }]"#);
             assert_eq!(chunk.fract(), 0.0, "an integer parameter is whole");
             assert!(p.kv_low_water < p.kv_high_water);
         }
+    }
+
+    #[test]
+    fn the_step_budget_is_searched_below_the_scenarios_and_goes_into_the_policy() {
+        let r = run(r#"routers = ["cache-aware"]
+[fleet]
+max_batch_tokens = 4096"#);
+        let space = SearchSpace::new(&r, &["max_batch_tokens".to_string()], &BTreeMap::new()).expect("space");
+        assert_eq!((space.dims[0].lo, space.dims[0].start, space.dims[0].hi), (256.0, 4096.0, 4096.0));
+        assert_eq!(space.base.max_batch_tokens, Some(4096), "the scenario's budget, not the default, is the base");
+        let p = space.policy(&space.values(&[0.5]));
+        assert_eq!(p.max_batch_tokens, Some(2176));
+        p.check().expect("a valid policy");
+        let default = run(r#"routers = ["cache-aware"]"#);
+        assert_eq!(PolicyFile::of_run(&default).max_batch_tokens, None, "the engines' default is left out");
     }
 
     #[test]

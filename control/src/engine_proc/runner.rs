@@ -100,6 +100,8 @@ pub enum Command {
         /// Class priority, and its cap on lower classes' chunks.
         class_priority: (bool, Option<u32>),
         program_hold: Option<engine::ProgramHold>,
+        /// The step budget (`None`: the one the engine started with; above it: capped).
+        max_batch_tokens: Option<u32>,
         reply: oneshot::Sender<proto::Scheduling>,
     },
 }
@@ -161,6 +163,9 @@ pub struct Runner {
     pub(super) landing: Vec<(Time, RequestId)>,
     /// How long a prefilled request may wait for its transfer.
     parked_limit: Duration,
+    /// The step budget the engine started with: its buffers are sized for it, so an
+    /// operator's budget is capped there.
+    started_batch_tokens: u32,
     clock: Instant,
     last_report: Instant,
     timing: StepTiming,
@@ -274,8 +279,10 @@ impl Runner {
     ) -> Runner {
         instance.record_kv_events();
         let clock = Instant::now();
+        let started_batch_tokens = instance.config().max_batch_tokens;
         Runner {
             instance,
+            started_batch_tokens,
             backend,
             shared,
             streams: BTreeMap::new(),
@@ -423,9 +430,11 @@ impl Runner {
             Command::Release { id, reply } => {
                 let _ = reply.send(self.release(id));
             }
-            Command::Configure { prefill, kv_protection, class_priority, program_hold, reply } => {
+            Command::Configure { prefill, kv_protection, class_priority, program_hold, max_batch_tokens, reply } => {
                 let now = self.now();
                 self.instance.set_scheduling(now, prefill, kv_protection);
+                let budget = max_batch_tokens.map_or(self.started_batch_tokens, |b| b.min(self.started_batch_tokens));
+                self.instance.set_max_batch_tokens(budget);
                 self.instance.set_class_priority(class_priority.0, class_priority.1);
                 self.instance.set_program_hold(now, program_hold);
                 let scheduling = crate::scheduling::of(self.instance.config());

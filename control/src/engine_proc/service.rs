@@ -177,8 +177,16 @@ impl Engine for EngineService {
         let (prefill, kv_protection) = crate::scheduling::resolve(&s).map_err(invalid)?;
         let class_priority = crate::scheduling::class_priority(&s).map_err(invalid)?;
         let program_hold = crate::scheduling::program_hold(&s).map_err(invalid)?;
+        let max_batch_tokens = crate::scheduling::max_batch_tokens(&s).map_err(invalid)?;
         let now_in_force = self
-            .ask(|reply| Command::Configure { prefill, kv_protection, class_priority, program_hold, reply })
+            .ask(|reply| Command::Configure {
+                prefill,
+                kv_protection,
+                class_priority,
+                program_hold,
+                max_batch_tokens,
+                reply,
+            })
             .await?;
         Ok(Response::new(now_in_force))
     }

@@ -274,6 +274,7 @@ fn scheduling_json(s: &crate::proto::Scheduling) -> Value {
         "kv_high_water": s.kv_high_water,
         "kv_low_water": s.kv_low_water,
         "class_priority": s.class_priority == Some(true),
+        "max_batch_tokens": s.max_batch_tokens,
     });
     if let (Some(seconds), Some(share)) = (s.program_hold_s, s.program_hold_share) {
         v["program_hold_s"] = json!(seconds);

@@ -78,7 +78,11 @@ impl Policy {
         let p = &self.0;
         let router = p.router_config().map_err(refused)?;
         let (prefill, kv_protection) = p.scheduler().and_then(|s| s.engine_scheduling()).map_err(refused)?;
-        let scheduling = crate::scheduling::wire(&prefill, kv_protection);
+        if p.max_batch_tokens == Some(0) {
+            return Err(ApiError::invalid("max_batch_tokens", "must be at least 1"));
+        }
+        let scheduling =
+            Scheduling { max_batch_tokens: p.max_batch_tokens, ..crate::scheduling::wire(&prefill, kv_protection) };
         let autoscaler = match (pools, p.autoscaler.as_deref()) {
             (None, None | Some("none")) => {
                 // Checked all the same: a colocated fleet's `none` has no parameters.
@@ -112,7 +116,7 @@ impl Policy {
     }
 
     /// A policy with every field present (defaults filled in: FCFS, no water marks, the
-    /// command line's autoscaler, no parameters), for the API; one the build cannot read is
+    /// engines' own step budget, the command line's autoscaler, no parameters), for the API; one the build cannot read is
     /// shown as stored.
     pub fn normalized(stored: Value) -> Value {
         let Ok(policy) = serde_json::from_value::<Policy>(stored.clone()) else { return stored };
@@ -124,6 +128,7 @@ impl Policy {
                 ("prefill_params", json!({})),
                 ("kv_high_water", Value::Null),
                 ("kv_low_water", Value::Null),
+                ("max_batch_tokens", Value::Null),
                 ("autoscaler", Value::Null),
                 ("autoscaler_params", json!({})),
                 ("flow", Value::Null),
@@ -174,7 +179,7 @@ mod tests {
         assert_eq!(
             Policy::normalized(old),
             json!({"router": "round-robin", "router_params": {}, "prefill_scheduler": "fair", "prefill_params": {},
-                "kv_high_water": 0.9, "kv_low_water": null, "autoscaler": null, "autoscaler_params": {},
+                "kv_high_water": 0.9, "kv_low_water": null, "max_batch_tokens": null, "autoscaler": null, "autoscaler_params": {},
                 "flow": null, "flow_params": {}, "class_priority": null, "class_slo": {}})
         );
     }

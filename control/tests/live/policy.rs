@@ -79,7 +79,7 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let (_db, s, _e0) = one_engine("policyset", "round-robin");
     let url = format!("{}/api/policies", s.http);
     let fcfs = json!({"prefill_scheduler": "fcfs", "prefill_params": {}, "kv_high_water": null, "kv_low_water": null,
-        "class_priority": false});
+        "class_priority": false, "max_batch_tokens": 8192});
     eventually(10, "e0 reports its own scheduling", || schedulings(&s.http) == [("e0".to_string(), fcfs.clone())]);
 
     // Each bad field is refused with its name and the valid values; nothing is stored.
@@ -93,16 +93,19 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
         ),
         (json!({"router": "round-robin", "kv_low_water": 0.5}), "kv_low_water", "needs kv_high_water"),
         (json!({"router": "round-robin", "autoscaler": "slo-load"}), "autoscaler", "valid: none"),
+        (json!({"router": "round-robin", "max_batch_tokens": 0}), "max_batch_tokens", "at least 1"),
     ];
     refused_by_name(&url, &refused);
     let (_, v) = get(&format!("{url}/history"), Some(ADMIN));
     assert_eq!(v["versions"], json!([]), "refused versions are not stored");
 
-    let fair = json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6});
+    // The step budget is capped at the one the engines started with (8,192).
+    let fair = json!({"router": "round-robin", "prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6,
+        "max_batch_tokens": 2048});
     let (status, v) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &fair);
     assert_eq!((status, v["version"].as_i64()), (200, Some(1)), "{v}");
     let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6,
-        "class_priority": false, "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
+        "class_priority": false, "max_batch_tokens": 2048, "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
     eventually(10, "e0 schedules fairly", || schedulings(&s.http) == [("e0".to_string(), fair_in_force.clone())]);
     // An engine that joins later gets the policy in force.
     let _e1 = engine(&s.grpc, "e1", &[]);
@@ -112,9 +115,11 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let (status, v) = completion(&s.http, ADMIN, json!({"model": MODEL, "prompt": "fairly", "max_tokens": 3}));
     assert_eq!(status, 200, "{v}");
 
-    let (status, _) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &json!({"router": "least-outstanding"}));
+    // A budget above the engines' own is capped there: back to FCFS at 8,192.
+    let over = json!({"router": "least-outstanding", "max_batch_tokens": 100_000});
+    let (status, _) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &over);
     assert_eq!(status, 200);
-    eventually(10, "both back to FCFS", || schedulings(&s.http) == both(&fcfs));
+    eventually(10, "both back to FCFS at their own budget", || schedulings(&s.http) == both(&fcfs));
     let (_, v) = get(&url, Some(ADMIN));
     assert_eq!(v["in_force"]["router"], "least-outstanding");
 
@@ -130,7 +135,7 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     assert_eq!(
         v["policy"],
         json!({"router": "round-robin", "router_params": {}, "prefill_scheduler": "fair", "prefill_params": {},
-            "kv_high_water": 0.9, "kv_low_water": 0.6, "autoscaler": null, "autoscaler_params": {},
+            "kv_high_water": 0.9, "kv_low_water": 0.6, "max_batch_tokens": 2048, "autoscaler": null, "autoscaler_params": {},
             "flow": null, "flow_params": {}, "class_priority": null, "class_slo": {}})
     );
     let (_, history) = get(&format!("{url}/history"), Some(ADMIN));

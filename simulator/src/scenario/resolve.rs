@@ -143,7 +143,7 @@ impl Scenario {
         let kv_protection = protection_on.then_some(protection);
         let pool_runs = self.pools.resolve_runs(instances, cost.gpus())?;
         let flow_runs = self.flow.resolve_runs()?;
-        let base = RunBase { tiers, prefill, protection, kv_protection, drafter };
+        let base = RunBase { tiers, prefill, protection, kv_protection, max_batch_tokens, drafter };
         let mut routers = Vec::with_capacity(names.len() * pool_runs.len() * flow_runs.len());
         for entry in &names {
             for flow in &flow_runs {
@@ -296,6 +296,7 @@ impl Scenario {
             tiers: run_tiers,
             prefill: run_prefill,
             kv_protection: run_protection,
+            max_batch_tokens: base.max_batch_tokens,
             pools: pools.clone(),
             drafter: run_drafter,
             flow: Default::default(),
@@ -311,6 +312,7 @@ struct RunBase {
     /// The protection's settings, and whether it is on.
     protection: KvProtection,
     kv_protection: Option<KvProtection>,
+    max_batch_tokens: u32,
     drafter: Option<&'static Drafter>,
 }
 

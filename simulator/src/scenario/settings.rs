@@ -42,6 +42,8 @@ pub struct RunSpec {
     pub tiers: KvTiers,
     pub prefill: PrefillPolicy,
     pub kv_protection: Option<KvProtection>,
+    /// The engines' token budget of one step (`[fleet] max_batch_tokens`, or a policy's).
+    pub max_batch_tokens: u32,
     /// Disaggregated pools, autoscaling, time series (`None`: a fixed colocated fleet).
     pub pools: Option<PoolsRun>,
     /// Speculative decoding's drafter (`None`: none).
@@ -103,6 +105,7 @@ impl Settings {
             tiers: self.tiers,
             prefill: self.instance.prefill,
             kv_protection: self.instance.kv_protection,
+            max_batch_tokens: self.instance.max_batch_tokens,
             pools: None,
             drafter: self.drafter,
             flow: FlowRun::default(),
@@ -131,6 +134,7 @@ impl Settings {
                 l2_blocks: run.tiers.l2_blocks,
                 prefill: run.prefill,
                 kv_protection: run.kv_protection,
+                max_batch_tokens: run.max_batch_tokens,
                 class_priority: run.flow.class_priority,
                 program_hold: run.flow.program_hold,
                 ..self.instance.clone()
