@@ -38,19 +38,22 @@ pub struct Args {
     #[command(flatten)]
     pub flags: SimFlags,
 
-    /// Print every tunable parameter (each router's, fair prefill's, the KV water marks, each
-    /// autoscaler's) with its range, default and meaning, and exit; with --json, also as JSON.
+    /// Print every tunable parameter (each router's, fair prefill's, the KV water marks and the
+    /// step budget, each autoscaler's) with its range, default and meaning, and exit; with
+    /// --json, also as JSON.
     #[arg(long)]
     pub list_params: bool,
 
     /// Parameters to tune, comma-separated: a router parameter by its name, `prefill.NAME`
-    /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`, `flow.NAME` (the
-    /// scenario's flow control rule's) [default: every parameter of the router].
+    /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`,
+    /// `max_batch_tokens` (the engines' step budget: searched from a sixteenth of the
+    /// scenario's to the scenario's), `flow.NAME` (the scenario's flow control rule's)
+    /// [default: every parameter of the router].
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub params: Vec<String>,
 
-    /// Search NAME between LO and HI instead of a quarter to four times its value (repeat
-    /// for several).
+    /// Search NAME between LO and HI instead of a quarter to four times its value (the step
+    /// budget: a sixteenth of it to it) (repeat for several).
     #[arg(long = "range", value_name = "NAME=LO:HI", value_parser = parse_range)]
     pub ranges: Vec<(String, (f64, f64))>,
 

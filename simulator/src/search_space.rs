@@ -13,7 +13,7 @@
 //! gives. The step budget's is a sixteenth of the scenario's to the scenario's: a live engine
 //! cannot take a budget above the one it started with (its buffers are sized for it), and
 //! what a smaller one trades (decodes that wait less beside a prompt's chunks, prompts that
-//! take more steps) is what a search can find.
+//! take more steps) is what a search can find. It is searched on a log scale.
 
 use crate::policy_file::PolicyFile;
 use crate::scenario::RunSpec;
@@ -31,8 +31,32 @@ pub struct Dim {
     pub hi: f64,
     /// The value the scenario runs with, where the search starts.
     pub start: f64,
+    /// Searched on a log scale (equal steps are equal ratios): a size whose effect goes by
+    /// its ratio to another (the step budget against the prompts' lengths).
+    pub log: bool,
     #[serde(skip)]
     target: Target,
+}
+
+impl Dim {
+    /// The value at `u` in [0, 1] of the range, before rounding.
+    fn at(&self, u: f64) -> f64 {
+        let u = u.clamp(0.0, 1.0);
+        if self.log {
+            self.lo * (self.hi / self.lo).powf(u)
+        } else {
+            self.lo + u * (self.hi - self.lo)
+        }
+    }
+
+    /// Where `v` lies in the range, as a point of [0, 1].
+    fn unit(&self, v: f64) -> f64 {
+        if self.log {
+            (v / self.lo).ln() / (self.hi / self.lo).ln()
+        } else {
+            (v - self.lo) / (self.hi - self.lo)
+        }
+    }
 }
 
 /// Where a parameter goes in a policy file.
@@ -145,7 +169,8 @@ impl SearchSpace {
                 None if target == Target::BatchTokens => ((start / 16.0).round().max(param.min), start),
                 None => window(&param, start),
             };
-            dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), target });
+            let log = target == Target::BatchTokens;
+            dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), log, target });
         }
         if dims.iter().any(|d| matches!(d.target, Target::Flow(_))) {
             // The run's flow control goes into every point's file, as it runs in the scenario.
@@ -162,7 +187,7 @@ impl SearchSpace {
 
     /// The start as a point of the unit cube.
     pub fn start(&self) -> Vec<f64> {
-        self.dims.iter().map(|d| (d.start - d.lo) / (d.hi - d.lo)).collect()
+        self.dims.iter().map(|d| d.unit(d.start)).collect()
     }
 
     /// Each coordinate of `x` (clamped to [0, 1]) as its parameter's value, integers rounded.
@@ -171,7 +196,7 @@ impl SearchSpace {
             .iter()
             .zip(x)
             .map(|(d, &u)| {
-                let v = d.lo + u.clamp(0.0, 1.0) * (d.hi - d.lo);
+                let v = d.at(u);
                 match d.kind {
                     Kind::Integer => v.round(),
                     // Four significant digits: finer than any effect a simulation shows, and
@@ -382,8 +407,10 @@ max_batch_tokens = 4096"#);
         let space = SearchSpace::new(&r, &["max_batch_tokens".to_string()], &BTreeMap::new()).expect("space");
         assert_eq!((space.dims[0].lo, space.dims[0].start, space.dims[0].hi), (256.0, 4096.0, 4096.0));
         assert_eq!(space.base.max_batch_tokens, Some(4096), "the scenario's budget, not the default, is the base");
+        // On a log scale: the middle of 256..4096 is 1,024.
         let p = space.policy(&space.values(&[0.5]));
-        assert_eq!(p.max_batch_tokens, Some(2176));
+        assert_eq!(p.max_batch_tokens, Some(1024));
+        assert_eq!(space.values(&space.start()), [4096.0], "the start maps back to the scenario's budget");
         p.check().expect("a valid policy");
         let default = run(r#"routers = ["cache-aware"]"#);
         assert_eq!(PolicyFile::of_run(&default).max_batch_tokens, None, "the engines' default is left out");
