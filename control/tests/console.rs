@@ -292,10 +292,17 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     assert_eq!(b.text("#router-message").unwrap_or_default(), "", "only the field at fault has a message");
     assert_eq!(router_in_force(&s.http), "cache-aware");
     b.set_value("#kv-high-water", "0.9");
+    b.set_value("#max-batch-tokens", "0");
+    b.click("#policy-form button[type=submit]");
+    b.wait_text("#max_batch_tokens-message", &["must be at least 1"]);
+    b.set_value("#max-batch-tokens", "2048");
     b.click("#policy-form button[type=submit]");
     b.wait_text("#policy-message", &["Saved as version 1"]);
     b.wait_text("#policy-in-force", &["power-of-two"]);
-    b.wait_text("#engines-in-force", &["e0: fair, KV high-water 0.9 / low 0.72", "e1: fair, KV high-water 0.9"]);
+    b.wait_text(
+        "#engines-in-force",
+        &["e0: fair, KV high-water 0.9 / low 0.72", "e1: fair, KV high-water 0.9", "step budget 2048"],
+    );
     assert_eq!(router_in_force(&s.http), "power-of-two");
     let (_, v) = get(&format!("{}/api/instances", s.http), Some(ADMIN));
     let prefills: Vec<&str> = v["instances"]
@@ -309,6 +316,7 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.type_into("#router", "least-outstanding");
     b.set_value("#prefill-scheduler", "fcfs");
     b.set_value("#kv-high-water", "");
+    b.set_value("#max-batch-tokens", "");
     b.click("#policy-form button[type=submit]");
     b.wait_text("#policy-message", &["Saved as version 2"]);
     b.wait_text("#policy-in-force", &["least-outstanding"]);

@@ -17,7 +17,7 @@ export const DRAFT_SCHEDULING_KEY = 'fleetplane.draftScheduling';
 
 // The policy's fields, in the order of the form; each has a message box `${field}-message`.
 const FIELDS = ['router', 'router_params', 'prefill_scheduler', 'prefill_params', 'kv_high_water', 'kv_low_water',
-  'autoscaler', 'autoscaler_params', 'flow', 'flow_params'];
+  'max_batch_tokens', 'autoscaler', 'autoscaler_params', 'flow', 'flow_params'];
 
 // Parameters as an operator writes them: "copy_weight=2, hot_slack=4" (empty: none).
 export function paramsText(params) {
@@ -52,13 +52,14 @@ function water(x) {
   return x === null || x === undefined ? 'off' : String(Number(x.toFixed(3)));
 }
 
-// An engine's scheduling in one line: "fair, KV high-water 0.9 / low 0.6".
+// An engine's scheduling in one line: "fair, KV high-water 0.9 / low 0.6; step budget 8192".
 export function schedulingText(s) {
   if (!s) return 'not reported yet';
   const marks = s.kv_high_water === null || s.kv_high_water === undefined
     ? 'no KV high-water mark' : `KV high-water ${water(s.kv_high_water)} / low ${s.kv_low_water == null ? '80% of it' : water(s.kv_low_water)}`;
   const fair = paramsText(s.prefill_params);
-  return `${s.prefill_scheduler}, ${marks}${fair ? `; ${fair}` : ''}`;
+  const budget = s.max_batch_tokens == null ? '' : `; step budget ${s.max_batch_tokens}`;
+  return `${s.prefill_scheduler}, ${marks}${fair ? `; ${fair}` : ''}${budget}`;
 }
 
 export function mount(el) {
@@ -76,6 +77,7 @@ export function mount(el) {
   const prefill = h('select', { id: 'prefill-scheduler' });
   const high = h('input', { id: 'kv-high-water', type: 'number', step: 'any', placeholder: 'off' });
   const low = h('input', { id: 'kv-low-water', type: 'number', step: 'any', placeholder: '80% of high-water' });
+  const budget = h('input', { id: 'max-batch-tokens', type: 'number', step: '1', placeholder: 'the engines\' own' });
   const autoscaler = h('select', { id: 'autoscaler' });
   const messages = Object.fromEntries(FIELDS.map((f) => [f, h('div', { id: `${f}-message`, class: 'field-message', 'aria-live': 'polite' })]));
   const policyMsg = h('div', { id: 'policy-message', 'aria-live': 'polite' });
@@ -97,6 +99,7 @@ export function mount(el) {
     prefill_params: parseParams(prefillParams.value),
     kv_high_water: number(high),
     kv_low_water: number(low),
+    max_batch_tokens: number(budget),
     autoscaler: autoscaler.value === '' ? null : autoscaler.value,
     autoscaler_params: parseParams(autoscalerParams.value),
     flow: flow.value === '' ? null : flow.value,
@@ -142,6 +145,7 @@ export function mount(el) {
     h('div', { class: 'columns' },
       field('kv_high_water', 'KV high-water mark (share, empty: off)', high),
       field('kv_low_water', 'KV low-water mark (share)', low)),
+    field('max_batch_tokens', 'Step budget (tokens a step computes; empty: the engines\' own)', budget),
     field('autoscaler', 'Autoscaler (serve --mode pd)', autoscaler),
     field('autoscaler_params', 'Autoscaler parameters', autoscalerParams),
     field('flow', 'Flow control (queues by class and tenant ahead of routing; docs/FLOW.md)', flow),
@@ -253,6 +257,7 @@ export function mount(el) {
       prefill.value = p.policy.prefill_scheduler;
       high.value = p.policy.kv_high_water ?? '';
       low.value = p.policy.kv_low_water ?? '';
+      budget.value = p.policy.max_batch_tokens ?? '';
       autoscaler.value = p.policy.autoscaler ?? '';
       if (!filled) {
         ttft.value = slo.ttft_ms;
