@@ -48,7 +48,7 @@ pub struct Args {
     /// (fair prefill's), `autoscaler.NAME`, `kv_high_water`, `kv_low_water`,
     /// `max_batch_tokens` (the engines' step budget: searched from a sixteenth of the
     /// scenario's to the scenario's), `flow.NAME` (the scenario's flow control rule's)
-    /// [default: every parameter of the router].
+    /// [default: every parameter of the router, and max_batch_tokens].
     #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
     pub params: Vec<String>,
 

@@ -164,7 +164,6 @@ fn tune_and_policy_files_name_what_is_wrong() {
         &["unknown parameter `magic`", "overlap_score_weight"],
     );
     fails_with(&tune(&["--router", "dynamo-kv", "--range", "overlap_score_weight=3:1"]), &["3:1 is empty"]);
-    fails_with(&tune(&["--router", "round-robin"]), &["nothing to tune: round-robin has no parameters"]);
     fails_with(&tune(&["--router", "round-robin,dynamo-kv"]), &["tune takes one router", "got 2"]);
     fails_with(&tune(&["--router", "dynamo-kv", "--train-share", "1"]), &["--train-share must be in (0, 1)"]);
     fails_with(&tune(&["--router", "dynamo-kv@l1+l2"]), &["`dynamo-kv@l1+l2` changes the fleet"]);

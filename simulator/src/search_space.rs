@@ -86,8 +86,6 @@ pub enum SpaceError {
     Twice(String),
     #[error("--range {name}: {reason}")]
     Range { name: String, reason: String },
-    #[error("nothing to tune: {router} has no parameters; name others with --params (valid: {valid})")]
-    Empty { router: String, valid: String },
 }
 
 /// Fair prefill's parameters, with their defaults.
@@ -123,8 +121,9 @@ const MAX_BATCH_TOKENS: Param = Param {
 const KV_HIGH_START: f64 = 0.95;
 
 impl SearchSpace {
-    /// The parameters `names` of `run`'s policy (none: every parameter of its router), with
-    /// `ranges` (`name → (lo, hi)`) in place of the default ranges.
+    /// The parameters `names` of `run`'s policy (none: every parameter of its router and the
+    /// engines' step budget, the setting that moves a TPOT-bound fleet most), with `ranges`
+    /// (`name → (lo, hi)`) in place of the default ranges.
     pub fn new(
         run: &RunSpec,
         names: &[String],
@@ -133,12 +132,9 @@ impl SearchSpace {
         let mut base = PolicyFile::of_run(run);
         let router = &run.router;
         let names: Vec<String> = match names {
-            [] => router.params().iter().map(|p| p.name.to_string()).collect(),
+            [] => router.params().iter().map(|p| p.name).chain([MAX_BATCH_TOKENS.name]).map(String::from).collect(),
             given => given.to_vec(),
         };
-        if names.is_empty() {
-            return Err(SpaceError::Empty { router: router.name().into(), valid: valid(run).join(", ") });
-        }
         let mut dims: Vec<Dim> = Vec::new();
         for name in names {
             if dims.iter().any(|d| d.name == name) {
@@ -171,6 +167,10 @@ impl SearchSpace {
             };
             let log = target == Target::BatchTokens;
             dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), log, target });
+        }
+        if dims.iter().any(|d| d.target == Target::BatchTokens) {
+            // Every point's file names its budget, the start's too (the scenario's).
+            base.max_batch_tokens = Some(run.max_batch_tokens);
         }
         if dims.iter().any(|d| matches!(d.target, Target::Flow(_))) {
             // The run's flow control goes into every point's file, as it runs in the scenario.
@@ -349,7 +349,8 @@ mod tests {
                 "kv_weight",
                 "left_weight",
                 "lost_queue_factor",
-                "lost_cap"
+                "lost_cap",
+                "max_batch_tokens"
             ]
         );
         let copy = &space.dims[0];
@@ -419,8 +420,9 @@ max_batch_tokens = 4096"#);
     #[test]
     fn bad_names_and_ranges_are_refused_naming_them() {
         let r = run(r#"routers = ["least-outstanding"]"#);
-        let e = SearchSpace::new(&r, &[], &BTreeMap::new()).unwrap_err();
-        assert!(e.to_string().starts_with("nothing to tune: least-outstanding has no parameters"), "{e}");
+        let space = SearchSpace::new(&r, &[], &BTreeMap::new()).expect("a router without parameters");
+        let names: Vec<&str> = space.dims.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["max_batch_tokens"], "the step budget alone");
         let names = vec!["copy_weight".to_string()];
         let e = SearchSpace::new(&r, &names, &BTreeMap::new()).unwrap_err();
         assert!(
