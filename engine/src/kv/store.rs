@@ -661,21 +661,28 @@ impl BlockLru {
     }
 
     /// Loads what putting `keys` will read (their pages' map entries) and what the victims
-    /// they push out will (the pages at the queue's front), so that the cache misses overlap;
-    /// returns what it read, for the caller to keep (a prefetch in safe code).
+    /// they push out will (the pages at the queue's front, and the map entry of a page they
+    /// may empty, which is then removed), so that the cache misses overlap; returns what it
+    /// read, for the caller to keep (a prefetch in safe code). A store with room for the keys
+    /// pushes nothing out, and nothing of its queue is read.
     pub fn prefetch(&self, keys: &PageRuns) -> u64 {
         let mut sink = 0;
         for (page, _) in keys.runs() {
             sink ^= self.slots.touch(page);
         }
+        let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
         let mut victims = 0;
         for u in &self.order {
-            if victims >= keys.len() {
+            if victims >= pops {
                 break;
             }
             victims += usize::from(u.len);
             let (pos, _) = u.at(0);
-            sink ^= self.pages[u.slot as usize].entries.get(pos).map_or(0, |e| u64::from(e.value));
+            let page = &self.pages[u.slot as usize];
+            sink ^= page.entries.get(pos).map_or(0, |e| u64::from(e.value));
+            if page.live <= u32::from(u.len) {
+                sink ^= self.slots.touch(page.name);
+            }
         }
         sink
     }
