@@ -37,6 +37,7 @@
 //! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
+//! | `prefetch_removals` | a full L2's or L3's victims are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
