@@ -419,6 +419,10 @@ impl PrefixIndex {
     /// for). One pass with no dependence from a run to the next, for the processor to run
     /// ahead through the misses; returns what it read (a prefetch in safe code).
     fn prefetch_removals(&self, events: &KvEvents) -> u64 {
+        // One run has nothing to overlap with (and most batches, a commit's, have none).
+        if events.lower_removal_runs() < 2 {
+            return 0;
+        }
         let mut sink = 0;
         for run in events.runs() {
             let KvRun::Removed { tier: Tier::L2 | Tier::L3, page, .. } = run else { continue };
