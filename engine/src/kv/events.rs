@@ -71,6 +71,11 @@ enum Op {
 }
 
 impl Op {
+    /// Whether a run of this op removes blocks from L2 or L3.
+    fn removes_below_l1(self) -> bool {
+        matches!(self, Op::Removed(Tier::L2 | Tier::L3))
+    }
+
     fn event(self, hash: BlockHash, page: BlockHash) -> KvEvent {
         match self {
             Op::Stored(tier) => KvEvent::Stored { tier, hash, page },
@@ -98,6 +103,9 @@ pub struct KvEvents {
     /// `Cleared` runs among `heads`: almost every batch has none, and a reader looking for
     /// the next one then need not look.
     cleared: u32,
+    /// Runs among `heads` removing blocks from L2 or L3: most batches have none or one, and
+    /// a reader loading their pages ahead then need not look.
+    lower_removals: u32,
 }
 
 /// The hashes of `hashes` (64 at most) whose bit in `mask` is set (bit `k` for `hashes[k]`,
@@ -206,6 +214,7 @@ impl KvEvents {
     fn push_head(&mut self, op: Op, page: BlockHash, start: u32) {
         if !self.heads.last().is_some_and(|h| h.op == op && h.page == page) {
             self.heads.push(Head { op, page, start });
+            self.lower_removals += u32::from(op.removes_below_l1());
         }
     }
 
@@ -223,6 +232,7 @@ impl KvEvents {
         for (key, at) in rest.zip(start + 1..) {
             if key.page != page {
                 self.heads.push(Head { op, page: key.page, start: at });
+                self.lower_removals += u32::from(op.removes_below_l1());
                 page = key.page;
             }
         }
@@ -274,6 +284,7 @@ impl KvEvents {
     /// Empties the batch, keeping its buffers.
     pub fn clear(&mut self) {
         self.cleared = 0;
+        self.lower_removals = 0;
         self.heads.clear();
         self.hashes.clear();
     }
@@ -300,6 +311,11 @@ impl KvEvents {
     #[inline]
     pub fn run_page(&self, i: usize) -> BlockHash {
         self.heads[i].page
+    }
+
+    /// How many runs remove blocks from L2 or L3.
+    pub fn lower_removal_runs(&self) -> u32 {
+        self.lower_removals
     }
 
     /// The first `Cleared` run from run `from` on (the run count when none).
@@ -429,12 +445,18 @@ mod tests {
                 let want = (from..runs.len()).find(|&i| runs[i] == KvRun::Cleared).unwrap_or(runs.len());
                 proptest::prop_assert_eq!(batch.next_cleared(from), want);
             }
+            let lower = |runs: &[KvRun<'_>]| {
+                runs.iter().filter(|r| matches!(r, KvRun::Removed { tier: Tier::L2 | Tier::L3, .. })).count() as u32
+            };
+            proptest::prop_assert_eq!(batch.lower_removal_runs(), lower(&runs));
+            proptest::prop_assert_eq!(by_stretch.lower_removal_runs(), lower(&runs));
             let mut reused = batch.clone();
             reused.clear();
             reused.extend(events[split..].iter().copied());
             proptest::prop_assert_eq!(reused.len(), events.len() - split);
             let fresh: KvEvents = events[split..].iter().copied().collect();
             proptest::prop_assert_eq!(reused.next_cleared(0), fresh.next_cleared(0));
+            proptest::prop_assert_eq!(reused.lower_removal_runs(), lower(&fresh.runs().collect::<Vec<_>>()));
         }
 
         /// A page's removals given with a mask (a store's `remove_all`) are the runs pushing

@@ -458,7 +458,12 @@ fn demote(store: &mut BlockLru, tier: Tier, keys: &PageRuns, scratch: &mut Scrat
     let Scratch { added, victims } = scratch;
     added.clear();
     victims.clear();
-    store.put_all(keys, added, victims);
+    if tier == Tier::L2 {
+        // L2 never holds what L1 held: the blocks are added without a look for them.
+        store.add_all(keys, added, victims);
+    } else {
+        store.put_all(keys, added, victims);
+    }
     if let Some(events) = events {
         events.removed_runs(tier, victims);
         events.stored_runs(tier, added);

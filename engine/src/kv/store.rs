@@ -485,6 +485,19 @@ impl BlockLru {
     /// same ones, since none of the run can be among them), one page lookup and one queue
     /// entry for the run; a run with a block already here goes block by block.
     pub fn put_all(&mut self, keys: &PageRuns, added: &mut PageRuns, victims: &mut PageRuns) {
+        self.put_runs(keys, added, victims, false);
+    }
+
+    /// [`BlockLru::put_all`] for `keys` none of which is here, as L2's demotions are (within an
+    /// instance a block is in at most one of L1 and L2): each run is added in one go, with no
+    /// look for its blocks in their page first.
+    pub fn add_all(&mut self, keys: &PageRuns, added: &mut PageRuns, victims: &mut PageRuns) {
+        self.put_runs(keys, added, victims, true);
+    }
+
+    /// [`BlockLru::put_all`], or [`BlockLru::add_all`] when `absent`.
+    #[inline(always)]
+    fn put_runs(&mut self, keys: &PageRuns, added: &mut PageRuns, victims: &mut PageRuns, absent: bool) {
         assert!(
             keys.len() <= self.capacity as usize,
             "{} blocks put at once in a store of {}",
@@ -496,7 +509,8 @@ impl BlockLru {
             "keys put at once are distinct"
         );
         for (page, hashes) in keys.runs() {
-            if self.lacks_all(page, hashes) {
+            debug_assert!(!absent || self.lacks_all(page, hashes), "blocks added are not here");
+            if absent || self.lacks_all(page, hashes) {
                 self.add_run(page, hashes, victims);
                 added.extend_run(page, hashes);
                 continue;
@@ -647,21 +661,28 @@ impl BlockLru {
     }
 
     /// Loads what putting `keys` will read (their pages' map entries) and what the victims
-    /// they push out will (the pages at the queue's front), so that the cache misses overlap;
-    /// returns what it read, for the caller to keep (a prefetch in safe code).
+    /// they push out will (the pages at the queue's front, and the map entry of a page they
+    /// may empty, which is then removed), so that the cache misses overlap; returns what it
+    /// read, for the caller to keep (a prefetch in safe code). A store with room for the keys
+    /// pushes nothing out, and nothing of its queue is read.
     pub fn prefetch(&self, keys: &PageRuns) -> u64 {
         let mut sink = 0;
         for (page, _) in keys.runs() {
             sink ^= self.slots.touch(page);
         }
+        let pops = (self.len as usize + keys.len()).saturating_sub(self.capacity as usize);
         let mut victims = 0;
         for u in &self.order {
-            if victims >= keys.len() {
+            if victims >= pops {
                 break;
             }
             victims += usize::from(u.len);
             let (pos, _) = u.at(0);
-            sink ^= self.pages[u.slot as usize].entries.get(pos).map_or(0, |e| u64::from(e.value));
+            let page = &self.pages[u.slot as usize];
+            sink ^= page.entries.get(pos).map_or(0, |e| u64::from(e.value));
+            if page.live <= u32::from(u.len) {
+                sink ^= self.slots.touch(page.name);
+            }
         }
         sink
     }
@@ -999,7 +1020,13 @@ mod tests {
                 if op == 4 && keys.len() <= capacity {
                     // The whole run at once, as a demotion puts it.
                     let (mut added, mut victims) = (PageRuns::new(), PageRuns::new());
-                    lru.put_all(&keys.iter().copied().collect(), &mut added, &mut victims);
+                    let runs = keys.iter().copied().collect();
+                    if down && keys.iter().all(|key| !model.order.contains(key)) {
+                        // Blocks the store lacks, as L2's demotions are, added without a look.
+                        lru.add_all(&runs, &mut added, &mut victims);
+                    } else {
+                        lru.put_all(&runs, &mut added, &mut victims);
+                    }
                     let (added, victims): (Vec<PageKey>, Vec<PageKey>) = (added.keys().collect(), victims.keys().collect());
                     let (mut want_added, mut want_victims) = (Vec::new(), Vec::new());
                     for &key in &keys {
