@@ -563,11 +563,15 @@ fn cma_search(
     Ok(trials)
 }
 
-/// The router with its parameters, as reports name it.
+/// The router with its parameters, as reports name it, and the step budget the policy sets.
 fn router_label(p: &PolicyFile) -> String {
-    policies::RouterConfig::with_params(&p.router, &p.router_params)
+    let router = policies::RouterConfig::with_params(&p.router, &p.router_params)
         .map(|r| r.label())
-        .unwrap_or_else(|_| p.router.clone())
+        .unwrap_or_else(|_| p.router.clone());
+    match p.max_batch_tokens {
+        Some(budget) => format!("{router}, step budget {budget}"),
+        None => router,
+    }
 }
 
 fn fmt_value(v: Option<f64>) -> String {
