@@ -98,6 +98,7 @@ impl App {
         if hub.fleet.scheduling() != Some(&scheduling) {
             tracing::info!(?scheduling, version, "engine scheduling in force");
             hub.fleet.set_scheduling(scheduling);
+            super::registry::reprice(&mut hub, "the policy's step budget");
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct Hub {
     pub controller: Controller,
     pub fleet: LiveFleet,
     pub config: ControllerConfig,
+    /// The engine a colocated fleet's routers price steps as (its cost shape and block size),
+    /// once one has registered (see `registry::price_as`).
+    pub priced_as: Option<(crate::proto::CostShape, u32)>,
     /// The pools of a disaggregated fleet (`serve --mode pd`); `None`: colocated.
     pub pools: Option<PdConfig>,
     /// Whether this replica leads, and so sizes the pools.
@@ -92,6 +95,7 @@ impl Hub {
             controller,
             fleet,
             config,
+            priced_as: None,
             pools,
             leading: false,
             scaling_taken: 0,

@@ -116,8 +116,8 @@ impl Policy {
     }
 
     /// A policy with every field present (defaults filled in: FCFS, no water marks, the
-    /// engines' own step budget, the command line's autoscaler, no parameters), for the API; one the build cannot read is
-    /// shown as stored.
+    /// engines' own step budget, the command line's autoscaler, no parameters), for the API;
+    /// one the build cannot read is shown as stored.
     pub fn normalized(stored: Value) -> Value {
         let Ok(policy) = serde_json::from_value::<Policy>(stored.clone()) else { return stored };
         let mut v = serde_json::to_value(policy).unwrap_or(stored);

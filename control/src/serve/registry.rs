@@ -90,18 +90,27 @@ impl Control for Registry {
 /// flags' (`--engine-model`, `--engine-gpu`, `--engine-profile`).
 pub(super) fn price_as(hub: &mut Hub, info: &proto::EngineInfo) {
     let Some(shape) = info.cost.as_ref().filter(|_| hub.pools.is_none()) else { return };
-    match super::pools::engine_hints(shape, info.block_size) {
+    hub.priced_as = Some((shape.clone(), info.block_size));
+    reprice(hub, &format!("engine {}'s steps", info.name));
+}
+
+/// Rebuilds the routers with the hints of the engine they price as, at the step budget in
+/// force (a policy's, capped at the engine's own as the engines cap it): a smaller budget
+/// computes prompts in smaller, slower chunks, and the routers' prefill rate must say so.
+/// `why` names what changed ("engine e0's steps"), for the log.
+pub(super) fn reprice(hub: &mut Hub, why: &str) {
+    let Some((shape, block_size)) = hub.priced_as.clone() else { return };
+    let own = shape.max_batch_tokens;
+    let budget = hub.fleet.scheduling().and_then(|s| s.max_batch_tokens).map_or(own, |b| b.min(own));
+    let shape = proto::CostShape { max_batch_tokens: budget, ..shape };
+    match super::pools::engine_hints(&shape, block_size) {
         Ok(hints) if hints != hub.config.hints => {
             hub.config.hints = hints;
             hub.controller.set_router(&hub.config);
-            tracing::info!(model = %shape.model, gpu = %shape.gpu, tp = shape.tp, "routers price steps as engine {}'s", info.name);
+            tracing::info!(model = %shape.model, gpu = %shape.gpu, tp = shape.tp, budget, "routers price from {why}");
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(
-            "engine {}'s steps cannot be priced, the routers' cost hints stay: {}",
-            info.name,
-            control::describe(&*e)
-        ),
+        Err(e) => tracing::warn!("{why} cannot be priced, the routers' cost hints stay: {}", control::describe(&*e)),
     }
 }
 

@@ -107,6 +107,9 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let fair_in_force = json!({"prefill_scheduler": "fair", "kv_high_water": 0.9, "kv_low_water": 0.6,
         "class_priority": false, "max_batch_tokens": 2048, "prefill_params": {"chunk_tokens": 8192.0, "quota_kv_share": 0.02, "quota_growth": 2.0, "long_min_tokens": 1024.0}});
     eventually(10, "e0 schedules fairly", || schedulings(&s.http) == [("e0".to_string(), fair_in_force.clone())]);
+    // The routers price steps at the budget in force (smaller chunks, a slower prefill).
+    let hints = || get(&format!("{}/api/fleet", s.http), Some(ADMIN)).1["cost_hints"].clone();
+    eventually(10, "the routers price steps at 2,048 tokens", || hints()["max_batch_tokens"] == 2048);
     // An engine that joins later gets the policy in force.
     let _e1 = engine(&s.grpc, "e1", &[]);
     wait_serving(&s.http, 2);
@@ -120,6 +123,7 @@ fn a_policy_sets_every_engines_scheduling_and_a_rollback_restores_the_whole_set(
     let (status, _) = common::send(reqwest::Method::PUT, &url, Some(ADMIN), &over);
     assert_eq!(status, 200);
     eventually(10, "both back to FCFS at their own budget", || schedulings(&s.http) == both(&fcfs));
+    assert_eq!(hints()["max_batch_tokens"], 8192, "priced at the engines' own budget again");
     let (_, v) = get(&url, Some(ADMIN));
     assert_eq!(v["in_force"]["router"], "least-outstanding");
 
