@@ -392,6 +392,11 @@ pub fn describe(s: &Settings) -> String {
         MaxTokens::Exact => String::new(),
         MaxTokens::Bound(n) => format!(", clients' max_tokens {n}"),
     };
+    // The step budget when it is not vLLM's default (a policy's or the scenario's).
+    let budget = match s.instance.max_batch_tokens {
+        n if n == engine::InstanceConfig::default().max_batch_tokens => String::new(),
+        n => format!(", steps of {n} tokens"),
+    };
     let sharing = if s.instances_per_gpu > 1 {
         format!(
             ", {} instances per GPU ({:.0}% of it while steps overlap)",
@@ -402,7 +407,7 @@ pub fn describe(s: &Settings) -> String {
         String::new()
     };
     format!(
-        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{tiers}{dispatch}{sharing} | {} at rate x{}{}{max_tokens}{calibrated}",
+        "seed={} | {} x {} on {} ({}{spec}), KV {} tokens per instance{budget}{tiers}{dispatch}{sharing} | {} at rate x{}{}{max_tokens}{calibrated}",
         s.seed,
         s.instances,
         s.cost.model().name,
