@@ -65,12 +65,15 @@ pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
     }
 }
 
-/// A scheduling's step budget (`None`: the engine's own); 0 is refused.
+/// A scheduling's step budget (`None`: the engine's own), checked as a policy's is.
 pub fn max_batch_tokens(s: &Scheduling) -> Result<Option<u32>, Invalid> {
-    match s.max_batch_tokens {
-        Some(0) => Err(Invalid { field: "max_batch_tokens".into(), reason: "must be at least 1".into() }),
-        budget => Ok(budget),
-    }
+    simulator::scenario::step_budget(s.max_batch_tokens).map_err(Invalid::of)
+}
+
+/// The step budget an engine started with `own` runs at when asked for `asked`: its own when
+/// none is asked, never more (its buffers are sized for it).
+pub fn budget_in_force(asked: Option<u32>, own: u32) -> u32 {
+    asked.map_or(own, |b| b.min(own))
 }
 
 /// A scheduling's holds of sessions' KV (see [`engine::programs`]), checked as a flow rule's

@@ -27,8 +27,8 @@
 
 use crate::scenario::flow::{FlowEntry, FlowRun, FlowSection};
 use crate::scenario::{
-    autoscaler_with_params, router_with_params, set_autoscaler_params, FleetSection, PoolsSection, RouterEntry,
-    RunSpec, Scenario, ScenarioError, SchedulerSection,
+    autoscaler_with_params, router_with_params, set_autoscaler_params, step_budget, FleetSection, PoolsSection,
+    RouterEntry, RunSpec, Scenario, ScenarioError, SchedulerSection,
 };
 use crate::slo::Slo;
 use engine::{Class, Dur, FairPrefill, InstanceConfig, PrefillPolicy};
@@ -166,9 +166,7 @@ impl PolicyFile {
     pub fn check(&self) -> Result<(), ScenarioError> {
         self.router_config()?;
         self.scheduler()?.engine_scheduling()?;
-        if self.max_batch_tokens == Some(0) {
-            return Err(ScenarioError::Invalid { key: "max_batch_tokens", reason: "must be at least 1".into() });
-        }
+        step_budget(self.max_batch_tokens)?;
         if let Some(name) = &self.autoscaler {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }

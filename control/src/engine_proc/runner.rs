@@ -433,7 +433,7 @@ impl Runner {
             Command::Configure { prefill, kv_protection, class_priority, program_hold, max_batch_tokens, reply } => {
                 let now = self.now();
                 self.instance.set_scheduling(now, prefill, kv_protection);
-                let budget = max_batch_tokens.map_or(self.started_batch_tokens, |b| b.min(self.started_batch_tokens));
+                let budget = crate::scheduling::budget_in_force(max_batch_tokens, self.started_batch_tokens);
                 self.instance.set_max_batch_tokens(budget);
                 self.instance.set_class_priority(class_priority.0, class_priority.1);
                 self.instance.set_program_hold(now, program_hold);

@@ -100,8 +100,8 @@ pub(super) fn price_as(hub: &mut Hub, info: &proto::EngineInfo) {
 /// `why` names what changed ("engine e0's steps"), for the log.
 pub(super) fn reprice(hub: &mut Hub, why: &str) {
     let Some((shape, block_size)) = hub.priced_as.clone() else { return };
-    let own = shape.max_batch_tokens;
-    let budget = hub.fleet.scheduling().and_then(|s| s.max_batch_tokens).map_or(own, |b| b.min(own));
+    let asked = hub.fleet.scheduling().and_then(|s| s.max_batch_tokens);
+    let budget = crate::scheduling::budget_in_force(asked, shape.max_batch_tokens);
     let shape = proto::CostShape { max_batch_tokens: budget, ..shape };
     match super::pools::engine_hints(&shape, block_size) {
         Ok(hints) if hints != hub.config.hints => {

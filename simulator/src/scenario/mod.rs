@@ -66,7 +66,9 @@ pub mod tiers;
 
 pub use flow::program_hold;
 pub use pools::{PoolsRun, PoolsSection};
-pub use scheduler::{SchedulerSection, DEFAULT_KV_HIGH_WATER, DEFAULT_KV_LOW_WATER_SHARE, DEFAULT_MAX_EVICTIONS};
+pub use scheduler::{
+    step_budget, SchedulerSection, DEFAULT_KV_HIGH_WATER, DEFAULT_KV_LOW_WATER_SHARE, DEFAULT_MAX_EVICTIONS,
+};
 pub use settings::{RunSpec, Settings, WorkloadSource, NO_SPEC_VARIANT};
 
 pub const DEFAULT_SEED: u64 = 42;

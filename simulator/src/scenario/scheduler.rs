@@ -5,6 +5,15 @@ use engine::{FairPrefill, KvProtection, PrefillPolicy, RunawayAction};
 use policies::Params;
 use serde::{Deserialize, Serialize};
 
+/// A policy's step budget (`max_batch_tokens`, `None`: the engines' own), checked as the
+/// policy file, the live policy API and an engine's `Configure` take it.
+pub fn step_budget(budget: Option<u32>) -> Result<Option<u32>, ScenarioError> {
+    match budget {
+        Some(0) => Err(invalid("max_batch_tokens", "must be at least 1")),
+        budget => Ok(budget),
+    }
+}
+
 /// `[scheduler]`: `prefill = "fcfs"` (default) or `"fair"`, and fair prefill's knobs (see
 /// [`engine::FairPrefill`]); and the KV high-water protection (see [`engine::KvProtection`]):
 ///
