@@ -193,6 +193,18 @@ fn the_console_is_served_and_the_history_and_scenarios_feed_it() {
     let routers: Vec<&str> =
         done["result"]["runs"].as_array().expect("runs").iter().filter_map(|r| r["router"].as_str()).collect();
     assert_eq!(routers, ["round-robin", "cache-aware"]);
+    // A run of a tuned policy: the router's parameters beside its name, its step budget a variant.
+    let tuned = json!({"name": "cache-aware@b1024", "copy_weight": 2.5});
+    let (status, v) = post(&url, Some(ADMIN), &json!({"scenario": SMALL_SCENARIO, "routers": ["cache-aware", tuned]}));
+    assert_eq!(status, 202, "{v}");
+    let done = simulation_done(&s.http, v["id"].as_u64().expect("id"));
+    let routers: Vec<&str> =
+        done["result"]["runs"].as_array().expect("runs").iter().filter_map(|r| r["router"].as_str()).collect();
+    assert_eq!(routers, ["cache-aware", "cache-aware(copy_weight=2.5)@b1024"]);
+    let bad = json!({"name": "cache-aware", "copy_weight": "heavy"});
+    let (status, v) = post(&url, Some(ADMIN), &json!({"scenario": SMALL_SCENARIO, "routers": [bad]}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("scenario")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("`copy_weight` of `cache-aware`")), "{v}");
 }
 
 #[test]
@@ -364,11 +376,12 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     b.type_into("#edited-router", "cache-aware");
     b.click("#run-whatif");
     b.wait_text("#whatif-state", &["done"]);
-    // The edited scheduling (FCFS, no high-water mark, version 2's) runs against the one in
-    // force (fair, high-water 0.9, from the rollback).
+    // The edited scheduling (FCFS, no high-water mark, the engines' own step budget: version
+    // 2's) runs against the one in force (fair, high-water 0.9, step budget 2,048, from the
+    // rollback).
     b.wait_text(
         "#whatif-result",
-        &["in force: power-of-two@fair+hw", "edited: cache-aware@fcfs+nohw", "TTFT p99", "GPU-hours"],
+        &["in force: power-of-two@fair+hw+b2048", "edited: cache-aware@fcfs+nohw", "TTFT p99", "GPU-hours"],
     );
     b.wait_for("the CDF chart is shown", |b| {
         Ok(b.script(
@@ -384,6 +397,7 @@ fn an_operator_watches_the_fleet_changes_the_policy_and_tries_a_router_first() {
     assert_eq!(router_in_force(&s.http), "cache-aware");
     let (_, v) = get(&format!("{}/api/policies", s.http), Some(ADMIN));
     assert_eq!(v["policy"]["prefill_scheduler"], "fcfs", "the edited scheduling is applied with the router: {v}");
+    assert_eq!(v["policy"]["max_batch_tokens"], json!(null), "and its step budget (the engines' own): {v}");
 
     // Simulation runs: a second run, then the two compared side by side.
     let (status, v) = post(

@@ -110,8 +110,9 @@ export function mount(el) {
   const keepDraft = () => {
     const p = edited();
     sessionStorage.setItem(DRAFT_KEY, p.router);
-    sessionStorage.setItem(DRAFT_SCHEDULING_KEY, JSON.stringify(
-      { prefill_scheduler: p.prefill_scheduler, kv_high_water: p.kv_high_water, kv_low_water: p.kv_low_water }));
+    sessionStorage.setItem(DRAFT_SCHEDULING_KEY, JSON.stringify({
+      router: p.router, router_params: p.router_params, prefill_scheduler: p.prefill_scheduler,
+      kv_high_water: p.kv_high_water, kv_low_water: p.kv_low_water, max_batch_tokens: p.max_batch_tokens }));
   };
 
   // A 400 naming a field goes next to that field; anything else under the form.

@@ -1,13 +1,13 @@
-// What-if: the edited router and scheduling (prefill scheduler, KV high-water mark, from the
-// policies page) against the ones in force, on the same arrivals of a scenario in the
-// simulator (POST /api/simulations with both runs written `router@prefill+hw|nohw`, and the
-// water marks), compared side by side; "apply" puts the edited ones in force on the live
-// fleet (the autoscaler unchanged).
+// What-if: the edited router and scheduling (the router's parameters, prefill scheduler, KV
+// high-water mark, step budget, from the policies page) against the ones in force, on the
+// same arrivals of a scenario in the simulator (POST /api/simulations with both runs written
+// `router@prefill+hw|nohw+bN` with their parameters, and the water marks), compared side by
+// side; "apply" puts the edited ones in force on the live fleet (the autoscaler unchanged).
 
 import { get, post, put } from '../api.js';
 import { h, replace, errorBox } from '../dom.js';
 import { comparisonTable, cdfChart, runsOf } from '../report.js';
-import { DRAFT_KEY, DRAFT_SCHEDULING_KEY, schedulingText } from './policies.js';
+import { DRAFT_KEY, DRAFT_SCHEDULING_KEY, schedulingText, routerLabel } from './policies.js';
 
 export const title = 'What-if';
 
@@ -25,7 +25,8 @@ export function mount(el) {
   const names = h('datalist', { id: 'whatif-router-names' });
   const currentScheduling = h('p', { id: 'current-scheduling', class: 'muted' });
   const editedScheduling = h('p', { id: 'edited-scheduling', class: 'muted' });
-  // The scheduling of each side ({prefill_scheduler, kv_high_water, kv_low_water}).
+  // Each side's router parameters and scheduling ({router, router_params, prefill_scheduler,
+  // kv_high_water, kv_low_water, max_batch_tokens}).
   let inForce = null;
   let edit = null;
   const message = h('div', { id: 'whatif-message', 'aria-live': 'polite' });
@@ -61,10 +62,10 @@ export function mount(el) {
       replace(pick, h('option', { value: '' }, '— paste below, or pick an example —'),
         examples.map((x) => h('option', { value: x.name }, x.trace_found === false ? `${x.name} (trace missing)` : x.name)));
       current.value = policy.in_force.router;
-      inForce = pick3(policy.policy);
+      inForce = sideOf(policy.policy);
       const draft = sessionStorage.getItem(DRAFT_SCHEDULING_KEY);
-      edit = draft ? JSON.parse(draft) : inForce;
-      currentScheduling.textContent = `Scheduling: ${schedulingText(inForce)}`;
+      edit = draft ? { ...inForce, ...JSON.parse(draft) } : inForce;
+      currentScheduling.textContent = `${routerLabel(inForce.router, inForce.router_params)}; scheduling: ${schedulingText(inForce)}`;
       editedScheduling.textContent = `Scheduling: ${schedulingText(edit)} (edit it on the Policies page)`;
       edited.value = sessionStorage.getItem(DRAFT_KEY) || '';
       replace(names, policy.valid.router.map((n) => h('option', { value: n })));
@@ -97,12 +98,12 @@ export function mount(el) {
     const apply = h('button', { type: 'button', id: 'apply-edited', onclick: async () => {
       try {
         // Only the router and scheduling change: the rest of the policy set in force stays.
-        // The router's parameters belong to the router in force: another starts from its
-        // defaults (cache-aware's weights would be refused by dynamo-kv).
+        // The router runs with the parameters the comparison gave it.
         const { policy } = await get('/policies');
         const router = edited.value.trim();
-        const router_params = router === policy.router ? policy.router_params : {};
-        const res = await put('/policies', { ...policy, ...edit, router, router_params });
+        const { prefill_scheduler, kv_high_water, kv_low_water, max_batch_tokens } = edit;
+        const res = await put('/policies', { ...policy, prefill_scheduler, kv_high_water, kv_low_water,
+          max_batch_tokens, router, router_params: paramsFor(router, edit, inForce) });
         replace(applyMsg, h('p', { class: 'ok' }, `Applied: ${res.policy.router} is in force (version ${res.version}).`));
         current.value = res.policy.router;
       } catch (e) {
@@ -128,8 +129,13 @@ export function mount(el) {
       replace(message, errorBox('Name the edited router to compare with the one in force.'));
       return;
     }
-    const routers = [runName(current.value.trim(), inForce), runName(edited.value.trim(), edit)];
-    if (routers[0] === routers[1]) {
+    const sides = [[current.value.trim(), inForce], [edited.value.trim(), edit]];
+    const routers = sides.map(([router, s]) => runName(router, s));
+    const entries = sides.map(([router, s], k) => {
+      const params = paramsFor(router, s, inForce);
+      return Object.keys(params).length === 0 ? routers[k] : { ...params, name: routers[k] };
+    });
+    if (JSON.stringify(entries[0]) === JSON.stringify(entries[1])) {
       replace(message, errorBox(`The edited policy is the one in force (${routers[0]}): change the router or the scheduling to compare.`));
       return;
     }
@@ -138,7 +144,7 @@ export function mount(el) {
     const source = hasHw(edit) ? edit : hasHw(inForce) ? inForce : null;
     const marks = source ? { kv_high_water: source.kv_high_water, kv_low_water: source.kv_low_water ?? null } : null;
     try {
-      const { id } = await post('/simulations', { scenario: text.value, routers, water_marks: marks });
+      const { id } = await post('/simulations', { scenario: text.value, routers: entries, water_marks: marks });
       replace(message, h('p', { class: 'muted', id: 'whatif-state' }, `Simulation ${id} queued…`));
       watch(id, routers, marks);
     } catch (e) {
@@ -152,15 +158,26 @@ export function mount(el) {
   };
 }
 
-function pick3(p) {
-  return { prefill_scheduler: p.prefill_scheduler, kv_high_water: p.kv_high_water ?? null, kv_low_water: p.kv_low_water ?? null };
+function sideOf(p) {
+  return { router: p.router, router_params: p.router_params || {}, prefill_scheduler: p.prefill_scheduler,
+    kv_high_water: p.kv_high_water ?? null, kv_low_water: p.kv_low_water ?? null, max_batch_tokens: p.max_batch_tokens ?? null };
+}
+
+// The parameters `router` runs with on a side: the side's own when they are for that router,
+// else those in force when it is the router in force, else its defaults (cache-aware's
+// weights would be refused by dynamo-kv).
+function paramsFor(router, s, inForce) {
+  if (router === s.router) return s.router_params || {};
+  return router === inForce.router ? inForce.router_params || {} : {};
 }
 
 function hasHw(s) {
   return s !== null && s.kv_high_water !== null && s.kv_high_water !== undefined;
 }
 
-// A run as the scenario writes it: the router on the fleet with this scheduling.
+// A run as the scenario writes it: the router on the fleet with this scheduling (and this
+// step budget, when the side sets one; else the scenario's).
 function runName(router, s) {
-  return `${router}@${s.prefill_scheduler}+${hasHw(s) ? 'hw' : 'nohw'}`;
+  const budget = s.max_batch_tokens == null ? '' : `+b${s.max_batch_tokens}`;
+  return `${router}@${s.prefill_scheduler}+${hasHw(s) ? 'hw' : 'nohw'}${budget}`;
 }

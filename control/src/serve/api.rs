@@ -494,9 +494,10 @@ struct SimulationBody {
     /// A scenario file's text (TOML), as `fleetplane simulate --scenario` reads it.
     scenario: String,
     /// Routers to compare instead of the scenario's own `routers` (the console's what-if:
-    /// the policy in force against the edited one on the same arrivals).
+    /// the policy in force against the edited one on the same arrivals): run names, or objects
+    /// of a `name` and the router's parameters.
     #[serde(default)]
-    routers: Option<Vec<String>>,
+    routers: Option<Vec<simulator::scenario::RouterEntry>>,
     /// KV water marks for the runs written `router@…+hw` (the edited policy's), with `routers`.
     #[serde(default)]
     water_marks: Option<super::simulations::WaterMarks>,

@@ -5,7 +5,7 @@ use super::app::App;
 use serde_json::json;
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{Report, RunReport};
-use simulator::scenario::{Scenario, Settings};
+use simulator::scenario::{RouterEntry, Scenario, Settings};
 use simulator::sim::{self, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,11 +25,13 @@ pub struct WaterMarks {
     pub kv_low_water: Option<f64>,
 }
 
-/// The scenario's text with its `routers` replaced and, given water marks, its `[scheduler]`
-/// high- and low-water marks (comments are lost: the stored text is the one that ran).
-pub fn with_routers(text: &str, routers: &[String], marks: Option<WaterMarks>) -> Result<String, String> {
+/// The scenario's text with its `routers` replaced (names, or tables of a name and the
+/// router's parameters) and, given water marks, its `[scheduler]` high- and low-water marks
+/// (comments are lost: the stored text is the one that ran).
+pub fn with_routers(text: &str, routers: &[RouterEntry], marks: Option<WaterMarks>) -> Result<String, String> {
     let mut table: toml::Table = toml::from_str(text).map_err(|e| format!("the scenario is not valid TOML: {e}"))?;
-    let list = routers.iter().map(|r| toml::Value::String(r.clone())).collect();
+    let list = routers.iter().map(toml::Value::try_from).collect::<Result<_, _>>();
+    let list = list.map_err(|e| format!("cannot write a router entry: {e}"))?;
     table.insert("routers".into(), toml::Value::Array(list));
     if let Some(m) = marks {
         let scheduler = table.entry("scheduler").or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -233,6 +235,18 @@ mod tests {
         assert_eq!(s.routers, Some(vec!["cache-aware".into(), "power-of-two".into()]));
         assert_eq!((s.seed, s.fleet.instances), (Some(3), Some(2)));
         assert_eq!(s.scheduler.kv_high_water, None);
+    }
+
+    #[test]
+    fn a_policys_router_parameters_and_step_budget_reach_its_run() {
+        let text = "[workload.synthetic]\nrequests = 10\narrival = { kind = \"poisson\", rate_rps = 1.0 }\n\
+                    input = { kind = \"constant\", tokens = 100 }\noutput = { kind = \"constant\", tokens = 10 }\n";
+        let tuned = RouterEntry::with_params("cache-aware@fcfs+nohw+b878", &[("copy_weight".to_string(), 2.5)].into());
+        let out = with_routers(text, &["cache-aware@fcfs+nohw".into(), tuned], None).expect("valid");
+        let runs = validate(&out).expect("resolves").routers;
+        assert_eq!(runs.iter().map(|r| r.max_batch_tokens).collect::<Vec<_>>(), [8192, 878]);
+        assert_eq!(runs[1].router.changed(), [("copy_weight".to_string(), 2.5)].into());
+        assert!(runs[0].router.changed().is_empty());
     }
 
     #[test]

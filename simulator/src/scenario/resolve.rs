@@ -249,16 +249,28 @@ impl Scenario {
         };
         let router = router_with_params(name, &params, "routers")?;
         let (mut run_tiers, mut run_prefill, mut run_protection) = (base.tiers, base.prefill, base.kv_protection);
-        let mut run_drafter = base.drafter;
+        let (mut run_drafter, mut run_budget) = (base.drafter, base.max_batch_tokens);
         if let Some(v) = &variant {
             let parts: Vec<&str> = v.split('+').map(str::trim).collect();
             let variants: Vec<&str> = ["l1", "l2", "l3", "fcfs", "fair", "hw", "nohw", NO_SPEC_VARIANT]
                 .into_iter()
                 .chain(drafter_names())
                 .collect();
-            if let Some(unknown) = parts.iter().find(|p| !variants.contains(p)) {
-                let reason = format!("unknown variant `{unknown}` in `{spec}` (valid: {})", variants.join(", "));
+            if let Some(unknown) = parts.iter().find(|p| !variants.contains(p) && budget_variant(p).is_none()) {
+                let reason = format!(
+                    "unknown variant `{unknown}` in `{spec}` (valid: {}, or bN for a step budget of N tokens)",
+                    variants.join(", ")
+                );
                 return Err(invalid("routers", reason));
+            }
+            let (budgets, parts): (Vec<&str>, Vec<&str>) = parts.into_iter().partition(|p| budget_variant(p).is_some());
+            match budgets[..] {
+                [] => {}
+                [b] => match budget_variant(b) {
+                    Some(0) => return Err(invalid("routers", format!("`{spec}`: a step budget is at least 1 token"))),
+                    n => run_budget = n.unwrap_or(run_budget),
+                },
+                _ => return Err(invalid("routers", format!("`{spec}` names two step budgets"))),
             }
             let (drafters, parts): (Vec<&str>, Vec<&str>) =
                 parts.into_iter().partition(|p| *p == NO_SPEC_VARIANT || drafter_by_name(p).is_ok());
@@ -296,13 +308,18 @@ impl Scenario {
             tiers: run_tiers,
             prefill: run_prefill,
             kv_protection: run_protection,
-            max_batch_tokens: base.max_batch_tokens,
+            max_batch_tokens: run_budget,
             pools: pools.clone(),
             drafter: run_drafter,
             flow: Default::default(),
         });
         Ok(specs.collect())
     }
+}
+
+/// The step budget a run variant `bN` gives (`b2048`: 2,048 tokens a step), if `part` is one.
+fn budget_variant(part: &str) -> Option<u32> {
+    part.strip_prefix('b').filter(|n| n.bytes().all(|c| c.is_ascii_digit())).and_then(|n| n.parse().ok())
 }
 
 /// What a run inherits from the scenario, before its variant changes it.

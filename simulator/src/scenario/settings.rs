@@ -30,10 +30,11 @@ pub enum WorkloadSource {
 
 /// One run of a comparison: a router, on the scenario's fleet or a variant of it, written
 /// `name@variant+variant`: KV tiers (`l1`, `l1+l2`, `l1+l2+l3`), the prefill scheduler
-/// (`fcfs`, `fair`), the KV high-water protection (`hw` on, `nohw` off) and speculative
-/// decoding (a drafter preset, `eagle3`, `dflash`, `dspark`, or `nospec`). So an L1-only
-/// baseline and a tiered fleet, FCFS and fair prefill, runs with and without protection, or
-/// each drafter against none, run on the same arrivals in one command.
+/// (`fcfs`, `fair`), the KV high-water protection (`hw` on, `nohw` off), speculative
+/// decoding (a drafter preset, `eagle3`, `dflash`, `dspark`, or `nospec`) and the engines'
+/// step budget (`b2048`: 2,048 tokens a step). So an L1-only baseline and a tiered fleet, FCFS
+/// and fair prefill, runs with and without protection, each drafter against none, or two step
+/// budgets, run on the same arrivals in one command.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
     pub router: RouterConfig,

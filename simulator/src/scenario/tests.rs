@@ -68,8 +68,29 @@ fn bad_drafters_name_the_valid_ones() {
     assert_eq!(
         err("routers = [\"round-robin@medusa\"]"),
         "invalid setting `routers`: unknown variant `medusa` in `round-robin@medusa` \
-         (valid: l1, l2, l3, fcfs, fair, hw, nohw, nospec, eagle3, dflash, dspark)"
+         (valid: l1, l2, l3, fcfs, fair, hw, nohw, nospec, eagle3, dflash, dspark, or bN for a step budget of N tokens)"
     );
+}
+
+#[test]
+fn a_run_variant_sets_its_step_budget() {
+    let runs = resolve("routers = [\"round-robin\", \"round-robin@b2048\", \"round-robin@l1+b512+fair\"]\n[fleet]\nmax_batch_tokens = 4096")
+        .expect("valid")
+        .routers;
+    let budgets: Vec<u32> = runs.iter().map(|r| r.max_batch_tokens).collect();
+    assert_eq!(budgets, [4096, 2048, 512]);
+    assert!(matches!(runs[2].prefill, PrefillPolicy::Fair(_)));
+    assert_eq!(runs[1].label(), "round-robin@b2048");
+    let err = |t: &str| resolve(t).expect_err("invalid").to_string();
+    assert_eq!(
+        err("routers = [\"round-robin@b0\"]"),
+        "invalid setting `routers`: `round-robin@b0`: a step budget is at least 1 token"
+    );
+    assert_eq!(
+        err("routers = [\"round-robin@b512+b1024\"]"),
+        "invalid setting `routers`: `round-robin@b512+b1024` names two step budgets"
+    );
+    assert!(err("routers = [\"round-robin@bx\"]").contains("unknown variant `bx`"));
 }
 
 #[test]
