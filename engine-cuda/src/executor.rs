@@ -230,6 +230,7 @@ impl CudaExecutor {
             max_batch_tokens: self.max_batch_tokens,
             max_seqs: self.max_seqs,
             l2_blocks: 0,
+            offload_chunk_blocks: 1,
             ..InstanceConfig::default()
         }
     }

@@ -63,6 +63,9 @@ pub struct InstanceConfig {
     /// KV blocks of host memory (L2) that blocks evicted from GPU memory are demoted to;
     /// 0 switches L2 off.
     pub l2_blocks: u32,
+    /// Blocks of one entry of L2 and L3, an offload chunk (see
+    /// [`KvCache::offload_chunks`]); 1: single blocks.
+    pub offload_chunk_blocks: u32,
     /// How prefill chunks are shared among the prompts being computed.
     pub prefill: PrefillPolicy,
     /// KV high-water protection (see the module doc); `None`: off.
@@ -155,6 +158,7 @@ impl Default for InstanceConfig {
             max_seqs: 256,
             admission_watermark: 0.01,
             l2_blocks: 0,
+            offload_chunk_blocks: 1,
             prefill: PrefillPolicy::Fcfs,
             kv_protection: None,
             class_priority: false,
@@ -244,7 +248,8 @@ impl Instance {
     /// An instance whose evicted blocks go on to `l3`, the store its fleet shares (none: no L3).
     pub fn with_shared_store(config: InstanceConfig, l3: Option<SharedStore>) -> Instance {
         Instance {
-            kv: KvCache::with_tiers(config.total_blocks, config.block_size, config.l2_blocks, l3),
+            kv: KvCache::with_tiers(config.total_blocks, config.block_size, config.l2_blocks, l3)
+                .offload_chunks(config.offload_chunk_blocks),
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),

@@ -50,6 +50,7 @@ fn config(total_blocks: u32, max_batch_tokens: u32) -> InstanceConfig {
         max_seqs: 64,
         admission_watermark: 0.0,
         l2_blocks: 0,
+        offload_chunk_blocks: 1,
         prefill: PrefillPolicy::Fcfs,
         kv_protection: None,
         class_priority: false,
@@ -570,7 +571,7 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, offload_chunk_blocks: 1, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
         let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class, over))| {
             let shared = [g, g + 10, g + 20];

@@ -245,7 +245,8 @@ impl SimFleet {
             kv_in_flight: VecDeque::new(),
             kv_spare: Vec::new(),
             config: config.clone(),
-            l3: kv.l3_blocks.map(SharedStore::new),
+            // A store of offload chunks holds as many chunks as its blocks make.
+            l3: kv.l3_blocks.map(|blocks| SharedStore::new(blocks / config.offload_chunk_blocks)),
             pools: None,
             handoffs: Vec::new(),
             handoff_scratch: Vec::new(),

@@ -45,6 +45,7 @@ pub use tier::Tier;
 
 use crate::ids::{BlockHash, BlockId};
 use crate::time::Time;
+use std::ops::Range;
 
 /// A sequence's block table and its position in the prefix tree.
 #[derive(Clone, Debug, Default)]
@@ -93,9 +94,14 @@ pub struct KvCache {
     block_size: u32,
     l2: BlockLru,
     l3: Option<SharedStore>,
+    /// Blocks of one entry of L2 and L3 (see [`KvCache::offload_chunks`]); 1: single blocks.
+    chunk: u32,
     /// Scratch: the blocks an allocation evicted (and those a promotion found in L3), as
     /// page runs from the tree's eviction to the events published.
     evicting: PageRuns,
+    /// Scratch, with offload chunks: the evicted blocks that end a chunk (what L2 and L3
+    /// store), and the chunks a promotion found in L3.
+    chunk_ends: PageRuns,
     /// Scratch: what putting `evicting` in a store added and pushed out.
     scratch: Scratch,
 }
@@ -116,9 +122,35 @@ impl KvCache {
             block_size,
             l2: BlockLru::new(l2_blocks),
             l3,
+            chunk: 1,
             evicting: PageRuns::new(),
+            chunk_ends: PageRuns::new(),
             scratch: Scratch::default(),
         }
+    }
+
+    /// Keeps L2 and L3 in offload chunks of `blocks` blocks of a chain (vLLM's offloading
+    /// connector's offloaded block size, LMCache's chunk of 256 tokens) instead of single
+    /// blocks: L2 then holds `l2_blocks / blocks` chunks, and the shared L3 store's capacity
+    /// counts chunks too (its maker sizes it so). A chunk is copied down when its last block
+    /// leaves L1 (its other blocks, its ancestors in the tree, are still in L1 then, or leave
+    /// with it); the blocks past a chain's last full chunk are not kept below L1. A chunk is
+    /// named by its last block (key and events: [`chunk_key`]), and a prefix goes on
+    /// below L1 a chunk at a time, from the one its L1 part ends in. `blocks` divides
+    /// [`PAGE_BLOCKS`] (a chunk is within one page); 1 leaves the tiers as they were.
+    pub fn offload_chunks(mut self, blocks: u32) -> KvCache {
+        assert!(
+            blocks > 0 && PAGE_BLOCKS as u32 % blocks == 0,
+            "an offload chunk divides a page of {PAGE_BLOCKS} blocks, not {blocks}"
+        );
+        self.l2 = BlockLru::new(self.l2.capacity() / blocks);
+        self.chunk = blocks;
+        self
+    }
+
+    /// Blocks of one entry of L2 and L3.
+    pub fn chunk_blocks(&self) -> u32 {
+        self.chunk
     }
 
     /// Starts recording [`KvEvent`]s of every tier; collect them with [`KvCache::drain_events`].
@@ -134,7 +166,7 @@ impl KvCache {
 
     /// Blocks held in host memory (L2).
     pub fn l2_blocks(&self) -> u32 {
-        self.l2.len()
+        self.l2.len() * self.chunk
     }
 
     pub fn l2(&self) -> &BlockLru {
@@ -206,7 +238,9 @@ impl KvCache {
             return true;
         }
         self.evicting.clear();
-        self.tree.evict(n - free, &mut seq.blocks, &mut self.evicting);
+        self.chunk_ends.clear();
+        let chunks = (self.chunk > 1).then_some((self.chunk, &mut self.chunk_ends));
+        self.tree.evict(n - free, &mut seq.blocks, &mut self.evicting, chunks);
         self.demote_evicted();
         true
     }
@@ -222,11 +256,13 @@ impl KvCache {
         let shared = self.l3.clone();
         let mut l3 = shared.as_ref().map(SharedStore::lock);
         self.prefetch_demotions(l3.as_deref());
+        // What the stores keep: every block evicted, or with offload chunks the chunks' ends.
+        let demoted = if self.chunk > 1 { &self.chunk_ends } else { &self.evicting };
         if self.l2.capacity() > 0 {
-            demote(&mut self.l2, Tier::L2, &self.evicting, &mut self.scratch, self.tree.events_mut());
+            demote(&mut self.l2, Tier::L2, demoted, &mut self.scratch, self.tree.events_mut());
         }
         if let Some(l3) = l3.as_deref_mut() {
-            demote(l3, Tier::L3, &self.evicting, &mut self.scratch, self.tree.events_mut());
+            demote(l3, Tier::L3, demoted, &mut self.scratch, self.tree.events_mut());
         }
         if let Some(events) = self.tree.events_mut() {
             events.removed_runs(Tier::L1, &self.evicting);
@@ -240,6 +276,7 @@ impl KvCache {
     fn drop_large_scratch(&mut self) {
         if self.evicting.capacity() > KEPT_SCRATCH {
             self.evicting = PageRuns::new();
+            self.chunk_ends = PageRuns::new();
             self.scratch = Scratch::default();
         }
     }
@@ -248,16 +285,17 @@ impl KvCache {
     /// stores of millions of blocks each probe is a cache miss, and loads issued back to back
     /// wait for memory together instead of one after another.
     fn prefetch_demotions(&self, l3: Option<&BlockLru>) {
-        if self.evicting.len() < 2 {
+        let demoted = if self.chunk > 1 { &self.chunk_ends } else { &self.evicting };
+        if demoted.len() < 2 {
             return;
         }
         // The demoted blocks' entries, and those of the victims they will push out.
         let mut sink = 0u64;
         if self.l2.capacity() > 0 {
-            sink ^= self.l2.prefetch(&self.evicting);
+            sink ^= self.l2.prefetch(demoted);
         }
         if let Some(l3) = l3 {
-            sink ^= l3.prefetch(&self.evicting);
+            sink ^= l3.prefetch(demoted);
         }
         std::hint::black_box(sink);
     }
@@ -274,6 +312,9 @@ impl KvCache {
         let from = seq.tree_blocks as usize;
         if from >= limit {
             return hit;
+        }
+        if self.chunk > 1 {
+            return self.peek_chunks(hashes, from, limit);
         }
         let l3 = self.l3.as_ref().map(SharedStore::lock);
         // A page at a time: each store's page looked up once (L3's at the first block L2
@@ -294,6 +335,53 @@ impl KvCache {
         hit
     }
 
+    /// [`KvCache::peek_lower`] with offload chunks: a chunk at a time, from the one the
+    /// prefix's L1 part ends in (its blocks from there on), each whole in `hashes`.
+    fn peek_chunks(&self, hashes: &[BlockHash], from: usize, limit: usize) -> LowerHit {
+        let mut hit = LowerHit::default();
+        let l3 = self.l3.as_ref().map(SharedStore::lock);
+        let c = self.chunk as usize;
+        let mut at = from;
+        while at < limit {
+            let k = at / c;
+            let Some(key) = chunk_key(self.chunk, hashes, k) else { break };
+            let n = (((k + 1) * c).min(limit) - at) as u32;
+            if self.l2.contains(key) {
+                hit.l2 += n;
+            } else if l3.as_deref().is_some_and(|s| s.contains(key)) {
+                hit.l3 += n;
+            } else {
+                break;
+            }
+            at = (k + 1) * c;
+        }
+        hit
+    }
+
+    /// The stores' part of [`KvCache::promote`] with offload chunks: a chunk whose last block
+    /// the promotion brings into L1 moves up out of L2; one it loads only the front of stays
+    /// there (used), as L3's do.
+    fn take_chunks(&mut self, hashes: &[BlockHash], from: usize, to: usize) {
+        let c = self.chunk as usize;
+        let mut events = self.tree.events_mut();
+        let in_l3 = &mut self.chunk_ends;
+        in_l3.clear();
+        for k in from / c..to.div_ceil(c) {
+            let Some(key) = chunk_key(self.chunk, hashes, k) else { break };
+            let whole = (k + 1) * c <= to;
+            if whole && self.l2.remove(key) {
+                if let Some(events) = events.as_deref_mut() {
+                    events.removed(Tier::L2, key.hash, key.page);
+                }
+            } else if !self.l2.touch(key) {
+                in_l3.push(key);
+            }
+        }
+        if let Some(l3) = &self.l3 {
+            l3.lock().touch_all(in_l3);
+        }
+    }
+
     /// Loads the `hit` found by [`KvCache::peek_lower`] (nothing having changed since) into
     /// L1: L1 blocks are taken for them, L2's copies are moved up, L3's stay shared, and the
     /// blocks join the tree on the sequence's path. False, changing nothing, when L1 lacks
@@ -310,7 +398,9 @@ impl KvCache {
         // Out of L2 first, so that the demotions `allocate` causes cannot push them out; the
         // blocks found in L3 instead are used there. Each store goes over the blocks a page
         // at a time (its order of uses is its own: the two need not interleave).
-        {
+        if self.chunk > 1 {
+            self.take_chunks(hashes, from, from + n as usize);
+        } else {
             let pages = PageKey::pages(hashes, from..from + n as usize);
             let mut events = self.tree.events_mut();
             let in_l3 = &mut self.evicting;
@@ -339,6 +429,13 @@ impl KvCache {
         true
     }
 
+    /// The keys of the chunks of `chunk` blocks whose last block is at a position in `range`
+    /// of `hashes`.
+    fn chunk_ends_in(chunk: u32, hashes: &[BlockHash], range: Range<usize>) -> impl Iterator<Item = PageKey> + '_ {
+        let c = chunk as usize;
+        ((range.start + 1).div_ceil(c) - 1..range.end / c).filter_map(move |k| chunk_key(chunk, hashes, k))
+    }
+
     /// Inserts the sequence's private blocks that are now full and have a hash into the tree,
     /// from the cursor up to `full_blocks` (blocks whose every token has KV). A block already
     /// cached by another sequence is shared instead, and the private copy freed.
@@ -346,8 +443,18 @@ impl KvCache {
         let (new, upto) = self.insert(now, seq, hashes, full_blocks);
         // A block newly cached in L1 while an old copy sits in L2 (it was computed again: L1
         // lacked room to load it then) supersedes that copy, so that no block is in both
-        // tiers. Shared blocks were in L1 already, hence not in L2.
-        if !self.l2.is_empty() {
+        // tiers. Shared blocks were in L1 already, hence not in L2. With offload chunks, a
+        // chunk's copy is superseded when its last block is cached.
+        if self.chunk > 1 && !self.l2.is_empty() {
+            let mut events = self.tree.events_mut();
+            for key in Self::chunk_ends_in(self.chunk, hashes, new..upto) {
+                if self.l2.remove(key) {
+                    if let Some(events) = events.as_deref_mut() {
+                        events.removed(Tier::L2, key.hash, key.page);
+                    }
+                }
+            }
+        } else if !self.l2.is_empty() {
             let mut events = self.tree.events_mut();
             self.l2.remove_all(PageKey::pages(hashes, new..upto), |page, hashes, removed| {
                 if let Some(events) = events.as_deref_mut() {
@@ -425,6 +532,13 @@ impl KvCache {
             self.pool.total()
         );
     }
+}
+
+/// The key L2 and L3 keep chunk `k` of `chunk` blocks of `hashes` by: its last block's
+/// (`None` when the chunk is not whole in `hashes`).
+fn chunk_key(chunk: u32, hashes: &[BlockHash], k: usize) -> Option<PageKey> {
+    let last = (k + 1) * chunk as usize - 1;
+    (last < hashes.len()).then(|| PageKey::at(hashes, last))
 }
 
 /// What a store's puts of a demotion added, and the victims they pushed out.

@@ -496,7 +496,17 @@ impl PrefixTree {
     /// and its hash to `keys`, a page's run at a time. The caller has counted `n` unreferenced
     /// blocks. The removals are not recorded: the caller publishes them with the demotion
     /// they cause.
-    pub fn evict(&mut self, mut n: u32, blocks: &mut Vec<BlockId>, keys: &mut PageRuns) {
+    ///
+    /// With `chunks` (`c` and a list), the evicted blocks that end an offload chunk of `c`
+    /// blocks (at depths `k * c + c - 1`) are also listed there, in the same order: the keys a
+    /// lower tier that keeps chunks stores (see [`super::KvCache::offload_chunks`]).
+    pub fn evict(
+        &mut self,
+        mut n: u32,
+        blocks: &mut Vec<BlockId>,
+        keys: &mut PageRuns,
+        mut chunks: Option<(u32, &mut PageRuns)>,
+    ) {
         while n > 0 {
             let leaf = self.lru_head;
             assert!(leaf != NIL, "available blocks counted an unevictable node");
@@ -513,6 +523,14 @@ impl PrefixTree {
                 let from = kept.max(page_first.saturating_sub(node.start) as usize);
                 let page = node.page_of(depth);
                 keys.push_run(page, node.hashes[from..end].iter().rev().copied());
+                if let Some((c, ends)) = chunks.as_mut() {
+                    // The chunk ends among positions from..end, deepest first.
+                    let (c, start) = (*c as usize, node.start as usize);
+                    // One past each chunk end (a multiple of c), from the deepest down.
+                    let tops = std::iter::successors(Some((start + end) / c * c), |&t| t.checked_sub(c));
+                    let hashes = &node.hashes;
+                    ends.push_run(page, tops.take_while(|&t| t > start + from).map(|t| hashes[t - 1 - start]));
+                }
                 end = from;
             }
             // The block taken last: the run's first when the leaf is emptied.

@@ -309,6 +309,61 @@ proptest! {
     }
 }
 
+proptest! {
+    /// With L2 and L3 in offload chunks of two blocks: no block is leaked, the stores hold
+    /// only chunks' last blocks, never one L1 holds, the events describe every tier exactly,
+    /// and a prompt's prefix below L1 goes on chunk by chunk as the events say.
+    #[test]
+    fn chunked_tiers_keep_whole_chunks_and_events_describe_them(ops in proptest::collection::vec(op(), 1..200)) {
+        const C: usize = 2;
+        let l3 = SharedStore::new(5);
+        let mut kv = KvCache::with_tiers(16, 2, 6, Some(l3.clone())).offload_chunks(C as u32);
+        kv.record_events();
+        let mut model = EventModel::default();
+        let mut events = KvEvents::new();
+        let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
+        let mut prompts = std::collections::BTreeSet::new();
+        for (t, op) in ops.into_iter().enumerate() {
+            apply(&mut kv, &mut seqs, t, op, 5, true);
+            kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
+            events.clear();
+            kv.drain_events(&mut events);
+            model.apply(&events);
+            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
+            let [l1, l2, l3_model] = &model.tiers;
+            prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
+            prop_assert_eq!(l2, &kv.l2().iter().collect());
+            prop_assert_eq!(l3_model, &l3.lock().iter().collect());
+            prop_assert!(l2.len() <= 3 && l3_model.len() <= 5, "the stores hold chunks, not blocks");
+            prop_assert_eq!(kv.l2_blocks(), (l2.len() * C) as u32);
+            prop_assert!(l1.is_disjoint(l2), "a chunk in L2 while its last block is in L1");
+            for hs in &prompts {
+                for (i, h) in hs.iter().enumerate() {
+                    if (i + 1) % C != 0 {
+                        prop_assert!(!l2.contains(h) && !l3_model.contains(h), "a block inside a chunk is kept below L1");
+                    }
+                }
+                // From the prompt's start, chunk by chunk, in the best tier below L1.
+                let mut want = LowerHit::default();
+                for end in hs.chunks_exact(C).map(|c| c[C - 1]) {
+                    if l2.contains(&end) {
+                        want.l2 += C as u32;
+                    } else if l3_model.contains(&end) {
+                        want.l3 += C as u32;
+                    } else {
+                        break;
+                    }
+                }
+                prop_assert_eq!(kv.peek_lower(&SeqKv::default(), hs, u32::MAX), want);
+            }
+        }
+        for (s, _) in &mut seqs {
+            kv.release(Time(10_000), s);
+        }
+        kv.check_invariants(0);
+    }
+}
+
 /// A long prompt prefilled chunk by chunk through the cursor: each chunk's `match_more` and
 /// `commit` take only the chunk's own blocks (in all, every block is matched or inserted
 /// exactly once, and each chunk stores exactly its new blocks), and the cache ends exactly as

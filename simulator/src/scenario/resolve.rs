@@ -165,6 +165,7 @@ impl Scenario {
             max_seqs,
             admission_watermark: defaults.admission_watermark,
             l2_blocks: tiers.l2_blocks,
+            offload_chunk_blocks: tiers.chunk_blocks,
             prefill,
             kv_protection,
             class_priority: false,

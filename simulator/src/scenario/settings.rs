@@ -133,6 +133,7 @@ impl Settings {
             instances: self.instances,
             instance: InstanceConfig {
                 l2_blocks: run.tiers.l2_blocks,
+                offload_chunk_blocks: run.tiers.chunk_blocks,
                 prefill: run.prefill,
                 kv_protection: run.kv_protection,
                 max_batch_tokens: run.max_batch_tokens,

@@ -10,11 +10,18 @@
 //! l3_gbps = 25           # store to GPU, GB/s per GPU (200 Gb/s RDMA)
 //! l3_latency_us = 100
 //! event_delay_ms = 5     # KV events reach the router this much later
+//! offload_chunk_tokens = 256  # L2 and L3 keep chunks of 256 tokens [default: one block]
 //! ```
+//!
+//! `offload_chunk_tokens`: the unit L2 and L3 keep, as vLLM's offloading connector (its
+//! offloaded block size) and LMCache (256-token chunks) do; a multiple of the block size that
+//! divides a page of 32 blocks. A chunk is copied down when its last block leaves GPU memory,
+//! a prompt's tail past its last whole chunk is not kept below L1, and the prefix index and
+//! the stores do their work a chunk at a time (see `engine::kv::KvCache::offload_chunks`).
 
 use super::ScenarioError;
 use cost::{CostModel, TierLinks};
-use engine::kv::Tier;
+use engine::kv::{Tier, PAGE_BLOCKS};
 use engine::Dur;
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +39,7 @@ pub struct KvSection {
     pub l3_gbps: Option<f64>,
     pub l3_latency_us: Option<f64>,
     pub event_delay_ms: Option<f64>,
+    pub offload_chunk_tokens: Option<u32>,
 }
 
 impl KvSection {
@@ -45,6 +53,7 @@ impl KvSection {
             l3_gbps: over.l3_gbps.or(self.l3_gbps),
             l3_latency_us: over.l3_latency_us.or(self.l3_latency_us),
             event_delay_ms: over.event_delay_ms.or(self.event_delay_ms),
+            offload_chunk_tokens: over.offload_chunk_tokens.or(self.offload_chunk_tokens),
         }
     }
 }
@@ -59,11 +68,13 @@ pub struct KvTiers {
     pub links: TierLinks,
     /// Delay between a KV change on an instance and the router hearing of it.
     pub event_delay: Dur,
+    /// Blocks of one entry of L2 and L3 (an offload chunk); 1: single blocks.
+    pub chunk_blocks: u32,
 }
 
 impl Default for KvTiers {
     fn default() -> Self {
-        KvTiers { l2_blocks: 0, l3_blocks: None, links: TierLinks::default(), event_delay: Dur::ZERO }
+        KvTiers { l2_blocks: 0, l3_blocks: None, links: TierLinks::default(), event_delay: Dur::ZERO, chunk_blocks: 1 }
     }
 }
 
@@ -134,7 +145,21 @@ impl KvSection {
             true => Some(blocks("kv.l3_gib", self.l3_gib.unwrap_or(DEFAULT_L3_GIB))?),
             false => None,
         };
-        Ok(KvTiers { l2_blocks, l3_blocks, links, event_delay: Dur::from_secs_f64(delay_ms / 1e3) })
+        let chunk_blocks = match self.offload_chunk_tokens {
+            None => 1,
+            Some(t) if t > 0 && t % block_size == 0 && PAGE_BLOCKS as u32 % (t / block_size) == 0 => t / block_size,
+            Some(t) => {
+                let valid: Vec<String> =
+                    (0..=PAGE_BLOCKS.trailing_zeros()).map(|k| ((1u32 << k) * block_size).to_string()).collect();
+                let reason = format!(
+                    "{t} tokens is not a whole number of {block_size}-token blocks dividing a page of {PAGE_BLOCKS} (valid: {})",
+                    valid.join(", ")
+                );
+                return Err(invalid("kv.offload_chunk_tokens", reason));
+            }
+        };
+        let event_delay = Dur::from_secs_f64(delay_ms / 1e3);
+        Ok(KvTiers { l2_blocks, l3_blocks, links, event_delay, chunk_blocks })
     }
 }
 
