@@ -3,19 +3,19 @@ use proptest::prelude::*;
 use std::collections::HashSet;
 use std::ops::Range;
 
-const A: InstanceId = InstanceId(0);
-const B: InstanceId = InstanceId(1);
-const C: InstanceId = InstanceId(2);
+pub(super) const A: InstanceId = InstanceId(0);
+pub(super) const B: InstanceId = InstanceId(1);
+pub(super) const C: InstanceId = InstanceId(2);
 
 /// Blocks a page spans in these tests: small, so that short prompts cross pages.
-const PAGE: usize = 4;
+pub(super) const PAGE: usize = 4;
 
-fn new_index() -> PrefixIndex {
+pub(super) fn new_index() -> PrefixIndex {
     PrefixIndex::with_page_blocks(PAGE as u32)
 }
 
 /// A chain of `n` block hashes after `parent`.
-fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
+pub(super) fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
     let mut h = parent;
     (0..n as u64)
         .map(|k| {
@@ -48,7 +48,7 @@ fn remove(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, path: &[Blo
     }
 }
 
-fn tm(l1: u32, l2: u32, l3: u32) -> TierMatch {
+pub(super) fn tm(l1: u32, l2: u32, l3: u32) -> TierMatch {
     TierMatch { l1, l2, l3 }
 }
 
