@@ -261,15 +261,15 @@ impl Model {
 
 /// A block of the property test's universe: its hash and page.
 #[derive(Clone, Copy, Debug)]
-struct Block {
-    hash: BlockHash,
-    page: BlockHash,
+pub(super) struct Block {
+    pub(super) hash: BlockHash,
+    pub(super) page: BlockHash,
 }
 
 /// The block universe of the property test: a small tree of chained hashes over several
 /// pages, with a page of many continuations (looked up, not scanned), plus the hash 0 (which
 /// the map keeps aside). Returns the blocks and every root-to-block path.
-fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
+pub(super) fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
     let trunk = chain(BlockHash::ROOT, 10, 8);
     let mut paths: Vec<Vec<BlockHash>> = vec![trunk.clone()];
     let branch = [&trunk[..4], &chain(trunk[3], 11, 6)].concat();
