@@ -159,7 +159,7 @@ impl Base {
 /// run, each instance carries the number of non-L3 runs it survived, stamped with the query's
 /// epoch; an instance never touched survived none, and its prefix is the L3-only one. A large
 /// first run is not visited holder by holder at all (see [`Base`]). In chunk mode, the
-/// chunk walk ([`ChunkWalk`]) does likewise over the prompt's chunks.
+/// chunk walk (`ChunkWalk`) does likewise over the prompt's chunks.
 #[derive(Clone, Debug, Default)]
 pub struct PrefixMatches {
     epoch: u32,
