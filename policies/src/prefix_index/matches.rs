@@ -1,5 +1,6 @@
 //! Queries: the longest cached prefix of a request on every instance.
 
+use super::chunks::ChunkWalk;
 use super::holders::State;
 use super::{PrefixIndex, TierMatch, EMPTY};
 use engine::BlockHash;
@@ -10,7 +11,18 @@ impl PrefixIndex {
     /// The longest cached prefix of `hashes` (a chain from the root) on every instance, by
     /// tier, into `out`.
     pub fn match_prefix(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
-        out.start(self.instances);
+        let chunked = self.chunk_blocks > 1;
+        out.start(self.instances, if chunked { self.chunk_blocks } else { 0 });
+        self.walk_pages(hashes, out);
+        if chunked {
+            self.walk_chunks(hashes, out);
+        }
+    }
+
+    /// The walk of the prompt's pages, which finds every prefix without chunks, and the L1
+    /// prefixes with them (the pages then hold L1 only).
+    #[inline(always)]
+    fn walk_pages(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
         let n = hashes.len();
         let page_blocks = self.page_blocks as usize;
         self.load_pages(hashes);
@@ -146,7 +158,8 @@ impl Base {
 /// alive; a run not in L3 keeps only its holders. Instead of touching every instance at every
 /// run, each instance carries the number of non-L3 runs it survived, stamped with the query's
 /// epoch; an instance never touched survived none, and its prefix is the L3-only one. A large
-/// first run is not visited holder by holder at all (see [`Base`]).
+/// first run is not visited holder by holder at all (see [`Base`]). In chunk mode, the
+/// chunk walk (`ChunkWalk`) does likewise over the prompt's chunks.
 #[derive(Clone, Debug, Default)]
 pub struct PrefixMatches {
     epoch: u32,
@@ -160,15 +173,21 @@ pub struct PrefixMatches {
     misses: Vec<u32>,
     /// Where the walk stopped.
     end: u32,
+    /// The walk of the lower tiers' chunks, in chunk mode.
+    pub(super) chunks: ChunkWalk,
 }
 
 impl PrefixMatches {
-    fn start(&mut self, instances: u32) {
+    /// Starts a query of an index of `instances`, with chunks of `chunk_blocks` (0 outside
+    /// chunk mode).
+    fn start(&mut self, instances: u32, chunk_blocks: u32) {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.slots.iter_mut().for_each(|s| s.epoch = 0);
+            self.chunks.reset_epochs();
             self.epoch = 1;
         }
+        self.chunks.start(chunk_blocks, instances);
         if self.slots.len() < instances as usize {
             self.slots.resize(instances as usize, Slot::default());
         }
@@ -237,15 +256,30 @@ impl PrefixMatches {
     }
 
     fn slot(&self, instance: u32) -> Slot {
-        match self.slots.get(instance as usize) {
-            Some(s) if s.epoch == self.epoch => *s,
-            _ => self.base.as_ref().map_or(Slot::default(), |b| b.slot(instance)),
-        }
+        slot(&self.slots, self.base.as_ref(), self.epoch, instance)
     }
 
-    /// Blocks of the prefix `instance` would find cached, by tier.
+    /// Where the page walk stopped: no instance's L1 prefix goes past it.
+    pub(super) fn l1_end(&self) -> u32 {
+        self.end
+    }
+
+    /// Walks chunk `k` of the prompt, held as `state` says (see [`ChunkWalk::visit`]).
+    pub(super) fn visit_chunk(&mut self, k: u32, state: &State) -> bool {
+        let (slots, base, epoch) = (&self.slots, self.base.as_ref(), self.epoch);
+        self.chunks.visit(k, state, epoch, |i| slot(slots, base, epoch, i).blocks[0])
+    }
+
+    /// Blocks of the prefix `instance` would find cached, by tier. O(1); in chunk mode,
+    /// O(log chunks) for an instance that took no chunk from L2.
     pub fn get(&self, instance: InstanceId) -> TierMatch {
         let s = self.slot(instance.0);
+        if self.chunks.blocks > 0 {
+            // The pages hold L1 only: the page walk's prefix is the L1 one.
+            let l1 = s.blocks[0];
+            let (l2, total) = self.chunks.prefix(instance.0, l1, self.epoch);
+            return TierMatch { l1, l2, l3: total - l1 - l2 };
+        }
         let depth = self.misses.get(s.confirmed as usize).copied().unwrap_or(self.end);
         let [l1, l2] = s.blocks;
         TierMatch { l1, l2, l3: depth - l1 - l2 }
@@ -257,7 +291,9 @@ impl PrefixMatches {
     pub fn iter(&self) -> impl Iterator<Item = (InstanceId, TierMatch)> + '_ {
         let base = self.base.iter().flat_map(Base::holders);
         let rest = self.touched.iter().copied().filter(|&i| !self.base.as_ref().is_some_and(|b| b.holds(i)));
-        base.chain(rest).map(|i| (InstanceId(i), self.get(InstanceId(i))))
+        // In chunk mode, then those with no L1 block and some in L2 (the others are listed).
+        let l2_only = self.chunks.touched.iter().copied().filter(|&i| self.slot(i).blocks[0] == 0);
+        base.chain(rest).chain(l2_only).map(|i| (InstanceId(i), self.get(InstanceId(i))))
     }
 
     /// The instance with the longest prefix (more blocks in L1, then in L2, then the lower id
@@ -273,10 +309,14 @@ impl PrefixMatches {
             }
         };
         self.touched.iter().for_each(|&i| consider(i));
+        self.chunks.touched.iter().for_each(|&i| consider(i));
         if let Some(base) = &self.base {
-            // The holders of the first run that no later run touched all match alike, by
-            // tier; an L1 one beats every L2 one, and the first of them beats the others.
-            let untouched = |&i: &u32| self.slots.get(i as usize).is_none_or(|s| s.epoch != self.epoch);
+            // The holders of the first run that no later run (nor chunk) touched all match
+            // alike, by tier; an L1 one beats every L2 one, and the first of them beats the
+            // others.
+            let untouched = |&i: &u32| {
+                self.slots.get(i as usize).is_none_or(|s| s.epoch != self.epoch) && !self.chunks.met(i, self.epoch)
+            };
             let mut l2 = None;
             for i in base.holders().filter(untouched) {
                 if base.slot(i).blocks[0] > 0 {
@@ -295,6 +335,18 @@ impl PrefixMatches {
 
     /// The prefix every instance finds in the shared L3 store alone.
     pub fn shared(&self) -> TierMatch {
+        if self.chunks.blocks > 0 {
+            return TierMatch { l3: self.chunks.shared(), ..TierMatch::default() };
+        }
         TierMatch { l3: self.misses.first().copied().unwrap_or(self.end), ..TierMatch::default() }
+    }
+}
+
+/// The slot of `instance` in query `epoch`: its own when the walk wrote it, else the one the
+/// first run gives it.
+fn slot(slots: &[Slot], base: Option<&Base>, epoch: u32, instance: u32) -> Slot {
+    match slots.get(instance as usize) {
+        Some(s) if s.epoch == epoch => *s,
+        _ => base.map_or(Slot::default(), |b| b.slot(instance)),
     }
 }

@@ -41,6 +41,19 @@
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
+//! | `chunks`, `ChunkWalk` | in chunk mode (below), the lower tiers' chunks: one map entry and one holder set a chunk, walked after the pages |
+//!
+//! # Chunk mode
+//!
+//! [`PrefixIndex::with_chunk_blocks`] makes an index for engines whose L2 and L3 keep KV in
+//! chunks of `c` blocks of a chain (vLLM's offloaded blocks, LMCache's chunks). Their events
+//! name chunks by the hash of their last block (chunk `k` spans depths `kc..(k+1)c`), and are
+//! kept in a map of their own, chunk hash to holder set (L2 holders, in L3 or not): lower-tier
+//! work costs per chunk, and the pages hold L1 only. An instance's prefix is then its L1
+//! prefix, continued chunk by chunk from the chunk it ends in (from its end within that
+//! chunk) while each chunk's last block is in the prompt and the instance holds the chunk in
+//! L2 (counted in L2) or it is in L3 (counted in L3). With `c` = 1 the index is the one above,
+//! by the same code path.
 //!
 //! # Cost
 //!
@@ -49,7 +62,9 @@
 //! | `apply` (Stored, Removed) | a page-map probe (none on the page of the event before), a page access; O(holders) only when a new holder set is formed |
 //! | `match_prefix` | one page-map probe per page of the prompt, 12 sequential bytes per block, O(holders) per run after the first |
 //! | `PrefixMatches::get` | O(1) |
-//! | `remove_instance`, `Cleared` | O(states × holders), plus one pass over the pages if blocks lost their last holder |
+//! | `remove_instance`, `Cleared` | O(states × holders), plus one pass over the pages (and the chunks) if blocks (or chunks) lost their last holder |
+//! | chunk mode: an L2 or L3 event | a chunk-map probe; O(holders) only when a new holder set is formed |
+//! | chunk mode: `match_prefix` | the page walk, then a chunk-map probe per chunk of the prompt, O(holders in L2) per chunk; O(log chunks) an instance met first |
 //! | memory | 12 bytes a block in pages plus growth slack, the page map (16 bytes a page at 40-81% load) |
 //!
 //! Measured by `fleetplane-bench index` (docs/BENCHMARKS.md).
@@ -98,6 +113,9 @@ const NO_RUN: u32 = u32::MAX;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
+#[cfg(test)]
+mod chunk_tests;
+mod chunks;
 mod holders;
 mod matches;
 mod page;
@@ -260,6 +278,12 @@ pub struct PrefixIndex {
     /// One more than the largest instance id ever stored as a holder: the size of a query's
     /// per-instance table.
     instances: u32,
+    /// Blocks a chunk of the lower tiers spans: 1 keeps L2 and L3 by block, in the pages;
+    /// more keeps them by chunk, in `chunks` (see the `chunks` module).
+    chunk_blocks: u32,
+    /// In chunk mode, each chunk held in L2 or L3, by the hash of its last block, to its
+    /// holder set (L2 holders and L3; interned with the blocks' own).
+    chunks: BlockMap<u32>,
 }
 
 impl Default for PrefixIndex {
@@ -298,16 +322,48 @@ impl PrefixIndex {
             recent: vec![(BlockHash(0), 0); 1 << LINK_BITS].into_boxed_slice(),
             linked_runs: 1,
             instances: 0,
+            chunk_blocks: 1,
+            chunks: BlockMap::default(),
         }
     }
 
-    /// Distinct blocks indexed (in any tier).
-    pub fn blocks(&self) -> usize {
-        self.blocks
+    /// An index whose lower tiers (L2, L3) keep KV in chunks of `chunk_blocks` blocks of a
+    /// chain, their events naming chunks by their last block's hash: a power of two dividing
+    /// [`PAGE_BLOCKS`], 1 being an index of blocks ([`PrefixIndex::new`]). Panics otherwise.
+    pub fn with_chunk_blocks(chunk_blocks: u32) -> PrefixIndex {
+        PrefixIndex::new().chunked(chunk_blocks)
     }
 
-    /// Heap bytes held, estimated from capacities (the page map, the pages, holder sets and
-    /// their bitmaps, the intern map and the transition cache).
+    /// This index with chunks of `chunk_blocks` blocks (tests: on pages of their own size).
+    fn chunked(mut self, chunk_blocks: u32) -> PrefixIndex {
+        assert!(
+            chunk_blocks.is_power_of_two() && self.page_blocks.is_multiple_of(chunk_blocks),
+            "a chunk of {chunk_blocks} blocks does not divide a page of {}",
+            self.page_blocks
+        );
+        self.chunk_blocks = chunk_blocks;
+        self
+    }
+
+    /// Blocks a chunk of the lower tiers spans (1: they are kept by block).
+    pub fn chunk_blocks(&self) -> u32 {
+        self.chunk_blocks
+    }
+
+    /// Chunks of the lower tiers indexed (none with chunks of 1 block).
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Blocks indexed: the distinct blocks in the pages (any tier; in chunk mode L1 only),
+    /// plus the blocks of the chunks held in L2 or L3 (a block both in L1 and in a chunk
+    /// counts twice: a chunk's blocks are not told apart).
+    pub fn blocks(&self) -> usize {
+        self.blocks + self.chunks.len() * self.chunk_blocks as usize
+    }
+
+    /// Heap bytes held, estimated from capacities (the page map, the pages, the chunk map,
+    /// holder sets and their bitmaps, the intern map and the transition cache).
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let pages = self.slots.bytes()
@@ -321,11 +377,11 @@ impl PrefixIndex {
                 .map(|s| s.holders.capacity() * 4 + s.bits.as_ref().map_or(0, |b| b.len() * 8))
                 .sum::<usize>();
         let intern = self.intern.capacity() * (size_of::<(u64, u32)>() + 1);
-        pages + states + intern + self.transitions.len() * size_of::<Transition>()
+        pages + self.chunks.bytes() + states + intern + self.transitions.len() * size_of::<Transition>()
     }
 
     /// Applies one event published by `instance`. L3 events describe the shared store,
-    /// whichever instance published them.
+    /// whichever instance published them. In chunk mode, L2 and L3 events name chunks.
     pub fn apply(&mut self, instance: InstanceId, event: &KvEvent) {
         self.apply_one(instance, event);
     }
@@ -334,6 +390,14 @@ impl PrefixIndex {
     /// runs).
     fn apply_one(&mut self, instance: InstanceId, event: &KvEvent) -> Option<Step> {
         match *event {
+            KvEvent::Stored { tier, hash, .. } if self.by_chunk(tier) => {
+                self.apply_chunk(hash, Change::stored(instance, tier), true);
+                None
+            }
+            KvEvent::Removed { tier, hash, .. } if self.by_chunk(tier) => {
+                self.apply_chunk(hash, Change::removed(instance, tier), false);
+                None
+            }
             KvEvent::Stored { tier, hash, page } => {
                 Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
             }
@@ -345,6 +409,12 @@ impl PrefixIndex {
                 None
             }
         }
+    }
+
+    /// Whether `tier`'s events name chunks (in chunk mode, L2's and L3's).
+    #[inline(always)]
+    fn by_chunk(&self, tier: Tier) -> bool {
+        self.chunk_blocks > 1 && tier != Tier::L1
     }
 
     /// Applies a batch's events in order, as [`PrefixIndex::apply`] does one by one, a run of
@@ -382,6 +452,14 @@ impl PrefixIndex {
             } else {
                 (3 + tier.index(), Change::removed(instance, tier))
             };
+            if self.by_chunk(tier) {
+                // Chunks: one map entry each, nothing to fuse with (a demotion's L1 run
+                // names blocks, not chunks).
+                for &hash in hashes {
+                    self.apply_chunk(hash, change, stored);
+                }
+                continue;
+            }
             let mut partners = [None; 2];
             if stored && tier != Tier::L1 {
                 if !linked {
@@ -425,7 +503,12 @@ impl PrefixIndex {
         }
         let mut sink = 0;
         for run in events.runs() {
-            let KvRun::Removed { tier: Tier::L2 | Tier::L3, page, .. } = run else { continue };
+            let KvRun::Removed { tier: Tier::L2 | Tier::L3, page, hashes } = run else { continue };
+            if self.chunk_blocks > 1 {
+                // Chunks are found by their own map entries.
+                sink ^= hashes.iter().fold(0, |sink, &h| sink ^ self.chunks.touch(h));
+                continue;
+            }
             let Some(slot) = self.slots.get(page) else { continue };
             let p = &self.pages[slot as usize];
             sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| u64::from(e.value));
@@ -721,7 +804,7 @@ impl PrefixIndex {
 
     /// Forgets everything `instance` held in its own tiers (it went down or was cleared).
     /// Holder sets change in place, so this costs O(states), plus one pass over the pages
-    /// when some blocks were held by the instance alone.
+    /// and the chunks when some blocks or chunks were held by the instance alone.
     pub fn remove_instance(&mut self, instance: InstanceId) {
         let (l1, l2) = (holder(instance, Tier::L1), holder(instance, Tier::L2));
         let mut emptied = vec![false; self.states.len()];
@@ -749,6 +832,13 @@ impl PrefixIndex {
         }
         self.cursors = [None; 6];
         let mut dropped = vec![0u32; self.states.len()];
+        // Chunks held by the instance alone (in its L2, not in L3) leave the chunk map.
+        let gone: Vec<BlockHash> = self.chunks.iter().filter(|&(_, id)| emptied[id as usize]).map(|(h, _)| h).collect();
+        for h in gone {
+            if let Some(id) = self.chunks.remove(h) {
+                dropped[id as usize] += 1;
+            }
+        }
         for slot in 0..self.pages.len() as u32 {
             let page = &mut self.pages[slot as usize];
             if page.len() == 0 {
@@ -777,6 +867,7 @@ impl PrefixIndex {
     /// live with their fingerprint. For tests; O(blocks).
     pub fn check_invariants(&self) {
         let mut refs = vec![0u32; self.states.len()];
+        let chunked = self.chunk_blocks > 1;
         let mut seen = std::collections::HashSet::new();
         let mut live = 0;
         assert_eq!(self.slots.len() + self.free_pages.len(), self.pages.len(), "every slot is named or free");
@@ -793,13 +884,22 @@ impl PrefixIndex {
                 assert!(seen.insert(h), "{h:?} indexed twice");
                 refs[state as usize] += 1;
                 live += usize::from(state != EMPTY);
+                let s = &self.states[state as usize];
+                assert!(!s.is_empty() || state == EMPTY, "{h:?}: a non-empty id holds nothing");
                 assert!(
-                    !self.states[state as usize].is_empty() || state == EMPTY,
-                    "{h:?}: a non-empty id holds nothing"
+                    !chunked || (!s.in_l3 && s.holders.iter().all(|&h| h & 1 == 0)),
+                    "{h:?}: in chunk mode, pages hold L1 only"
                 );
             }
         }
         assert_eq!(live, self.blocks, "block count");
+        assert!(chunked || self.chunks.is_empty(), "chunks only in chunk mode");
+        for (h, id) in self.chunks.iter() {
+            let s = &self.states[id as usize];
+            assert!(id != EMPTY && !s.is_empty(), "chunk {h:?} is held");
+            assert!(s.holders.iter().all(|&h| h & 1 == 1), "chunk {h:?} has L2 holders only");
+            refs[id as usize] += 1;
+        }
         for (id, s) in self.states.iter().enumerate().skip(1) {
             assert_eq!(self.meta[id].refs, refs[id], "state {id} reference count");
             assert!(s.holders.windows(2).all(|w| w[0] < w[1]), "state {id} holders sorted");

@@ -3,19 +3,19 @@ use proptest::prelude::*;
 use std::collections::HashSet;
 use std::ops::Range;
 
-const A: InstanceId = InstanceId(0);
-const B: InstanceId = InstanceId(1);
-const C: InstanceId = InstanceId(2);
+pub(super) const A: InstanceId = InstanceId(0);
+pub(super) const B: InstanceId = InstanceId(1);
+pub(super) const C: InstanceId = InstanceId(2);
 
 /// Blocks a page spans in these tests: small, so that short prompts cross pages.
-const PAGE: usize = 4;
+pub(super) const PAGE: usize = 4;
 
-fn new_index() -> PrefixIndex {
+pub(super) fn new_index() -> PrefixIndex {
     PrefixIndex::with_page_blocks(PAGE as u32)
 }
 
 /// A chain of `n` block hashes after `parent`.
-fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
+pub(super) fn chain(parent: BlockHash, seed: u64, n: usize) -> Vec<BlockHash> {
     let mut h = parent;
     (0..n as u64)
         .map(|k| {
@@ -48,7 +48,7 @@ fn remove(index: &mut PrefixIndex, instance: InstanceId, tier: Tier, path: &[Blo
     }
 }
 
-fn tm(l1: u32, l2: u32, l3: u32) -> TierMatch {
+pub(super) fn tm(l1: u32, l2: u32, l3: u32) -> TierMatch {
     TierMatch { l1, l2, l3 }
 }
 
@@ -261,15 +261,15 @@ impl Model {
 
 /// A block of the property test's universe: its hash and page.
 #[derive(Clone, Copy, Debug)]
-struct Block {
-    hash: BlockHash,
-    page: BlockHash,
+pub(super) struct Block {
+    pub(super) hash: BlockHash,
+    pub(super) page: BlockHash,
 }
 
 /// The block universe of the property test: a small tree of chained hashes over several
 /// pages, with a page of many continuations (looked up, not scanned), plus the hash 0 (which
 /// the map keeps aside). Returns the blocks and every root-to-block path.
-fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
+pub(super) fn universe() -> (Vec<Block>, Vec<Vec<BlockHash>>) {
     let trunk = chain(BlockHash::ROOT, 10, 8);
     let mut paths: Vec<Vec<BlockHash>> = vec![trunk.clone()];
     let branch = [&trunk[..4], &chain(trunk[3], 11, 6)].concat();
