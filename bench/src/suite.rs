@@ -51,6 +51,11 @@ pub struct Args {
     /// Seed of every run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+
+    /// Tokens of one entry of L2 and L3 in the tiered and large-fleet cases (an offload
+    /// chunk: 256 as LMCache keeps them) [default: the tiers scenario's].
+    #[arg(long, value_name = "TOKENS")]
+    pub offload_chunk_tokens: Option<u32>,
 }
 
 /// One measured case.
@@ -105,7 +110,11 @@ fn measure(args: &Args, case: &str) -> Result<Measured, Failure> {
             _ => Some(vec!["cache-aware".into()]),
         },
         fleet: FleetSection { instances, ..FleetSection::default() },
-        kv: KvSection { tiers: (case == "instances-1000").then(|| "l1,l3".into()), ..KvSection::default() },
+        kv: KvSection {
+            tiers: (case == "instances-1000").then(|| "l1,l3".into()),
+            offload_chunk_tokens: args.offload_chunk_tokens,
+            ..KvSection::default()
+        },
         ..Scenario::default()
     };
     let settings = base.overlay(over).resolve().map_err(|e| input(e.into()))?;

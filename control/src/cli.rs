@@ -184,6 +184,12 @@ pub struct SimFlags {
     #[arg(long, value_name = "MS")]
     pub kv_event_delay_ms: Option<f64>,
 
+    /// Tokens of one entry of L2 and L3, an offload chunk (vLLM's offloaded block size,
+    /// LMCache's chunk: 256): a multiple of the block size dividing a page of 32 blocks
+    /// [default: one block].
+    #[arg(long, value_name = "TOKENS")]
+    pub offload_chunk_tokens: Option<u32>,
+
     /// How each engine shares its prefill budget: fcfs (in order of admission) or fair
     /// (prompts that fit one chunk first, quotas for long ones; see [scheduler] in a
     /// scenario for its knobs) [default: fcfs].
@@ -282,6 +288,7 @@ impl SimFlags {
                 l2_gib: self.l2_gib,
                 l3_gib: self.l3_gib,
                 event_delay_ms: self.kv_event_delay_ms,
+                offload_chunk_tokens: self.offload_chunk_tokens,
                 ..KvSection::default()
             },
             scheduler: SchedulerSection {
@@ -352,6 +359,9 @@ pub fn describe(s: &Settings) -> String {
     }
     if let Some(l3) = s.tiers.l3_blocks {
         tiers += &format!(", L3 {} tokens shared", u64::from(l3) * block_tokens);
+    }
+    if s.tiers.chunk_blocks > 1 && (s.instance.l2_blocks > 0 || s.tiers.l3_blocks.is_some()) {
+        tiers += &format!(" (in chunks of {} tokens)", u64::from(s.tiers.chunk_blocks) * block_tokens);
     }
     let calibrated = match &s.calibration {
         Some(c) => format!(

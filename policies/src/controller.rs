@@ -74,6 +74,14 @@ impl Controller {
         self
     }
 
+    /// The controller of a fleet whose L2 and L3 keep offload chunks of `blocks` blocks: its
+    /// prefix index reads their KV events as chunks (see
+    /// [`crate::prefix_index::PrefixIndex::with_chunk_blocks`]); 1 changes nothing.
+    pub fn with_offload_chunks(mut self, blocks: u32) -> Controller {
+        *self.fleet.index_mut() = crate::prefix_index::PrefixIndex::with_chunk_blocks(blocks);
+        self
+    }
+
     /// Puts a new router in force (an operator changed the policy). What the controller
     /// knows of the fleet stays: loads, requests in flight, the prefix index, the pools and
     /// their hand-offs; the new router's own memory starts empty.

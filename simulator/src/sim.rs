@@ -287,7 +287,8 @@ impl<'c> Run<'c> {
         if instance.class_priority {
             instance.lower_class_step_tokens = config.flow.lower_class_step_tokens(&hints, &targets);
         }
-        let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints });
+        let mut controller = Controller::new(&ControllerConfig { router: config.router, seed: config.seed, hints })
+            .with_offload_chunks(config.instance.offload_chunk_blocks);
         controller.set_targets(targets);
         if let Some(pd) = &config.pd {
             let pools = pd.pd_config(&config.cost, config.slo, config.instance.block_size, hints.prefill_tokens_per_s);

@@ -168,6 +168,17 @@ fn more_instances_give_lower_time_to_first_token() {
 }
 
 fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> Settings {
+    tiered_in_chunks(instances, max_requests, trace, routers, None)
+}
+
+/// [`tiered`] with L2 and L3 in offload chunks of `chunk_tokens` (`None`: single blocks).
+fn tiered_in_chunks(
+    instances: u32,
+    max_requests: u64,
+    trace: &str,
+    routers: &[&str],
+    chunk_tokens: Option<u32>,
+) -> Settings {
     Scenario {
         routers: Some(routers.iter().map(|s| s.to_string().into()).collect()),
         fleet: FleetSection { instances: Some(instances), ..FleetSection::default() },
@@ -180,6 +191,7 @@ fn tiered(instances: u32, max_requests: u64, trace: &str, routers: &[&str]) -> S
             tiers: Some("l1,l2,l3".into()),
             l2_gib: Some(16.0),
             l3_gib: Some(256.0),
+            offload_chunk_tokens: chunk_tokens,
             ..KvSection::default()
         },
         ..Scenario::default()
@@ -233,6 +245,30 @@ fn tiered_kv_with_cache_aware_routing_nears_the_infinite_cache_bound() {
         l1_only.cache_hit_rate
     );
     assert!(tiered.ttft_ms.mean < l1_only.ttft_ms.mean);
+}
+
+/// L2 and L3 kept in 256-token offload chunks: on the Mooncake trace (hashed in 512-token
+/// blocks) every chunk is whole where a block was, so the hit rates stay those of tiers kept
+/// by block; cache-aware still reads L2 and L3 through the index (its hits there are placed
+/// by the index's chunk walk); and the same inputs give the same JSON.
+#[test]
+fn offload_chunks_keep_the_hit_rate_of_tiers_kept_by_block() {
+    let routers = ["least-outstanding", "cache-aware", "dynamo-kv"];
+    let by_block = tiered(4, 3000, "mooncake-conversation.jsonl", &routers);
+    let chunked = tiered_in_chunks(4, 3000, "mooncake-conversation.jsonl", &routers, Some(256));
+    assert_eq!(chunked.instance.offload_chunk_blocks, 16);
+    for (block, chunk) in summaries(&by_block).iter().zip(summaries(&chunked)) {
+        assert!(
+            (block.cache_hit_rate - chunk.cache_hit_rate).abs() < 0.01,
+            "{} vs {}",
+            block.cache_hit_rate,
+            chunk.cache_hit_rate
+        );
+        assert!(chunk.hit_rate_by_tier.l2 > 0.0 && chunk.hit_rate_by_tier.l3 > 0.0, "{:?}", chunk.hit_rate_by_tier);
+        assert!(chunk.cache_hit_rate <= chunk.max_hit_rate.expect("measured") + 1e-9, "no run beats the bound");
+    }
+    assert_eq!(json_of(&chunked), json_of(&chunked));
+    assert_ne!(json_of(&chunked), json_of(&by_block), "the chunks changed what the tiers hold");
 }
 
 #[test]

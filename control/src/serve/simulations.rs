@@ -50,7 +50,7 @@ pub fn with_routers(text: &str, routers: &[RouterEntry], marks: Option<WaterMark
 /// The repository's example scenarios, copied into the binary so that a console served from
 /// anywhere offers them; `examples/` in the working directory, when there, is read instead
 /// (it may hold an operator's own).
-const EXAMPLES: [(&str, &str); 26] = [
+const EXAMPLES: [(&str, &str); 27] = [
     ("agentic-sessions-pressure.toml", include_str!("../../../examples/agentic-sessions-pressure.toml")),
     ("agentic-sessions.toml", include_str!("../../../examples/agentic-sessions.toml")),
     ("agentic-tiers.toml", include_str!("../../../examples/agentic-tiers.toml")),
@@ -67,6 +67,7 @@ const EXAMPLES: [(&str, &str); 26] = [
     ("long-output-burst.toml", include_str!("../../../examples/long-output-burst.toml")),
     ("mooncake-conversation.toml", include_str!("../../../examples/mooncake-conversation.toml")),
     ("mooncake-tiers.toml", include_str!("../../../examples/mooncake-tiers.toml")),
+    ("mooncake-tiers-chunks.toml", include_str!("../../../examples/mooncake-tiers-chunks.toml")),
     ("mooncake-tiers-h200.toml", include_str!("../../../examples/mooncake-tiers-h200.toml")),
     ("pd-servegen.toml", include_str!("../../../examples/pd-servegen.toml")),
     ("pd-shift.toml", include_str!("../../../examples/pd-shift.toml")),

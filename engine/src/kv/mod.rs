@@ -139,10 +139,7 @@ impl KvCache {
     /// below L1 a chunk at a time, from the one its L1 part ends in. `blocks` divides
     /// [`PAGE_BLOCKS`] (a chunk is within one page); 1 leaves the tiers as they were.
     pub fn offload_chunks(mut self, blocks: u32) -> KvCache {
-        assert!(
-            blocks > 0 && PAGE_BLOCKS as u32 % blocks == 0,
-            "an offload chunk divides a page of {PAGE_BLOCKS} blocks, not {blocks}"
-        );
+        assert!(offload_chunk_fits(blocks), "an offload chunk divides a page of {PAGE_BLOCKS} blocks, not {blocks}");
         self.l2 = BlockLru::new(self.l2.capacity() / blocks);
         self.chunk = blocks;
         self
@@ -532,6 +529,12 @@ impl KvCache {
             self.pool.total()
         );
     }
+}
+
+/// Whether L2 and L3 can keep offload chunks of `blocks` blocks: a chunk lies within one
+/// page (the stores and the index are keyed by page), so `blocks` divides [`PAGE_BLOCKS`].
+pub fn offload_chunk_fits(blocks: u32) -> bool {
+    blocks > 0 && (PAGE_BLOCKS as u32).is_multiple_of(blocks)
 }
 
 /// The key L2 and L3 keep chunk `k` of `chunk` blocks of `hashes` by: its last block's

@@ -94,6 +94,25 @@ fn a_run_variant_sets_its_step_budget() {
 }
 
 #[test]
+fn offload_chunks_are_whole_blocks_dividing_a_page() {
+    let chunk = |t: &str| resolve(&format!("[kv]\ntiers = \"l1,l2,l3\"\n{t}")).map(|s| s.instance.offload_chunk_blocks);
+    assert_eq!(chunk("").expect("valid"), 1, "single blocks by default");
+    assert_eq!(chunk("offload_chunk_tokens = 256").expect("valid"), 16);
+    assert_eq!(chunk("offload_chunk_tokens = 512").expect("valid"), 32);
+    let valid = "(valid: 16, 32, 64, 128, 256, 512)";
+    for bad in ["100", "48", "1024", "0"] {
+        let err = chunk(&format!("offload_chunk_tokens = {bad}")).expect_err("invalid").to_string();
+        assert_eq!(
+            err,
+            format!(
+                "invalid setting `kv.offload_chunk_tokens`: {bad} tokens is not a whole number of 16-token blocks \
+                 dividing a page of 32 {valid}"
+            )
+        );
+    }
+}
+
+#[test]
 fn bad_pool_settings_name_their_key() {
     let err = |t: &str| resolve(t).expect_err("invalid").to_string();
     assert_eq!(

@@ -21,7 +21,7 @@
 
 use super::ScenarioError;
 use cost::{CostModel, TierLinks};
-use engine::kv::{Tier, PAGE_BLOCKS};
+use engine::kv::{offload_chunk_fits, Tier, PAGE_BLOCKS};
 use engine::Dur;
 use serde::{Deserialize, Serialize};
 
@@ -147,7 +147,7 @@ impl KvSection {
         };
         let chunk_blocks = match self.offload_chunk_tokens {
             None => 1,
-            Some(t) if t > 0 && t % block_size == 0 && PAGE_BLOCKS as u32 % (t / block_size) == 0 => t / block_size,
+            Some(t) if t.is_multiple_of(block_size) && offload_chunk_fits(t / block_size) => t / block_size,
             Some(t) => {
                 let valid: Vec<String> =
                     (0..=PAGE_BLOCKS.trailing_zeros()).map(|k| ((1u32 << k) * block_size).to_string()).collect();
