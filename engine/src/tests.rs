@@ -558,6 +558,7 @@ proptest! {
         kv_protection in proptest::option::of((0.2f64..=1.0, 0.05f64..0.95, proptest::option::of(0u32..20), any::<bool>())),
         speculation in proptest::option::of((1u32..8, any::<u64>())),
         program_hold in proptest::option::of((1u64..20_000, 0.05f64..=1.0, proptest::option::of(0u64..5_000))),
+        chunked in any::<bool>(),
     ) {
         let mut exec: Box<dyn Executor> = match speculation {
             None => Box::new(Fixed),
@@ -571,8 +572,9 @@ proptest! {
             let action = if end { RunawayAction::End } else { RunawayAction::Reroute };
             protection(high, high * low_share, runaway, action)
         });
-        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, offload_chunk_blocks: 1, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
-        let mut inst = Instance::with_shared_store(config, l3_blocks.map(SharedStore::new));
+        let config = InstanceConfig { block_size: 4, total_blocks: blocks, max_batch_tokens: budget, max_seqs: 8, admission_watermark: 0.05, l2_blocks, offload_chunk_blocks: if chunked { 2 } else { 1 }, prefill, kv_protection, class_priority, lower_class_step_tokens: step_cap, program_hold: program_hold.map(|(pause, share, prefetch)| ProgramHold { max_pause: Dur(pause), share, prefetch: prefetch.map(Dur) }) };
+        let chunk = config.offload_chunk_blocks;
+        let mut inst = Instance::with_shared_store(config, l3_blocks.map(|b| SharedStore::new(b / chunk)));
         let mut arrivals: Vec<(Time, Request)> = reqs.iter().enumerate().map(|(i, &(t, p, o, g, class, over))| {
             let shared = [g, g + 10, g + 20];
             let mut r = req(i as u64, p, o, &shared);
