@@ -71,6 +71,18 @@ enum Target {
     Flow(&'static str),
 }
 
+/// How far below its start a size is searched by default: down to a sixteenth.
+const SIZE_RANGE: f64 = 16.0;
+
+impl Target {
+    /// A size whose effect goes by ratio (the step budget): searched on a log scale, by
+    /// default from a [`SIZE_RANGE`]th of its start up to the start, not in the window
+    /// around it other parameters get.
+    fn is_size(self) -> bool {
+        self == Target::BatchTokens
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SearchSpace {
     pub dims: Vec<Dim>,
@@ -162,10 +174,10 @@ impl SearchSpace {
                     }
                     (lo, hi)
                 }
-                None if target == Target::BatchTokens => ((start / 16.0).round().max(param.min), start),
+                None if target.is_size() => ((start / SIZE_RANGE).round().max(param.min), start),
                 None => window(&param, start),
             };
-            let log = target == Target::BatchTokens;
+            let log = target.is_size();
             dims.push(Dim { name, kind: param.kind, lo, hi, start: start.clamp(lo, hi), log, target });
         }
         if dims.iter().any(|d| d.target == Target::BatchTokens) {
