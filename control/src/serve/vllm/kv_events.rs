@@ -38,11 +38,20 @@ pub enum EngineEvent {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     pub seq: u64,
+    pub events: Batched,
+}
+
+/// A batch's events, and those of them that could not be read, each with its reason: one
+/// bad event (a kind this decoder does not know, or vLLM's placeholder for offloaded blocks
+/// it could not describe, with no token ids) loses nothing else of its batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batched {
     pub events: Vec<EngineEvent>,
+    pub skipped: Vec<DecodeError>,
 }
 
 /// Why a message could not be read; names the part that was wrong.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
     #[error("expected 3 frames (topic, sequence, payload), got {0}")]
     Frames(usize),
@@ -73,8 +82,10 @@ pub fn decode_message(frames: &[&[u8]]) -> Result<Batch, DecodeError> {
     Ok(Batch { seq: decode_seq(seq)?, events: decode_batch(payload)? })
 }
 
-/// Decodes a batch's msgpack payload to its events.
-pub fn decode_batch(mut payload: &[u8]) -> Result<Vec<EngineEvent>, DecodeError> {
+/// Decodes a batch's msgpack payload to its events; an event that cannot be read is listed
+/// in `skipped` (named by its place in the batch), the batch itself only fails whole when
+/// it is not a batch.
+pub fn decode_batch(mut payload: &[u8]) -> Result<Batched, DecodeError> {
     let value = rmpv::decode::read_value(&mut payload).map_err(|e| DecodeError::Msgpack(e.to_string()))?;
     let events = match &value {
         Value::Array(fields) => fields.get(1).ok_or_else(|| shape("the batch array has no events"))?,
@@ -82,7 +93,14 @@ pub fn decode_batch(mut payload: &[u8]) -> Result<Vec<EngineEvent>, DecodeError>
         other => return Err(shape(format!("the batch is {}, not an array or map", kind(other)))),
     };
     let events = events.as_array().ok_or_else(|| shape("the batch's events are not an array"))?;
-    events.iter().enumerate().map(|(i, e)| decode_event(e).map_err(|e| shape(format!("event {i}: {e}")))).collect()
+    let mut out = Batched::default();
+    for (i, e) in events.iter().enumerate() {
+        match decode_event(e) {
+            Ok(e) => out.events.push(e),
+            Err(e) => out.skipped.push(shape(format!("event {i}: {e}"))),
+        }
+    }
+    Ok(out)
 }
 
 /// The names of the positional fields after the tag, in the order both vLLM's older
@@ -266,7 +284,7 @@ mod tests {
         let a = EngineHash::Bytes(vec![1; 32].into());
         let b = EngineHash::Bytes(vec![2; 32].into());
         assert_eq!(
-            batch.events,
+            batch.events.events,
             vec![
                 EngineEvent::Stored {
                     hashes: vec![a, b.clone()],
@@ -297,8 +315,9 @@ mod tests {
         let cleared = Value::Array(vec![s("AllBlocksCleared")]);
         let batch = Value::Array(vec![Value::F64(2.0), Value::Array(vec![stored, removed, cleared])]);
         let events = decode_batch(&encode(&batch)).expect("decodes");
+        assert!(events.skipped.is_empty());
         assert_eq!(
-            events,
+            events.events,
             vec![
                 EngineEvent::Stored {
                     hashes: vec![EngineHash::Int(11), EngineHash::Int(12)],
@@ -319,7 +338,7 @@ mod tests {
             (s("ts"), Value::F64(1.0)),
             (s("events"), Value::Array(vec![Value::Map(vec![(s("type"), s("AllBlocksCleared"))])])),
         ]);
-        assert_eq!(decode_batch(&encode(&batch)), Ok(vec![EngineEvent::Cleared]));
+        assert_eq!(decode_batch(&encode(&batch)).map(|b| b.events), Ok(vec![EngineEvent::Cleared]));
     }
 
     #[test]
@@ -337,18 +356,41 @@ mod tests {
                 Value::from(2),
             ])]),
         ]);
-        let e = decode_batch(&encode(&bad_tokens)).expect_err("3 tokens for one block of 2");
-        assert_eq!(e.to_string(), "event 0: 3 token ids for 1 blocks of 2 tokens");
-        let unknown = Value::Array(vec![Value::F64(1.0), Value::Array(vec![Value::Array(vec![s("Teleported")])])]);
-        assert_eq!(
-            decode_batch(&encode(&unknown)).expect_err("unknown").to_string(),
-            "event 0: unknown event type `Teleported`"
-        );
+        // A bad event is skipped alone, named by its place; the rest of its batch is read.
+        let skipped = |batch: &Value| {
+            let b = decode_batch(&encode(batch)).expect("a batch");
+            (b.events, b.skipped.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+        };
+        let (events, why) = skipped(&bad_tokens);
+        assert_eq!((events, why), (vec![], vec!["event 0: 3 token ids for 1 blocks of 2 tokens".to_string()]));
+        let cleared = Value::Array(vec![s("AllBlocksCleared")]);
+        let unknown = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![cleared.clone(), Value::Array(vec![s("Teleported")]), cleared]),
+        ]);
+        let (events, why) = skipped(&unknown);
+        assert_eq!(events, vec![EngineEvent::Cleared, EngineEvent::Cleared], "the events around it are kept");
+        assert_eq!(why, ["event 1: unknown event type `Teleported`"]);
         let medium = Value::Array(vec![
             Value::F64(1.0),
             Value::Array(vec![Value::Array(vec![s("BlockRemoved"), ints(&[1]), s("tape")])]),
         ]);
-        assert_eq!(decode_batch(&encode(&medium)).expect_err("medium").to_string(), "event 0: unknown medium `tape`");
+        assert_eq!(skipped(&medium).1, ["event 0: unknown medium `tape`"]);
+        // vLLM's placeholder for an offloaded block it could not describe: no tokens, block size 0.
+        let placeholder = Value::Map(vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), ints(&[7])),
+            (s("parent_block_hash"), Value::Nil),
+            (s("token_ids"), Value::Array(vec![])),
+            (s("block_size"), Value::from(0)),
+            (s("medium"), s("CPU")),
+        ]);
+        let removed = Value::Map(vec![(s("type"), s("BlockRemoved")), (s("block_hashes"), ints(&[3]))]);
+        let batch = Value::Array(vec![Value::F64(1.0), Value::Array(vec![placeholder, removed])]);
+        let (events, why) = skipped(&batch);
+        assert_eq!(events, vec![EngineEvent::Removed { hashes: vec![EngineHash::Int(3)], tier: Tier::L1 }]);
+        assert_eq!(why, ["event 0: `block_size` is not a positive integer"]);
+        assert!(matches!(decode_batch(&encode(&Value::from(3))), Err(DecodeError::Shape(_))), "not a batch");
     }
 
     /// Messages captured from real vLLM 0.32.0 (tiny Llama, block size 32): a completion of
@@ -379,7 +421,8 @@ mod tests {
         ];
         let mut map = super::super::hashes::BlockMap::default();
         let mut ours = engine::kv::KvEvents::new();
-        for e in &messages[0].events {
+        assert!(messages.iter().all(|m| m.events.skipped.is_empty()), "real vLLM's events are all read");
+        for e in &messages[0].events.events {
             map.translate(e, 32, &mut ours).expect("block size 32");
         }
         let expected = engine::block_hashes(&prompt, 32)[0];
@@ -388,6 +431,7 @@ mod tests {
             .iter()
             .map(|m| {
                 m.events
+                    .events
                     .iter()
                     .map(|e| match e {
                         EngineEvent::Stored { hashes, .. } => hashes.len(),

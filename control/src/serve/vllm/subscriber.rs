@@ -6,7 +6,7 @@
 //! restarted: its blocks are cleared from the index.
 
 use super::hashes::BlockMap;
-use super::kv_events::{decode_message, decode_seq, Batch, END_OF_REPLAY};
+use super::kv_events::{decode_message, decode_seq, Batch, Batched, END_OF_REPLAY};
 use crate::serve::lock::lock;
 use crate::serve::news::News;
 use bytes::Bytes;
@@ -129,6 +129,8 @@ pub struct EventStats {
     /// Gaps seen, and messages of them that could not be fetched.
     pub gaps: u64,
     pub lost: u64,
+    /// Events that could not be read, each skipped alone (its message's others applied).
+    pub skipped: u64,
     /// The start-up replay is done: the index knows what the engine cached before.
     pub caught_up: bool,
     /// Blocks the engine holds by our hashes, and stored blocks left out (parent unknown).
@@ -154,8 +156,12 @@ impl Reader {
         if self.seq.order(batch.seq) == Order::Seen {
             return;
         }
-        tracing::debug!(instance = %self.instance, seq = batch.seq, events = batch.events.len(), "KV events");
-        for e in &batch.events {
+        let Batched { events, skipped } = &batch.events;
+        tracing::debug!(instance = %self.instance, seq = batch.seq, events = events.len(), "KV events");
+        for why in skipped {
+            tracing::warn!(instance = %self.instance, seq = batch.seq, "KV event skipped, the rest of its message read: {why}");
+        }
+        for e in events {
             if let Err(why) = self.blocks.translate(e, self.block_size, &mut self.out) {
                 tracing::warn!(instance = %self.instance, "KV event skipped: {why}");
             }
@@ -163,6 +169,7 @@ impl Reader {
         self.seq.applied(batch.seq);
         let mut st = lock(&self.stats);
         st.messages += 1;
+        st.skipped += skipped.len() as u64;
         st.last_seq = Some(batch.seq);
     }
 
@@ -288,17 +295,24 @@ mod tests {
 
     /// A batch storing one block of `tokens` (block size 2) after `parent`, in vLLM's encoding.
     fn stored(hash: u64, parent: Option<u64>, tokens: [u32; 2]) -> Vec<u8> {
+        message(vec![stored_event(hash, parent, &tokens, 2)])
+    }
+
+    fn stored_event(hash: u64, parent: Option<u64>, tokens: &[u32], block_size: u32) -> Value {
         let s = |x: &str| Value::from(x);
-        let event = Value::Map(vec![
+        Value::Map(vec![
             (s("type"), s("BlockStored")),
             (s("block_hashes"), Value::Array(vec![Value::from(hash)])),
             (s("parent_block_hash"), parent.map_or(Value::Nil, Value::from)),
             (s("token_ids"), Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
-            (s("block_size"), Value::from(2)),
+            (s("block_size"), Value::from(block_size)),
             (s("medium"), s("GPU")),
-        ]);
+        ])
+    }
+
+    fn message(events: Vec<Value>) -> Vec<u8> {
         let mut out = Vec::new();
-        rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::F64(0.0), Value::Array(vec![event])]))
+        rmpv::encode::write_value(&mut out, &Value::Array(vec![Value::F64(0.0), Value::Array(events)]))
             .expect("encode");
         out
     }
@@ -346,7 +360,8 @@ mod tests {
         check_replay(&replay_ep).await.expect("the replay socket answers");
         let sub = bind(&events_ep, Some(replay_ep.clone())).await.expect("binds");
         let (news, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(sub, InstanceId(3), 2, news, Default::default()));
+        let stats = Arc::new(Mutex::new(EventStats::default()));
+        tokio::spawn(run(sub, InstanceId(3), 2, news, stats.clone()));
         let mut publisher = zeromq::PubSocket::new();
         publisher.connect(&events_ep).await.expect("pub connects");
         // Nothing was published live yet: the start-up replay brings the three buffered.
@@ -382,5 +397,29 @@ mod tests {
         };
         let next = engine::block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 2)[3];
         assert_eq!(got, vec![(InstanceId(3), KvEvent::Stored { tier: Tier::L1, hash: next, page: expected[0] })]);
+        // A message with an event that cannot be read (a placeholder: no tokens, block size
+        // 0): that event is skipped, the block beside it still reaches the index, and the
+        // next message is no gap.
+        let bad = stored_event(99, None, &[], 0);
+        for (seq, payload) in
+            [(4u64, message(vec![bad, stored_event(14, Some(13), &[9, 10], 2)])), (5, stored(15, Some(14), [11, 12]))]
+        {
+            let msg = vec![Bytes::from_static(b"kv"), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)];
+            publisher.send(frames(msg)).await.expect("publish");
+        }
+        let all = engine::block_hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 2);
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("event").expect("open") {
+                News::Event(FleetEvent::Kv { events, .. }) => got.extend(events.iter().map(|e| match e {
+                    KvEvent::Stored { hash, .. } => hash,
+                    other => panic!("{other:?}"),
+                })),
+                _ => panic!("only KV events"),
+            }
+        }
+        assert_eq!(got, all[4..6]);
+        let st = lock(&stats).clone();
+        assert_eq!((st.skipped, st.gaps, st.last_seq), (1, 0, Some(5)), "{st:?}");
     }
 }
