@@ -37,7 +37,7 @@
 //! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
-//! | `prefetch_removals` | a full L2's or L3's victims are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run |
+//! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
@@ -490,23 +490,31 @@ impl PrefixIndex {
         self.fused = fused;
     }
 
-    /// Loads what the batch's removals from L2 and L3 will read first, all at once, so that
-    /// their cache misses overlap: a full store's victims are its oldest blocks, on pages an
+    /// Loads what the batch's removals will read first, all at once, so that their cache
+    /// misses overlap: a full tier's victims are its oldest blocks, on pages an
     /// event has not touched for long, and each run's start otherwise waits on three misses
     /// in a row (the page's map entry, the page, its blocks where the run's first is looked
     /// for). One pass with no dependence from a run to the next, for the processor to run
     /// ahead through the misses; returns what it read (a prefetch in safe code).
     fn prefetch_removals(&self, events: &KvEvents) -> u64 {
+        // L1's removals too (an allocation's evictions, leaf first: L1's oldest blocks), but
+        // not a demotion's by block: those are taken into the demotion's stores' runs (see
+        // [`fuse`]), whose pages are found first, a store at a time (loading them ahead
+        // gained nothing there).
+        let l1 = if self.chunk_blocks == 1 && events.lower_store_runs() > 0 { 0 } else { events.l1_removal_runs() };
         // One run has nothing to overlap with (and most batches, a commit's, have none).
-        if events.lower_removal_runs() < 2 {
+        if events.lower_removal_runs() + l1 < 2 {
             return 0;
         }
         let mut sink = 0;
         for run in events.runs() {
-            let KvRun::Removed { tier: Tier::L2 | Tier::L3, page, hashes } = run else { continue };
-            if self.chunk_blocks > 1 {
+            let KvRun::Removed { tier, page, hashes } = run else { continue };
+            if self.by_chunk(tier) {
                 // Chunks are found by their own map entries.
                 sink ^= hashes.iter().fold(0, |sink, &h| sink ^ self.chunks.touch(h));
+                continue;
+            }
+            if tier == Tier::L1 && l1 == 0 {
                 continue;
             }
             let Some(slot) = self.slots.get(page) else { continue };
