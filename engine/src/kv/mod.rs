@@ -366,12 +366,11 @@ impl KvCache {
         for k in from / c..to.div_ceil(c) {
             let Some(key) = chunk_key(self.chunk, hashes, k) else { break };
             let whole = (k + 1) * c <= to;
-            if whole && self.l2.remove(key) {
-                if let Some(events) = events.as_deref_mut() {
-                    events.removed(Tier::L2, key.hash, key.page);
-                }
-            } else if !self.l2.touch(key) {
+            let in_l2 = if whole { self.l2.remove(key) } else { self.l2.touch(key) };
+            if !in_l2 {
                 in_l3.push(key);
+            } else if let (true, Some(events)) = (whole, events.as_deref_mut()) {
+                events.removed(Tier::L2, key.hash, key.page);
             }
         }
         if let Some(l3) = &self.l3 {

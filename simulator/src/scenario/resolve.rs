@@ -4,8 +4,8 @@ use super::pools::PoolsRun;
 use super::settings::{RunSpec, Settings, WorkloadSource, NO_SPEC_VARIANT};
 use super::tiers::{KvSection, KvTiers};
 use super::{
-    invalid, router_with_params, FleetSection, RouterEntry, Scenario, ScenarioError, SchedulerSection, SloSection,
-    WorkloadSection, DEFAULT_GPU, DEFAULT_INSTANCES, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TPOT_SLO_MS,
+    invalid, router_with_params, step_budget, FleetSection, RouterEntry, Scenario, ScenarioError, SchedulerSection,
+    SloSection, WorkloadSection, DEFAULT_GPU, DEFAULT_INSTANCES, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TPOT_SLO_MS,
     DEFAULT_TTFT_SLO_MS,
 };
 use crate::slo::Slo;
@@ -267,10 +267,11 @@ impl Scenario {
             let (budgets, parts): (Vec<&str>, Vec<&str>) = parts.into_iter().partition(|p| budget_variant(p).is_some());
             match budgets[..] {
                 [] => {}
-                [b] => match budget_variant(b) {
-                    Some(0) => return Err(invalid("routers", format!("`{spec}`: a step budget is at least 1 token"))),
-                    n => run_budget = n.unwrap_or(run_budget),
-                },
+                [b] => {
+                    let checked = step_budget(budget_variant(b))
+                        .map_err(|_| invalid("routers", format!("`{spec}`: a step budget is at least 1 token")))?;
+                    run_budget = checked.unwrap_or(run_budget);
+                }
                 _ => return Err(invalid("routers", format!("`{spec}` names two step budgets"))),
             }
             let (drafters, parts): (Vec<&str>, Vec<&str>) =
