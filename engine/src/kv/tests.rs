@@ -271,19 +271,8 @@ proptest! {
     fn tiers_never_hold_a_block_twice_and_events_describe_them(ops in proptest::collection::vec(op(), 1..200)) {
         let l3 = SharedStore::new(10);
         let mut kv = KvCache::with_tiers(16, 2, 6, Some(l3.clone()));
-        kv.record_events();
-        let mut model = EventModel::default();
-        let mut events = KvEvents::new();
-        let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
-        let mut prompts = std::collections::BTreeSet::new();
-        for (t, op) in ops.into_iter().enumerate() {
-            apply(&mut kv, &mut seqs, t, op, 5, true);
-            kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
-            events.clear();
-            kv.drain_events(&mut events);
-            model.apply(&events);
+        replay_tiers(&mut kv, &l3, ops, |kv, [l1, l2, l3_model], events, prompts| {
             // Every event names its block's page, as the prompts place it.
-            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
             let pages: std::collections::BTreeMap<BlockHash, BlockHash> = prompts
                 .iter()
                 .flat_map(|hs| (0..hs.len()).map(move |i| (hs[i], PageKey::at(hs, i).page)))
@@ -293,23 +282,18 @@ proptest! {
                     prop_assert_eq!(Some(&page), pages.get(&hash), "{:?}", e);
                 }
             }
-            let [l1, l2, l3_model] = &model.tiers;
-            prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
-            prop_assert_eq!(l2, &kv.l2().iter().collect());
-            prop_assert_eq!(l3_model, &l3.lock().iter().collect());
             prop_assert!(l1.is_disjoint(l2), "a block in L1 and L2 at once");
             // Every block held below L1 is found where a prompt looks for it (its page).
-            for hs in &prompts {
+            for hs in prompts {
                 for i in 0..hs.len() {
                     prop_assert_eq!(kv.l2().contains(PageKey::at(hs, i)), l2.contains(&hs[i]));
                     prop_assert_eq!(l3.lock().contains(PageKey::at(hs, i)), l3_model.contains(&hs[i]));
                 }
             }
-        }
+            Ok(())
+        })?;
     }
-}
 
-proptest! {
     /// With L2 and L3 in offload chunks of two blocks: no block is leaked, the stores hold
     /// only chunks' last blocks, never one L1 holds, the events describe every tier exactly,
     /// and a prompt's prefix below L1 goes on chunk by chunk as the events say.
@@ -318,26 +302,11 @@ proptest! {
         const C: usize = 2;
         let l3 = SharedStore::new(5);
         let mut kv = KvCache::with_tiers(16, 2, 6, Some(l3.clone())).offload_chunks(C as u32);
-        kv.record_events();
-        let mut model = EventModel::default();
-        let mut events = KvEvents::new();
-        let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
-        let mut prompts = std::collections::BTreeSet::new();
-        for (t, op) in ops.into_iter().enumerate() {
-            apply(&mut kv, &mut seqs, t, op, 5, true);
-            kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
-            events.clear();
-            kv.drain_events(&mut events);
-            model.apply(&events);
-            prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
-            let [l1, l2, l3_model] = &model.tiers;
-            prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
-            prop_assert_eq!(l2, &kv.l2().iter().collect());
-            prop_assert_eq!(l3_model, &l3.lock().iter().collect());
+        let mut seqs = replay_tiers(&mut kv, &l3, ops, |kv, [l1, l2, l3_model], _, prompts| {
             prop_assert!(l2.len() <= 3 && l3_model.len() <= 5, "the stores hold chunks, not blocks");
             prop_assert_eq!(kv.l2_blocks(), (l2.len() * C) as u32);
             prop_assert!(l1.is_disjoint(l2), "a chunk in L2 while its last block is in L1");
-            for hs in &prompts {
+            for hs in prompts {
                 for (i, h) in hs.iter().enumerate() {
                     if (i + 1) % C != 0 {
                         prop_assert!(!l2.contains(h) && !l3_model.contains(h), "a block inside a chunk is kept below L1");
@@ -356,12 +325,52 @@ proptest! {
                 }
                 prop_assert_eq!(kv.peek_lower(&SeqKv::default(), hs, u32::MAX), want);
             }
-        }
+            Ok(())
+        })?;
         for (s, _) in &mut seqs {
             kv.release(Time(10_000), s);
         }
         kv.check_invariants(0);
     }
+}
+
+type Tiers = [std::collections::BTreeSet<BlockHash>; 3];
+
+/// Carries out `ops` on `kv` (whose shared store is `l3`) with its events recorded and
+/// prefixes loaded back from below, and after each: checks the invariants, that the events
+/// replay to L1's size and to L2's and L3's contents, then `check` with the tiers as the
+/// events tell them, the events of that op and the prompts so far. Returns the sequences
+/// left running.
+fn replay_tiers(
+    kv: &mut KvCache,
+    l3: &SharedStore,
+    ops: Vec<Op>,
+    mut check: impl FnMut(
+        &KvCache,
+        &Tiers,
+        &KvEvents,
+        &std::collections::BTreeSet<Vec<BlockHash>>,
+    ) -> Result<(), TestCaseError>,
+) -> Result<Vec<(SeqKv, Vec<BlockHash>)>, TestCaseError> {
+    kv.record_events();
+    let mut model = EventModel::default();
+    let mut events = KvEvents::new();
+    let mut seqs: Vec<(SeqKv, Vec<BlockHash>)> = Vec::new();
+    let mut prompts = std::collections::BTreeSet::new();
+    for (t, op) in ops.into_iter().enumerate() {
+        apply(kv, &mut seqs, t, op, 5, true);
+        kv.check_invariants(seqs.iter().map(|(s, _)| s.private_blocks()).sum());
+        events.clear();
+        kv.drain_events(&mut events);
+        model.apply(&events);
+        prompts.extend(seqs.iter().map(|(_, hs)| hs.clone()));
+        let [l1, l2, l3_model] = &model.tiers;
+        prop_assert_eq!(l1.len() as u32, kv.cached_blocks());
+        prop_assert_eq!(l2, &kv.l2().iter().collect());
+        prop_assert_eq!(l3_model, &l3.lock().iter().collect());
+        check(kv, &model.tiers, &events, &prompts)?;
+    }
+    Ok(seqs)
 }
 
 /// A long prompt prefilled chunk by chunk through the cursor: each chunk's `match_more` and

@@ -1,6 +1,6 @@
 //! Chunk mode: L2 and L3 events naming chunks of blocks, against the semantics written out.
 
-use super::tests::{chain, new_index, tm, universe, Block, A, B, C, PAGE};
+use super::tests::{chain, check_matches, new_index, tm, universe, Block, A, B, C, PAGE};
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashSet;
@@ -321,26 +321,7 @@ proptest! {
                 prop_assert_eq!(index.blocks(), model.blocks(c));
                 for prompt in &prompts {
                     index.match_prefix(prompt, &mut m);
-                    for i in 0..5 {
-                        prop_assert_eq!(m.get(InstanceId(i)), model.prefix(c, i, prompt), "instance {} prompt {:?}", i, prompt);
-                    }
-                    prop_assert_eq!(m.shared(), model.prefix(c, 99, prompt));
-                    let mut listed: Vec<u32> = m.iter().map(|(i, t)| {
-                        assert_eq!(t, m.get(i));
-                        i.0
-                    }).collect();
-                    listed.sort_unstable();
-                    let want: Vec<u32> = (0..5).filter(|&i| {
-                        let t = model.prefix(c, i, prompt);
-                        t.l1 + t.l2 > 0
-                    }).collect();
-                    prop_assert_eq!(listed, want);
-                    let longest = (0..5)
-                        .map(|i| (i, model.prefix(c, i, prompt)))
-                        .filter(|(_, t)| t.l1 + t.l2 > 0)
-                        .max_by_key(|&(i, t)| (t.total(), t.l1, t.l2, std::cmp::Reverse(i)))
-                        .map(|(i, t)| (InstanceId(i), t));
-                    prop_assert_eq!(m.longest(), longest);
+                    check_matches(&m, prompt, |i| model.prefix(c, i, prompt))?;
                 }
             }
         }

@@ -507,27 +507,44 @@ proptest! {
             let mut m = PrefixMatches::default();
             for prompt in &chains {
                 index.match_prefix(prompt, &mut m);
-                for i in 0..5 {
-                    prop_assert_eq!(m.get(InstanceId(i)), model.prefix(i, prompt), "instance {} prompt {:?}", i, prompt);
-                }
-                prop_assert_eq!(m.shared(), model.prefix(99, prompt));
-                let mut listed: Vec<u32> = m.iter().map(|(i, t)| {
-                    assert_eq!(t, m.get(i));
-                    i.0
-                }).collect();
-                listed.sort_unstable();
-                let want: Vec<u32> = (0..5).filter(|&i| {
-                    let t = model.prefix(i, prompt);
-                    t.l1 + t.l2 > 0
-                }).collect();
-                prop_assert_eq!(listed, want);
-                let longest = (0..5)
-                    .map(|i| (i, model.prefix(i, prompt)))
-                    .filter(|(_, t)| t.l1 + t.l2 > 0)
-                    .max_by_key(|&(i, t)| (t.total(), t.l1, t.l2, std::cmp::Reverse(i)))
-                    .map(|(i, t)| (InstanceId(i), t));
-                prop_assert_eq!(m.longest(), longest);
+                check_matches(&m, prompt, |i| model.prefix(i, prompt))?;
             }
         }
     }
+}
+
+/// Checks the answers of `m`, just filled for `prompt`, against `want` (each instance's
+/// prefix by tier; instances 0 to 4, and 99, which holds nothing, for the shared prefix):
+/// `get`, `shared`, the instances `iter` lists (with their `get`) and `longest`.
+pub(super) fn check_matches(
+    m: &PrefixMatches,
+    prompt: &[BlockHash],
+    want: impl Fn(u32) -> TierMatch,
+) -> Result<(), TestCaseError> {
+    for i in 0..5 {
+        prop_assert_eq!(m.get(InstanceId(i)), want(i), "instance {} prompt {:?}", i, prompt);
+    }
+    prop_assert_eq!(m.shared(), want(99));
+    let mut listed: Vec<u32> = m
+        .iter()
+        .map(|(i, t)| {
+            assert_eq!(t, m.get(i));
+            i.0
+        })
+        .collect();
+    listed.sort_unstable();
+    let held: Vec<u32> = (0..5)
+        .filter(|&i| {
+            let t = want(i);
+            t.l1 + t.l2 > 0
+        })
+        .collect();
+    prop_assert_eq!(listed, held);
+    let longest = (0..5)
+        .map(|i| (i, want(i)))
+        .filter(|(_, t)| t.l1 + t.l2 > 0)
+        .max_by_key(|&(i, t)| (t.total(), t.l1, t.l2, std::cmp::Reverse(i)))
+        .map(|(i, t)| (InstanceId(i), t));
+    prop_assert_eq!(m.longest(), longest);
+    Ok(())
 }
