@@ -67,7 +67,7 @@ pub fn class_priority(s: &Scheduling) -> Result<(bool, Option<u32>), Invalid> {
 
 /// A scheduling's step budget (`None`: the engine's own), checked as a policy's is.
 pub fn max_batch_tokens(s: &Scheduling) -> Result<Option<u32>, Invalid> {
-    simulator::scenario::step_budget(s.max_batch_tokens).map_err(Invalid::of)
+    simulator::scenario::step_budget("max_batch_tokens", s.max_batch_tokens).map_err(Invalid::of)
 }
 
 /// The step budget an engine started with `own` runs at when asked for `asked`: its own when

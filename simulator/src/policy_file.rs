@@ -166,7 +166,7 @@ impl PolicyFile {
     pub fn check(&self) -> Result<(), ScenarioError> {
         self.router_config()?;
         self.scheduler()?.engine_scheduling()?;
-        step_budget(self.max_batch_tokens)?;
+        step_budget("max_batch_tokens", self.max_batch_tokens)?;
         if let Some(name) = &self.autoscaler {
             autoscaler_with_params(name, Dur::ZERO, (1, 1), &self.autoscaler_params, "autoscaler_params")?;
         }

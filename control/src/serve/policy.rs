@@ -78,7 +78,7 @@ impl Policy {
         let p = &self.0;
         let router = p.router_config().map_err(refused)?;
         let (prefill, kv_protection) = p.scheduler().and_then(|s| s.engine_scheduling()).map_err(refused)?;
-        simulator::scenario::step_budget(p.max_batch_tokens).map_err(refused)?;
+        simulator::scenario::step_budget("max_batch_tokens", p.max_batch_tokens).map_err(refused)?;
         let scheduling =
             Scheduling { max_batch_tokens: p.max_batch_tokens, ..crate::scheduling::wire(&prefill, kv_protection) };
         let autoscaler = match (pools, p.autoscaler.as_deref()) {

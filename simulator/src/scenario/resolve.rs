@@ -129,10 +129,8 @@ impl Scenario {
         if block_size == 0 || !block_size.is_power_of_two() || block_size > 512 {
             return Err(invalid("fleet.block_size", format!("{block_size} is not a power of two between 1 and 512")));
         }
-        let max_batch_tokens = f.max_batch_tokens.unwrap_or(defaults.max_batch_tokens);
-        if max_batch_tokens == 0 {
-            return Err(invalid("fleet.max_batch_tokens", "must be at least 1"));
-        }
+        let max_batch_tokens =
+            step_budget("fleet.max_batch_tokens", f.max_batch_tokens)?.unwrap_or(defaults.max_batch_tokens);
         let max_seqs = f.max_seqs.unwrap_or(defaults.max_seqs);
         if max_seqs == 0 {
             return Err(invalid("fleet.max_seqs", "must be at least 1"));
@@ -268,7 +266,7 @@ impl Scenario {
             match budgets[..] {
                 [] => {}
                 [b] => {
-                    let checked = step_budget(budget_variant(b))
+                    let checked = step_budget("routers", budget_variant(b))
                         .map_err(|_| invalid("routers", format!("`{spec}`: a step budget is at least 1 token")))?;
                     run_budget = checked.unwrap_or(run_budget);
                 }

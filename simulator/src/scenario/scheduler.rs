@@ -5,11 +5,12 @@ use engine::{FairPrefill, KvProtection, PrefillPolicy, RunawayAction};
 use policies::Params;
 use serde::{Deserialize, Serialize};
 
-/// A policy's step budget (`max_batch_tokens`, `None`: the engines' own), checked as the
-/// policy file, the live policy API and an engine's `Configure` take it.
-pub fn step_budget(budget: Option<u32>) -> Result<Option<u32>, ScenarioError> {
+/// A step budget (`max_batch_tokens`, `None`: the engines' own), checked as a scenario's
+/// fleet, a run's variant, the policy file, the live policy API and an engine's `Configure`
+/// take it; `key` names the setting in the error.
+pub fn step_budget(key: &'static str, budget: Option<u32>) -> Result<Option<u32>, ScenarioError> {
     match budget {
-        Some(0) => Err(invalid("max_batch_tokens", "must be at least 1")),
+        Some(0) => Err(invalid(key, "must be at least 1")),
         budget => Ok(budget),
     }
 }
