@@ -75,8 +75,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
             args.target_attainment
         )));
     }
-    let settings = args.flags.settings()?;
+    let mut settings = args.flags.settings()?;
     let precision = check_precision(args.precision)?;
+    // Every bisection point of every router reads the same trace.
+    settings.keep_trace().map_err(|e| Failure::Input(e.into()))?;
     let target = Target { attainment: args.target_attainment, class: args.target_class, precision };
     if let Some(class) = target.class {
         if settings.classes.as_ref().is_none_or(|c| !c.mix.iter().any(|m| m.class == class)) {

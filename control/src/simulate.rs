@@ -42,7 +42,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    let settings = args.flags.settings()?;
+    let mut settings = args.flags.settings()?;
+    if settings.routers.len() > 1 {
+        // The routers side by side read the same trace.
+        settings.keep_trace().map_err(|e| Failure::Input(e.into()))?;
+    }
     println!("{}", describe(&settings));
     let step_check = match &args.check_steps {
         Some(path) => {
@@ -98,8 +102,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Runs the routers side by side on rayon's threads (runs share nothing; each re-reads the
-/// workload, so all see the same arrivals). Results come back in the order the routers were given.
+/// Runs the routers side by side on rayon's threads (runs share nothing but a trace kept in
+/// memory, [`Settings::keep_trace`]; each opens the workload afresh, so all see the same
+/// arrivals). Results come back in the order the routers were given.
 ///
 /// The infinite-cache bound depends on the arrivals alone, so only the first run measures it
 /// (when `measure_bound`) and the others report its value. Each run longer than a second

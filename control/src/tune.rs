@@ -29,9 +29,10 @@ use simulator::policy_file::PolicyFile;
 use simulator::report::write_json;
 use simulator::scenario::{Scenario, Settings};
 use simulator::search_space::{scheduling_params, Dim, SearchSpace};
+use simulator::workload::RecordedTrace;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -244,7 +245,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
         return Err(input("--trials must be at least 1".into()));
     }
     let scenario = args.flags.scenario()?;
-    let settings = resolve(&scenario)?;
+    let mut settings = resolve(&scenario)?;
+    // Every trial of every slice reads the same trace.
+    settings.keep_trace().map_err(|e| Failure::Input(e.into()))?;
     let [run] = settings.routers.as_slice() else {
         return Err(input(format!(
             "tune takes one router (--router NAME, or --policy FILE); got {}",
@@ -289,6 +292,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         target: args.target_attainment,
         precision: args.precision,
         quiet: MultiProgress::with_draw_target(ProgressDrawTarget::hidden()),
+        recorded: settings.recorded.clone(),
     };
 
     let untuned_values = space.values(&space.start());
@@ -437,6 +441,8 @@ struct Judge<'a> {
     precision: f64,
     /// Runs inside a search show no spinners: the trials' bar says how far it is.
     quiet: MultiProgress,
+    /// The scenario's trace, read once for every trial (each slice replays its part).
+    recorded: Option<Arc<RecordedTrace>>,
 }
 
 impl Judge<'_> {
@@ -451,6 +457,7 @@ impl Judge<'_> {
     ) -> Result<Eval, Failure> {
         let scenario = policy.overlay(self.scenario.clone()).map_err(|e| Failure::Input(e.into()))?;
         let mut settings = resolve(&scenario)?;
+        settings.recorded = self.recorded.clone();
         settings.skip_requests = slice.skip_requests;
         settings.max_requests = slice.requests;
         settings.seed = slice.seed;

@@ -177,6 +177,13 @@ fn a_malformed_trace_line_is_named_with_file_and_line() {
     )
     .unwrap();
     fails_with(&["simulate", "--trace", trace.to_str().unwrap()], &["bad.jsonl", "line 2", "input_length"]);
+    // Commands that read the trace once for all their runs say the same.
+    let two = ["--trace", trace.to_str().unwrap(), "--router", "least-outstanding,round-robin"];
+    fails_with(&[&["simulate"][..], &two].concat(), &["bad.jsonl", "line 2", "input_length"]);
+    fails_with(&[&["max-rate"][..], &two].concat(), &["bad.jsonl", "line 2", "input_length"]);
+    // A run that stops before the bad line does not meet it.
+    let first = fleetplane(&[&["simulate", "--max-requests", "1"][..], &two].concat());
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
 }
 
 #[test]

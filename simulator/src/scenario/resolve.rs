@@ -228,6 +228,7 @@ impl Scenario {
             instances_per_gpu,
             gpu_share_efficiency,
             max_tokens: w.max_tokens.unwrap_or_default(),
+            recorded: None,
         })
     }
 

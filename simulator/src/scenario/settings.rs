@@ -6,13 +6,14 @@ use super::tiers::KvTiers;
 use crate::sim::SimConfig;
 use crate::slo::Slo;
 use crate::workload::{
-    self, AgenticConfig, ClassesConfig, MaxTokens, PhasedConfig, SyntheticConfig, TraceFormat, Workload, WorkloadError,
-    WorkloadOptions,
+    self, AgenticConfig, ClassesConfig, MaxTokens, PhasedConfig, RecordedTrace, SyntheticConfig, TraceFormat, Workload,
+    WorkloadError, WorkloadOptions,
 };
 use cost::{Calibration, CostModel, Drafter};
 use engine::{Dur, InstanceConfig, KvProtection, PrefillPolicy};
 use policies::RouterConfig;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +93,9 @@ pub struct Settings {
     pub classes: Option<ClassesConfig>,
     /// `[workload] max_tokens` (see [`SimConfig::max_tokens`]).
     pub max_tokens: MaxTokens,
+    /// The trace read once, for commands that run it many times ([`Settings::keep_trace`]);
+    /// used by [`Settings::open_workload`] wherever it serves these settings.
+    pub recorded: Option<Arc<RecordedTrace>>,
 }
 
 /// The run variant without speculation (`name@nospec`, like `@nohw`).
@@ -171,11 +175,40 @@ impl Settings {
         matches!(self.workload, WorkloadSource::Trace { .. })
     }
 
+    /// Reads the trace once and keeps it (when it holds at most
+    /// [`workload::RECORD_MAX_HASHES`] hashes), so that every later [`Settings::open_workload`]
+    /// replays it rather than reading it again: for commands that run the same trace many
+    /// times. Only as far as these settings read (their skipped and limited requests); a
+    /// malformed line there is an error now. Other workloads are drawn at each run's rate and
+    /// are left as they are.
+    pub fn keep_trace(&mut self) -> Result<(), WorkloadError> {
+        let WorkloadSource::Trace { path, format } = &self.workload else { return Ok(()) };
+        let opts = self.workload_options(1.0);
+        if self.recorded.as_ref().is_some_and(|r| r.serves(path, *format, &opts, self.requests_read())) {
+            return Ok(());
+        }
+        let trace = RecordedTrace::record(path, *format, &opts, self.requests_read(), workload::RECORD_MAX_HASHES)?;
+        self.recorded = trace.map(Arc::new);
+        Ok(())
+    }
+
+    /// How many of the trace's requests a run reads: its skipped ones and those it keeps.
+    fn requests_read(&self) -> Option<u64> {
+        self.max_requests.map(|n| n.saturating_add(self.skip_requests.unwrap_or(0)))
+    }
+
+    fn workload_options(&self, rate_scale: f64) -> WorkloadOptions {
+        WorkloadOptions { block_size: self.instance.block_size, rate_scale, seed: self.seed }
+    }
+
     /// Opens the workload afresh (each run reads the same arrivals), at `rate_scale`.
     pub fn open_workload(&self, rate_scale: f64) -> Result<Box<dyn Workload>, WorkloadError> {
-        let opts = WorkloadOptions { block_size: self.instance.block_size, rate_scale, seed: self.seed };
+        let opts = self.workload_options(rate_scale);
         let w = match &self.workload {
-            WorkloadSource::Trace { path, format } => workload::open_trace(path, *format, &opts)?,
+            WorkloadSource::Trace { path, format } => match &self.recorded {
+                Some(r) if r.serves(path, *format, &opts, self.requests_read()) => Box::new(r.replay(rate_scale)),
+                _ => workload::open_trace(path, *format, &opts)?,
+            },
             WorkloadSource::Synthetic(cfg) => workload::synthetic(cfg, &opts)?,
             WorkloadSource::Phased(cfg) => workload::phased(cfg, &opts)?,
             WorkloadSource::Agentic(cfg) => workload::agentic(cfg, &opts)?,

@@ -1,7 +1,8 @@
 //! Workloads: where the simulator's requests come from.
 //!
 //! The event loop pulls one [`Arrival`] at a time from a [`Workload`]. Traces are streamed
-//! line by line, so memory grows with the requests in flight, never with the trace's length;
+//! line by line, so memory grows with the requests in flight, never with the trace's length
+//! (a command that runs one trace many times may keep it read once: [`RecordedTrace`]);
 //! synthetic generators draw each request when it is asked for.
 //!
 //! | file | purpose |
@@ -18,6 +19,7 @@
 //! | `limit.rs` | a slice of any workload: [`skip`] its first requests, [`limit`] it to a number of them |
 //! | `max_tokens.rs` | [`MaxTokens`]: the output bound clients ask for, all a router knows of an output before it ends |
 //! | `tile.rs` | any workload [`tile`]d to a size: copies side by side and wave after wave, hashes salted per copy |
+//! | `recorded.rs` | [`RecordedTrace`]: a trace read once and replayed at any rate, for commands that run it many times |
 //! | `test_util.rs` | tests only: temporary trace files, the public traces' paths, draining a workload |
 //!
 //! Guardrails:
@@ -42,6 +44,7 @@ mod lines;
 mod max_tokens;
 mod mooncake;
 mod phased;
+mod recorded;
 mod servegen;
 mod synthetic;
 mod tile;
@@ -60,6 +63,7 @@ pub use limit::{limit, skip};
 pub use max_tokens::{BadMaxTokens, MaxTokens};
 pub use mooncake::MOONCAKE_BLOCK_TOKENS;
 pub use phased::{phased, Phase, PhasedConfig};
+pub use recorded::{RecordedTrace, MAX_HASHES as RECORD_MAX_HASHES};
 pub use servegen::{ServeGenShape, SERVEGEN_WINDOW_S};
 pub use synthetic::{
     synthetic, ArrivalProcess, LengthDist, LongInputs, LongOutputs, PrefixGroups, RateStep, SyntheticConfig,
