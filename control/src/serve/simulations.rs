@@ -165,7 +165,11 @@ pub fn spawn(app: Arc<App>, id: i64, scenario: String) {
 
 /// Every router of the scenario on the same arrivals; the report's JSON and a CDF chart.
 fn run(text: &str) -> Result<(serde_json::Value, String), String> {
-    let settings = validate(text)?;
+    let mut settings = validate(text)?;
+    if settings.routers.len() > 1 {
+        // The runs side by side read the same trace.
+        settings.keep_trace().map_err(|e| e.to_string())?;
+    }
     let mut runs = Vec::new();
     let mut series = Vec::new();
     for (i, spec) in settings.routers.iter().enumerate() {
