@@ -1,10 +1,11 @@
 #!/bin/bash
-# The ceiling of routing on a workload: its max rate at 90% attainment when every instance
-# finds every prefix ever computed anywhere, for free. Each workload's scenario is run with
-# its L2 gone and its L3 unbounded (1 PB), instant (100 TB/s, no latency) and its KV events
-# undelayed, so a prompt's cached prefix no longer depends on where it goes: what is left
-# to a router is balance. Then the cache-aware run is simulated again at its max rate, to
-# show how busy the GPUs are there (busy s over held GPU s).
+# The ceiling of routing on a workload: its max rate at 90% attainment with an ideal shared
+# store. Each workload's scenario is run with its L2 gone and its L3 unbounded (1 PB),
+# instant (100 TB/s, no latency) and its KV events undelayed, so that every block any GPU
+# evicts stays free to load for every instance and a router's hit rate can come as close to
+# the infinite-cache bound as its placement lets it. Then the cache-aware run is simulated
+# again at its max rate: its hit rate against the bound, and how busy the GPUs are there
+# (busy s over held GPU s).
 #
 #   scripts/router-ceiling.sh BIN OUT WORKLOADS [NAME...]
 #   scripts/router-ceiling.sh target/release/fleetplane /tmp/ceiling scripts/router-workloads.txt mooncake8
