@@ -38,6 +38,7 @@
 //! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
 //! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run |
+//! | `store_new_page` | a run storing on a page the index lacks (a prompt's blocks past what is cached fill new pages) is appended as one copy in one state, its counts moved once: no look for each block, nor a first block stored apart |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
@@ -399,7 +400,7 @@ impl PrefixIndex {
                 None
             }
             KvEvent::Stored { tier, hash, page } => {
-                Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
+                Some(self.store(std::slice::from_ref(&hash), page, tier.index(), Change::stored(instance, tier)).0)
             }
             KvEvent::Removed { tier, hash, page } => {
                 self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
@@ -471,13 +472,14 @@ impl PrefixIndex {
                 change = fuse(events, i..end, &self.next, &mut fused, instance, change, &mut partners);
             }
             let mut rest = hashes;
-            while let Some((&hash, tail)) = rest.split_first() {
-                rest = tail;
-                let step = if stored {
-                    Some(self.store(hash, page, stream, change))
+            while let Some(&hash) = rest.first() {
+                let (step, applied) = if stored {
+                    let (step, n) = self.store(rest, page, stream, change);
+                    (Some(step), n)
                 } else {
-                    self.unstore(hash, page, stream, change)
+                    (self.unstore(hash, page, stream, change), 1)
                 };
+                rest = &rest[applied..];
                 if let Some(run) = step.filter(|s| s.to != s.from) {
                     rest = &rest[self.extend_run(run, rest)..];
                 }
@@ -555,12 +557,46 @@ impl PrefixIndex {
         applied
     }
 
-    fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
-        let loc = self.find_or_add(hash, page, stream);
+    /// Applies `change` (a store) to the first block of `hashes` (not empty), found or added
+    /// at the end of `page`; on a page new to the index, to as many of them as
+    /// [`Page::push_new`] takes, appended at once. Returns the step of the last block applied
+    /// and how many it applied.
+    fn store(&mut self, hashes: &[BlockHash], page: BlockHash, stream: usize, change: Change) -> (Step, usize) {
+        let loc = match self.find_or_add(hashes[0], page, stream) {
+            Ok(loc) => loc,
+            Err(vacancy) => return self.store_new_page(vacancy, hashes, page, stream, change),
+        };
         self.pages[loc.slot as usize].run_start = loc.idx;
         let (from, to) = self.change_at(loc, change);
         self.move_cursor(stream, page, loc);
-        Step { stream, page, loc, from, to }
+        (Step { stream, page, loc, from, to }, 1)
+    }
+
+    /// [`PrefixIndex::store`] on a page the index lacks: a prompt's blocks past what is
+    /// cached come as runs filling new pages, appended as one copy, in one state, the counts
+    /// moved once (as a run found block by block and extended would, without the looks).
+    fn store_new_page(
+        &mut self,
+        vacancy: usize,
+        hashes: &[BlockHash],
+        page: BlockHash,
+        stream: usize,
+        change: Change,
+    ) -> (Step, usize) {
+        let slot = engine::slots::reuse(&mut self.pages, &mut self.free_pages);
+        self.slots.fill(vacancy, page, slot);
+        let to = self.transition(EMPTY, change);
+        debug_assert_ne!(to, EMPTY, "a store holds its blocks");
+        let p = &mut self.pages[slot as usize];
+        p.name = page;
+        // A new page holds nothing: the run's first block at least goes in.
+        let n = p.push_new(hashes, to, self.page_blocks as usize);
+        p.run_start = 0;
+        self.blocks += n;
+        self.meta[to as usize].refs += n as u32;
+        let loc = Loc { slot, idx: n as u32 - 1 };
+        self.move_cursor(stream, page, loc);
+        (Step { stream, page, loc, from: EMPTY, to }, n)
     }
 
     fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Option<Step> {
@@ -599,18 +635,15 @@ impl PrefixIndex {
         Some(Loc { slot, idx: idx as u32 })
     }
 
-    /// Where `hash` is, added (nobody holding it yet) at the end of its page if new.
-    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Loc {
+    /// Where `hash` is, added (nobody holding it yet) at the end of its page if new to the
+    /// page; when the page itself is new to the index, its vacancy in the page map (nothing
+    /// added).
+    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Result<Loc, usize> {
         let (slot, hint) = match self.cursor(page, stream) {
             Some(found) => found,
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
-                Probe::Vacant(vacancy) => {
-                    let slot = engine::slots::reuse(&mut self.pages, &mut self.free_pages);
-                    self.pages[slot as usize].name = page;
-                    self.slots.fill(vacancy, page, slot);
-                    (slot, 0)
-                }
+                Probe::Vacant(vacancy) => return Err(vacancy),
             },
         };
         let p = &mut self.pages[slot as usize];
@@ -618,7 +651,7 @@ impl PrefixIndex {
             Some(idx) => idx,
             None => p.push(hash, EMPTY, self.page_blocks as usize),
         };
-        Loc { slot, idx: idx as u32 }
+        Ok(Loc { slot, idx: idx as u32 })
     }
 
     /// Applies `change` to the block at `loc`; returns its states before and after.
