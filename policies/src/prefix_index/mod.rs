@@ -111,6 +111,8 @@ const FUSE_WINDOW: usize = 128;
 const LINK_BITS: u32 = 10;
 /// No later run on the page (past any batch's end).
 const NO_RUN: u32 = u32::MAX;
+/// Page entries a cache line holds, at least (64 bytes, 12 an entry).
+const LINE_ENTRIES: usize = 5;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -522,6 +524,11 @@ impl PrefixIndex {
             let Some(slot) = self.slots.get(page) else { continue };
             let p = &self.pages[slot as usize];
             sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| u64::from(e.value));
+            if tier == Tier::L1 && p.len() <= 2 * self.page_blocks as usize {
+                // An evicted leaf's blocks are taken down the page from its deepest, a stretch
+                // of lines the processor does not see coming: every line of a small page.
+                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ u64::from(e.value));
+            }
         }
         sink
     }
