@@ -512,10 +512,18 @@ impl PrefixIndex {
         }
         let mut sink = 0;
         for run in events.runs() {
-            let KvRun::Removed { tier, page, hashes } = run else { continue };
+            let (tier, page, hashes, removed) = match run {
+                KvRun::Removed { tier, page, hashes } => (tier, page, hashes, true),
+                KvRun::Stored { tier, page, hashes } => (tier, page, hashes, false),
+                KvRun::Cleared => continue,
+            };
             if self.by_chunk(tier) {
-                // Chunks are found by their own map entries.
+                // Chunks are found by their own map entries, one a chunk, anywhere in a map
+                // of every chunk held: a demotion's new chunks too.
                 sink ^= hashes.iter().fold(0, |sink, &h| sink ^ self.chunks.touch(h));
+                continue;
+            }
+            if !removed {
                 continue;
             }
             if tier == Tier::L1 && l1 == 0 {
