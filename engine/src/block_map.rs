@@ -281,6 +281,16 @@ impl HashFilter {
         let (w, m) = HashFilter::bit(hash);
         self.0[w] & m != 0
     }
+
+    /// Adds `hash`; returns [`HashFilter::may_hold`] of it before (one bit found, read and
+    /// written once).
+    #[inline(always)]
+    pub fn insert(&mut self, hash: BlockHash) -> bool {
+        let (w, m) = HashFilter::bit(hash);
+        let word = self.0[w];
+        self.0[w] = word | m;
+        word & m != 0
+    }
 }
 
 #[cfg(test)]

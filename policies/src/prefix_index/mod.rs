@@ -37,7 +37,8 @@
 //! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
-//! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run |
+//! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run; L1's take every line of a small page (an evicted leaf is taken down the page from its deepest block), and in chunk mode a demotion's new chunks' map entries are loaded too |
+//! | `store_new_page` | a run storing on a page the index lacks (a prompt's blocks past what is cached fill new pages) is appended as one copy in one state, its counts moved once: no look for each block, nor a first block stored apart |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
 //! | `Base` | a query's first run, when held by many (a fleet-wide system prompt), is recorded whole, not per holder |
@@ -110,6 +111,8 @@ const FUSE_WINDOW: usize = 128;
 const LINK_BITS: u32 = 10;
 /// No later run on the page (past any batch's end).
 const NO_RUN: u32 = u32::MAX;
+/// Page entries a cache line holds, at least (64 bytes, 12 an entry).
+const LINE_ENTRIES: usize = 5;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -399,7 +402,7 @@ impl PrefixIndex {
                 None
             }
             KvEvent::Stored { tier, hash, page } => {
-                Some(self.store(hash, page, tier.index(), Change::stored(instance, tier)))
+                Some(self.store(std::slice::from_ref(&hash), page, tier.index(), Change::stored(instance, tier)).0)
             }
             KvEvent::Removed { tier, hash, page } => {
                 self.unstore(hash, page, 3 + tier.index(), Change::removed(instance, tier))
@@ -471,13 +474,14 @@ impl PrefixIndex {
                 change = fuse(events, i..end, &self.next, &mut fused, instance, change, &mut partners);
             }
             let mut rest = hashes;
-            while let Some((&hash, tail)) = rest.split_first() {
-                rest = tail;
-                let step = if stored {
-                    Some(self.store(hash, page, stream, change))
+            while let Some(&hash) = rest.first() {
+                let (step, applied) = if stored {
+                    let (step, n) = self.store(rest, page, stream, change);
+                    (Some(step), n)
                 } else {
-                    self.unstore(hash, page, stream, change)
+                    (self.unstore(hash, page, stream, change), 1)
                 };
+                rest = &rest[applied..];
                 if let Some(run) = step.filter(|s| s.to != s.from) {
                     rest = &rest[self.extend_run(run, rest)..];
                 }
@@ -490,8 +494,8 @@ impl PrefixIndex {
         self.fused = fused;
     }
 
-    /// Loads what the batch's removals will read first, all at once, so that their cache
-    /// misses overlap: a full tier's victims are its oldest blocks, on pages an
+    /// Loads what the batch's removals (and in chunk mode its stored chunks) will read
+    /// first, all at once, so that their cache misses overlap: a full tier's victims are its oldest blocks, on pages an
     /// event has not touched for long, and each run's start otherwise waits on three misses
     /// in a row (the page's map entry, the page, its blocks where the run's first is looked
     /// for). One pass with no dependence from a run to the next, for the processor to run
@@ -508,10 +512,18 @@ impl PrefixIndex {
         }
         let mut sink = 0;
         for run in events.runs() {
-            let KvRun::Removed { tier, page, hashes } = run else { continue };
+            let (tier, page, hashes, removed) = match run {
+                KvRun::Removed { tier, page, hashes } => (tier, page, hashes, true),
+                KvRun::Stored { tier, page, hashes } => (tier, page, hashes, false),
+                KvRun::Cleared => continue,
+            };
             if self.by_chunk(tier) {
-                // Chunks are found by their own map entries.
+                // Chunks are found by their own map entries, one a chunk, anywhere in a map
+                // of every chunk held: a demotion's new chunks too.
                 sink ^= hashes.iter().fold(0, |sink, &h| sink ^ self.chunks.touch(h));
+                continue;
+            }
+            if !removed {
                 continue;
             }
             if tier == Tier::L1 && l1 == 0 {
@@ -520,6 +532,11 @@ impl PrefixIndex {
             let Some(slot) = self.slots.get(page) else { continue };
             let p = &self.pages[slot as usize];
             sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| u64::from(e.value));
+            if tier == Tier::L1 && p.len() <= 2 * self.page_blocks as usize {
+                // An evicted leaf's blocks are taken down the page from its deepest, a stretch
+                // of lines the processor does not see coming: every line of a small page.
+                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ u64::from(e.value));
+            }
         }
         sink
     }
@@ -555,12 +572,46 @@ impl PrefixIndex {
         applied
     }
 
-    fn store(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Step {
-        let loc = self.find_or_add(hash, page, stream);
+    /// Applies `change` (a store) to the first block of `hashes` (not empty), found or added
+    /// at the end of `page`; on a page new to the index, to as many of them as
+    /// [`Page::push_new`] takes, appended at once. Returns the step of the last block applied
+    /// and how many it applied.
+    fn store(&mut self, hashes: &[BlockHash], page: BlockHash, stream: usize, change: Change) -> (Step, usize) {
+        let loc = match self.find_or_add(hashes[0], page, stream) {
+            Ok(loc) => loc,
+            Err(vacancy) => return self.store_new_page(vacancy, hashes, page, stream, change),
+        };
         self.pages[loc.slot as usize].run_start = loc.idx;
         let (from, to) = self.change_at(loc, change);
         self.move_cursor(stream, page, loc);
-        Step { stream, page, loc, from, to }
+        (Step { stream, page, loc, from, to }, 1)
+    }
+
+    /// [`PrefixIndex::store`] on a page the index lacks: a prompt's blocks past what is
+    /// cached come as runs filling new pages, appended as one copy, in one state, the counts
+    /// moved once (as a run found block by block and extended would, without the looks).
+    fn store_new_page(
+        &mut self,
+        vacancy: usize,
+        hashes: &[BlockHash],
+        page: BlockHash,
+        stream: usize,
+        change: Change,
+    ) -> (Step, usize) {
+        let slot = engine::slots::reuse(&mut self.pages, &mut self.free_pages);
+        self.slots.fill(vacancy, page, slot);
+        let to = self.transition(EMPTY, change);
+        debug_assert_ne!(to, EMPTY, "a store holds its blocks");
+        let p = &mut self.pages[slot as usize];
+        p.name = page;
+        // A new page holds nothing: the run's first block at least goes in.
+        let n = p.push_new(hashes, to, self.page_blocks as usize);
+        p.run_start = 0;
+        self.blocks += n;
+        self.meta[to as usize].refs += n as u32;
+        let loc = Loc { slot, idx: n as u32 - 1 };
+        self.move_cursor(stream, page, loc);
+        (Step { stream, page, loc, from: EMPTY, to }, n)
     }
 
     fn unstore(&mut self, hash: BlockHash, page: BlockHash, stream: usize, change: Change) -> Option<Step> {
@@ -599,18 +650,15 @@ impl PrefixIndex {
         Some(Loc { slot, idx: idx as u32 })
     }
 
-    /// Where `hash` is, added (nobody holding it yet) at the end of its page if new.
-    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Loc {
+    /// Where `hash` is, added (nobody holding it yet) at the end of its page if new to the
+    /// page; when the page itself is new to the index, its vacancy in the page map (nothing
+    /// added).
+    fn find_or_add(&mut self, hash: BlockHash, page: BlockHash, stream: usize) -> Result<Loc, usize> {
         let (slot, hint) = match self.cursor(page, stream) {
             Some(found) => found,
             None => match self.slots.probe(page) {
                 Probe::Found(slot) => (slot, 0),
-                Probe::Vacant(vacancy) => {
-                    let slot = engine::slots::reuse(&mut self.pages, &mut self.free_pages);
-                    self.pages[slot as usize].name = page;
-                    self.slots.fill(vacancy, page, slot);
-                    (slot, 0)
-                }
+                Probe::Vacant(vacancy) => return Err(vacancy),
             },
         };
         let p = &mut self.pages[slot as usize];
@@ -618,7 +666,7 @@ impl PrefixIndex {
             Some(idx) => idx,
             None => p.push(hash, EMPTY, self.page_blocks as usize),
         };
-        Loc { slot, idx: idx as u32 }
+        Ok(Loc { slot, idx: idx as u32 })
     }
 
     /// Applies `change` to the block at `loc`; returns its states before and after.

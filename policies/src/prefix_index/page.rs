@@ -180,10 +180,10 @@ impl Page {
     pub(super) fn push_new(&mut self, hashes: &[BlockHash], state: u32, page_blocks: usize) -> usize {
         let mut n = 0;
         for &hash in hashes {
-            if self.filter.may_hold(hash) && (self.holds(hash) || hashes[..n].contains(&hash)) {
+            // Noted on the way: a block that stops the run had its bit already.
+            if self.filter.insert(hash) && (self.holds(hash) || hashes[..n].contains(&hash)) {
                 break;
             }
-            self.filter.add(hash);
             n += 1;
         }
         let first = self.entries.len();

@@ -208,6 +208,17 @@ fn a_run_of_new_blocks_whose_filter_bits_collide_is_stored_once_each() {
     assert_eq!(holders(1), [holder(A, Tier::L1), holder(B, Tier::L1)]);
     assert_eq!(holders(7), [holder(C, Tier::L1)]);
     assert_eq!(index.blocks(), 8);
+    // On a page new to the index, the run is appended at once, up to a block named twice;
+    // the rest goes on from there.
+    let fresh = h(20);
+    let batch: KvEvents =
+        [20, 21, 20, 22].iter().map(|&k| KvEvent::Stored { tier: Tier::L1, hash: h(k), page: fresh }).collect();
+    index.apply_batch(C, &batch);
+    index.check_invariants();
+    let p = &index.pages[index.slots.get(fresh).expect("the new page") as usize];
+    assert_eq!(p.entries.iter().map(|e| e.hash()).collect::<Vec<_>>(), [20, 21, 22].map(h));
+    assert!(p.entries.iter().all(|e| index.states[e.value as usize].holders == [holder(C, Tier::L1)]));
+    assert_eq!(index.blocks(), 11);
 }
 
 /// The index against the semantics written out: per (instance, tier) sets and a walk.
