@@ -27,6 +27,12 @@ impl Failure {
         eprintln!("error: {}", describe(&*err));
         ExitCode::from(code)
     }
+
+    /// The error and its causes in one line, whatever the kind ([`describe`]).
+    pub fn describe(&self) -> String {
+        let (Failure::Input(e) | Failure::Run(e) | Failure::Output(e)) = self;
+        describe(&**e)
+    }
 }
 
 /// The error and its causes joined by `: `, as `{:#}` prints them, without the causes an error's

@@ -2,11 +2,12 @@
 //! simulator (one at a time, off the async threads), results and chart kept in the database.
 
 use super::app::App;
+use crate::simulate::run_routers;
+use indicatif::{MultiProgress, ProgressDrawTarget};
 use serde_json::json;
 use simulator::plot::{plot_cdfs, CdfSeries};
 use simulator::report::{Report, RunReport};
 use simulator::scenario::{RouterEntry, Scenario, Settings};
-use simulator::sim::{self, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -163,26 +164,25 @@ pub fn spawn(app: Arc<App>, id: i64, scenario: String) {
     });
 }
 
-/// Every router of the scenario on the same arrivals; the report's JSON and a CDF chart.
+/// Every router of the scenario on the same arrivals (side by side, as `simulate` runs them);
+/// the report's JSON and a CDF chart.
 fn run(text: &str) -> Result<(serde_json::Value, String), String> {
     let mut settings = validate(text)?;
     if settings.routers.len() > 1 {
         // The runs side by side read the same trace.
         settings.keep_trace().map_err(|e| e.to_string())?;
     }
-    let mut runs = Vec::new();
-    let mut series = Vec::new();
-    for (i, spec) in settings.routers.iter().enumerate() {
-        let workload = settings.open_workload(settings.rate_scale).map_err(|e| e.to_string())?;
-        let config = SimConfig { infinite_cache_bound: i == 0, ..settings.sim_config(spec) };
-        let out = sim::run(&config, workload, &mut |_| {}).map_err(|e| e.to_string())?;
-        series.push(CdfSeries { label: out.router.clone(), ttft: out.ttft_cdf.clone(), tpot: out.tpot_cdf.clone() });
-        runs.push(RunReport { router: out.router, summary: out.summary, decisions: out.decisions });
-    }
-    let bound = runs.first().and_then(|r| r.summary.max_hit_rate);
-    for r in &mut runs {
-        r.summary.max_hit_rate = bound;
-    }
+    let hidden = MultiProgress::with_draw_target(ProgressDrawTarget::hidden());
+    let outputs = run_routers(&settings, &settings.routers, settings.rate_scale, true, None, &hidden)
+        .map_err(|e| e.describe())?;
+    let series: Vec<CdfSeries> = outputs
+        .iter()
+        .map(|o| CdfSeries { label: o.router.clone(), ttft: o.ttft_cdf.clone(), tpot: o.tpot_cdf.clone() })
+        .collect();
+    let runs: Vec<RunReport> = outputs
+        .into_iter()
+        .map(|o| RunReport { router: o.router, summary: o.summary, decisions: o.decisions })
+        .collect();
     let dir = std::env::temp_dir().join(format!("fleetplane-sim-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make a folder for the chart: {e}"))?;
     let path = dir.join("cdf.svg");
