@@ -14,7 +14,7 @@
 //! as before, its memory growing with the requests in flight only.
 
 use super::{open_trace, scaled_time, Arrival, TraceFormat, Workload, WorkloadError, WorkloadOptions};
-use engine::{BlockHash, Time};
+use engine::BlockHash;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ pub const MAX_HASHES: usize = 32 << 20;
 /// One recorded arrival; its hashes are `hashes[previous end..end]`.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
+    /// The reader's time at rate 1 (`scaled_time(us, 1.0)` is `us` exactly).
     at_us: u64,
     prompt_tokens: u32,
     output_tokens: u32,
@@ -142,9 +143,6 @@ impl Workload for Replay {
         }))
     }
 }
-
-/// Time is kept as microseconds; a recording at scale 1 keeps the reader's exactly.
-const _: () = assert!(std::mem::size_of::<Time>() == std::mem::size_of::<u64>());
 
 #[cfg(test)]
 mod tests {
