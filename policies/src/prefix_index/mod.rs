@@ -113,6 +113,8 @@ const LINK_BITS: u32 = 10;
 const NO_RUN: u32 = u32::MAX;
 /// Page entries a cache line holds, at least (64 bytes, 12 an entry).
 const LINE_ENTRIES: usize = 5;
+/// Pages [`PrefixIndex::prefetch_removals`] gathers before loading them.
+const PREFETCH_PAGES: usize = 32;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -511,6 +513,10 @@ impl PrefixIndex {
             return 0;
         }
         let mut sink = 0;
+        // The runs' slots, gathered first: the map entries' misses side by side, then the
+        // pages', then their blocks', instead of three in a row a run.
+        let mut slots = [0u32; PREFETCH_PAGES];
+        let mut n = 0;
         for run in events.runs() {
             let (tier, page, hashes, removed) = match run {
                 KvRun::Removed { tier, page, hashes } => (tier, page, hashes, true),
@@ -530,15 +536,33 @@ impl PrefixIndex {
                 continue;
             }
             let Some(slot) = self.slots.get(page) else { continue };
-            let p = &self.pages[slot as usize];
-            sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| u64::from(e.value));
-            if tier == Tier::L1 && p.len() <= 2 * self.page_blocks as usize {
-                // An evicted leaf's blocks are taken down the page from its deepest, a stretch
-                // of lines the processor does not see coming: every line of a small page.
-                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ u64::from(e.value));
+            // Small pages' L1 runs take every line (the top bit marks them).
+            slots[n] = slot | u32::from(tier == Tier::L1) << 31;
+            n += 1;
+            if n == slots.len() {
+                sink ^= self.load_removal_pages(&slots);
+                n = 0;
             }
         }
+        sink ^= self.load_removal_pages(&slots[..n]);
         sink
+    }
+
+    /// Loads the pages in `slots` (found by [`PrefixIndex::prefetch_removals`]), their headers
+    /// all first, then the blocks at each one's `run_start`, and every line of a small page
+    /// whose slot has the top bit set (an evicted leaf's blocks are taken down the page from
+    /// its deepest, a stretch of lines the processor does not see coming).
+    fn load_removal_pages(&self, slots: &[u32]) -> u64 {
+        let page = |slot: u32| &self.pages[(slot & !(1 << 31)) as usize];
+        let mut sink = slots.iter().fold(0, |sink, &slot| sink ^ page(slot).len());
+        for &slot in slots {
+            let p = page(slot);
+            sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| e.value as usize);
+            if slot >> 31 != 0 && p.len() <= 2 * self.page_blocks as usize {
+                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ e.value as usize);
+            }
+        }
+        sink as u64
     }
 
     /// Applies the blocks at the start of `hashes` (on the page and stream of `run`) that
