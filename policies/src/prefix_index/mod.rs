@@ -37,7 +37,7 @@
 //! | `fuse` | a demotion publishes "stored in L2", "stored in L3", "removed from L1" over the same blocks, other pages' runs between: the later runs are taken into the first (found by page, checked block by block), its blocks found once and moved to their last holder set in one transition |
 //! | `link_runs` | each run of a batch linked to the batch's next run on its page, once, so that `fuse` visits a page's runs only (a demotion of `k` pages has each page's runs `k` runs apart: a scan was `O(k²)` a demotion) |
 //! | `dormant` | a holder set no block has any more stays interned, its transitions cached, until 256 pile up: blocks come back to the same sets over and over |
-//! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, pages and blocks are loaded in one pass before it is applied, so that their misses overlap instead of coming three in a row a run; L1's take every line of a small page (an evicted leaf is taken down the page from its deepest block), and in chunk mode a demotion's new chunks' map entries are loaded too |
+//! | `prefetch_removals` | a full L2's or L3's victims, and L1's (an allocation's evictions), are on pages no event has touched for long: a batch's removals' map entries, then their pages, then their blocks are loaded before it is applied, each level's misses side by side (a gathered list of slots between), instead of three in a row a run; L1's take every line of a small page (an evicted leaf is taken down the page from its deepest block), and in chunk mode a demotion's new chunks' map entries are loaded too |
 //! | `store_new_page` | a run storing on a page the index lacks (a prompt's blocks past what is cached fill new pages) is appended as one copy in one state, its counts moved once: no look for each block, nor a first block stored apart |
 //! | `Page::run_start` | a run's first block is looked for where the page's last run started (a demotion is published tier by tier over the same blocks) before a scan |
 //! | tombstones | a block nobody holds keeps its place (state `EMPTY`) until its page is mostly tombstones: a demotion published as "removed here, stored there" finds it again, and a run of blocks leaving (a full L3's victims) takes the run path, the page freed or compacted once after it |
@@ -113,6 +113,8 @@ const LINK_BITS: u32 = 10;
 const NO_RUN: u32 = u32::MAX;
 /// Page entries a cache line holds, at least (64 bytes, 12 an entry).
 const LINE_ENTRIES: usize = 5;
+/// Pages [`PrefixIndex::prefetch_removals`] gathers before loading them.
+const PREFETCH_PAGES: usize = 32;
 /// Holder sets kept dormant, at most, before they are freed.
 const DORMANT_STATES: usize = if cfg!(test) { 4 } else { 256 };
 
@@ -498,19 +500,21 @@ impl PrefixIndex {
     /// first, all at once, so that their cache misses overlap: a full tier's victims are its oldest blocks, on pages an
     /// event has not touched for long, and each run's start otherwise waits on three misses
     /// in a row (the page's map entry, the page, its blocks where the run's first is looked
-    /// for). One pass with no dependence from a run to the next, for the processor to run
-    /// ahead through the misses; returns what it read (a prefetch in safe code).
+    /// for). Level by level, with no dependence from a run to the next, for the processor to
+    /// run ahead through the misses; returns what it read (a prefetch in safe code).
     fn prefetch_removals(&self, events: &KvEvents) -> u64 {
-        // L1's removals too (an allocation's evictions, leaf first: L1's oldest blocks), but
-        // not a demotion's by block: those are taken into the demotion's stores' runs (see
-        // [`fuse`]), whose pages are found first, a store at a time (loading them ahead
-        // gained nothing there).
-        let l1 = if self.chunk_blocks == 1 && events.lower_store_runs() > 0 { 0 } else { events.l1_removal_runs() };
+        // L1's removals too (an allocation's evictions, leaf first: L1's oldest blocks; a
+        // demotion's by block, whose L1 runs name the pages its stores' runs are taken into).
+        let l1 = events.l1_removal_runs();
         // One run has nothing to overlap with (and most batches, a commit's, have none).
         if events.lower_removal_runs() + l1 < 2 {
             return 0;
         }
         let mut sink = 0;
+        // The runs' slots, gathered first: the map entries' misses side by side, then the
+        // pages', then their blocks', instead of three in a row a run.
+        let mut slots = [0u32; PREFETCH_PAGES];
+        let mut n = 0;
         for run in events.runs() {
             let (tier, page, hashes, removed) = match run {
                 KvRun::Removed { tier, page, hashes } => (tier, page, hashes, true),
@@ -530,15 +534,33 @@ impl PrefixIndex {
                 continue;
             }
             let Some(slot) = self.slots.get(page) else { continue };
-            let p = &self.pages[slot as usize];
-            sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| u64::from(e.value));
-            if tier == Tier::L1 && p.len() <= 2 * self.page_blocks as usize {
-                // An evicted leaf's blocks are taken down the page from its deepest, a stretch
-                // of lines the processor does not see coming: every line of a small page.
-                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ u64::from(e.value));
+            // Small pages' L1 runs take every line (the top bit marks them).
+            slots[n] = slot | u32::from(tier == Tier::L1) << 31;
+            n += 1;
+            if n == slots.len() {
+                sink ^= self.load_removal_pages(&slots);
+                n = 0;
             }
         }
+        sink ^= self.load_removal_pages(&slots[..n]);
         sink
+    }
+
+    /// Loads the pages in `slots` (found by [`PrefixIndex::prefetch_removals`]), their headers
+    /// all first, then the blocks at each one's `run_start`, and every line of a small page
+    /// whose slot has the top bit set (an evicted leaf's blocks are taken down the page from
+    /// its deepest, a stretch of lines the processor does not see coming).
+    fn load_removal_pages(&self, slots: &[u32]) -> u64 {
+        let page = |slot: u32| &self.pages[(slot & !(1 << 31)) as usize];
+        let mut sink = slots.iter().fold(0, |sink, &slot| sink ^ page(slot).len());
+        for &slot in slots {
+            let p = page(slot);
+            sink ^= p.entries.get(p.run_start as usize).map_or(0, |e| e.value as usize);
+            if slot >> 31 != 0 && p.len() <= 2 * self.page_blocks as usize {
+                sink ^= p.entries.iter().step_by(LINE_ENTRIES).fold(0, |sink, e| sink ^ e.value as usize);
+            }
+        }
+        sink as u64
     }
 
     /// Applies the blocks at the start of `hashes` (on the page and stream of `run`) that
