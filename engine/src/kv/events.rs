@@ -81,11 +81,6 @@ impl Op {
         self == Op::Removed(Tier::L1)
     }
 
-    /// Whether a run of this op stores blocks in L2 or L3.
-    fn stores_below_l1(self) -> bool {
-        matches!(self, Op::Stored(Tier::L2 | Tier::L3))
-    }
-
     fn event(self, hash: BlockHash, page: BlockHash) -> KvEvent {
         match self {
             Op::Stored(tier) => KvEvent::Stored { tier, hash, page },
@@ -117,10 +112,8 @@ pub struct KvEvents {
     /// a reader loading their pages ahead then need not look.
     lower_removals: u32,
     /// Runs among `heads` removing blocks from L1 (an allocation's evictions, a demotion's
-    /// last runs), and storing blocks in L2 or L3 (a demotion's first), counted for the
-    /// same readers.
+    /// last runs), counted for the same readers.
     l1_removals: u32,
-    lower_stores: u32,
 }
 
 /// The hashes of `hashes` (64 at most) whose bit in `mask` is set (bit `k` for `hashes[k]`,
@@ -259,7 +252,6 @@ impl KvEvents {
     fn count(&mut self, op: Op) {
         self.lower_removals += u32::from(op.removes_below_l1());
         self.l1_removals += u32::from(op.removes_from_l1());
-        self.lower_stores += u32::from(op.stores_below_l1());
     }
 
     #[inline(always)]
@@ -309,7 +301,6 @@ impl KvEvents {
         self.cleared = 0;
         self.lower_removals = 0;
         self.l1_removals = 0;
-        self.lower_stores = 0;
         self.heads.clear();
         self.hashes.clear();
     }
@@ -346,11 +337,6 @@ impl KvEvents {
     /// How many runs remove blocks from L1.
     pub fn l1_removal_runs(&self) -> u32 {
         self.l1_removals
-    }
-
-    /// How many runs store blocks in L2 or L3.
-    pub fn lower_store_runs(&self) -> u32 {
-        self.lower_stores
     }
 
     /// The first `Cleared` run from run `from` on (the run count when none).
@@ -493,16 +479,11 @@ mod tests {
             proptest::prop_assert_eq!(reused.next_cleared(0), fresh.next_cleared(0));
             proptest::prop_assert_eq!(reused.lower_removal_runs(), lower(&fresh.runs().collect::<Vec<_>>()));
             let l1 = |runs: &[KvRun<'_>]| runs.iter().filter(|r| matches!(r, KvRun::Removed { tier: Tier::L1, .. })).count() as u32;
-            let stores = |runs: &[KvRun<'_>]| {
-                runs.iter().filter(|r| matches!(r, KvRun::Stored { tier: Tier::L2 | Tier::L3, .. })).count() as u32
-            };
             let fresh_runs: Vec<KvRun<'_>> = fresh.runs().collect();
             for (b, name) in [(&batch, "batch"), (&by_stretch, "by stretch")] {
                 proptest::prop_assert_eq!(b.l1_removal_runs(), l1(&runs), "{}", name);
-                proptest::prop_assert_eq!(b.lower_store_runs(), stores(&runs), "{}", name);
             }
             proptest::prop_assert_eq!(reused.l1_removal_runs(), l1(&fresh_runs));
-            proptest::prop_assert_eq!(reused.lower_store_runs(), stores(&fresh_runs));
         }
 
         /// A page's removals given with a mask (a store's `remove_all`) are the runs pushing
