@@ -98,6 +98,8 @@ struct Coast {
     held: u32,
     /// Bumped when a coast is cut short, which makes its queued end stale.
     generation: u32,
+    /// Its place in `SimFleet::coasting` while on (ended without a search of a thousand).
+    listed_at: u32,
 }
 
 /// How a disaggregated fleet runs: pool sizes, start-up time, KV transfers.
@@ -587,6 +589,7 @@ impl SimFleet {
         });
         coast.on = true;
         coast.held = 0;
+        coast.listed_at = self.coasting.len() as u32;
         let generation = coast.generation;
         self.coasting.push(id);
         self.wake(at, id, Wake::CoastDone { generation });
@@ -626,9 +629,13 @@ impl SimFleet {
         self.executor.count_steps(ends[ended as usize].since(ends[0]));
         coast.on = false;
         coast.generation = coast.generation.wrapping_add(1);
-        let pos = self.coasting.iter().position(|&c| c == id).expect("a coasting instance is listed");
+        let (at, pos) = (coast.ends[ended as usize], coast.listed_at as usize);
+        debug_assert_eq!(self.coasting[pos], id, "a coasting instance is listed where it says");
         self.coasting.swap_remove(pos);
-        coast.ends[ended as usize]
+        if let Some(&moved) = self.coasting.get(pos) {
+            self.instances[moved.0 as usize].coast.listed_at = pos as u32;
+        }
+        at
     }
 
     /// Ends every coast where it has come to at `now` (a run that stops early counts the

@@ -82,10 +82,11 @@
 //! The parameters, the terms tried and dropped, and the runs that chose them are in
 //! docs/ROUTERS.md.
 
+use super::queue_order::QueueOrder;
 use super::{CostHints, Pick, Router, RouterFactory, Why};
 use crate::event::FleetEvent;
 use crate::prefix_index::{PrefixMatches, TierMatch};
-use crate::view::{FleetView, InstanceView};
+use crate::view::{CandidateRule, FleetView, InstanceView};
 use engine::Request;
 
 /// In-flight requests above this multiple of the mean (plus the slack) make an instance hot.
@@ -156,6 +157,11 @@ impl RouterFactory for CacheAwareConfig {
     }
 }
 
+/// Fleets of at least this many instances are scored in order of their queues, stopping at
+/// the first instance no later one can beat (below it scoring every candidate costs less than
+/// keeping the order).
+const ORDERED_FROM: usize = 64;
+
 #[derive(Debug)]
 pub struct CacheAware {
     config: CacheAwareConfig,
@@ -163,10 +169,17 @@ pub struct CacheAware {
     matches: PrefixMatches,
     /// Uncached prompt tokens routed to each instance since its last load report.
     pending: Vec<u64>,
+    /// The instances by prefill tokens queued (`queue_s`'s numerator).
+    order: QueueOrder,
+    /// Fleets this large or larger are searched in `order` ([`CacheAware::pick_in_order`]).
+    ordered_from: usize,
+    /// Instances the current query found a prefix on, stamped with `query`.
+    held: Vec<u32>,
+    query: u32,
 }
 
 /// One candidate's terms, in seconds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Estimate {
     m: TierMatch,
     queue_s: f64,
@@ -214,26 +227,71 @@ impl Estimate {
 
 impl CacheAware {
     pub fn new(config: CacheAwareConfig, hints: CostHints) -> CacheAware {
-        CacheAware { config, hints, matches: PrefixMatches::default(), pending: Vec::new() }
+        let c = &config;
+        let d = &hints.decode;
+        // The search in queue order needs every term after the first token's to be >= 0.
+        let terms_nonnegative = [c.copy_weight, c.stall_weight, c.own_weight, c.kv_weight, c.left_weight]
+            .into_iter()
+            .chain([d.base_us, d.per_seq_us, d.per_kv_token_us])
+            .all(|x| x >= 0.0);
+        CacheAware {
+            config,
+            hints,
+            matches: PrefixMatches::default(),
+            pending: Vec::new(),
+            order: QueueOrder::default(),
+            ordered_from: if terms_nonnegative { ORDERED_FROM } else { usize::MAX },
+            held: Vec::new(),
+            query: 0,
+        }
+    }
+
+    /// The same router, searching fleets of `n` instances or more in queue order (tests
+    /// compare both searches).
+    #[cfg(test)]
+    pub(super) fn ordered_from(mut self, n: usize) -> CacheAware {
+        self.ordered_from = n;
+        self
     }
 
     fn pending(&self, v: &InstanceView) -> u64 {
         self.pending.get(v.id.0 as usize).copied().unwrap_or(0)
     }
 
-    fn estimate(&self, request: &Request, v: &InstanceView, share: f64) -> Estimate {
+    /// Prefill tokens queued on `v` as this router predicts them: `queue_s`'s numerator.
+    fn queued(&self, v: &InstanceView) -> u64 {
+        v.load.prefill_tokens_left + self.pending(v)
+    }
+
+    /// The terms up to the first token's (queue, prefill, load, copy) of a request whose
+    /// prefix `m` is cached where `queued` prefill tokens wait; the rest zero.
+    fn first_token_terms(&self, request: &Request, m: TierMatch, queued: u64) -> Estimate {
         let h = &self.hints;
-        let c = &self.config;
         let bs = u64::from(h.block_size);
-        let m = self.matches.get(v.id);
         // The last prompt token is always computed.
         let prompt = u64::from(request.prompt_tokens);
         let cached = (u64::from(m.total()) * bs).min(prompt.saturating_sub(1));
         let uncached_tokens = prompt - cached;
-        let queued = v.load.prefill_tokens_left + self.pending(v);
         let held = (u64::from(m.l1 + m.l2) * bs).min(prompt);
-        let copy_s = (prompt - held) as f64 / h.prefill_tokens_per_s * c.copy_weight;
-        let prefill_s = uncached_tokens as f64 / h.prefill_tokens_per_s;
+        Estimate {
+            m,
+            queue_s: queued as f64 / h.prefill_tokens_per_s,
+            prefill_s: uncached_tokens as f64 / h.prefill_tokens_per_s,
+            load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
+                + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
+            copy_s: (prompt - held) as f64 / h.prefill_tokens_per_s * self.config.copy_weight,
+            uncached_tokens,
+            ..Estimate::default()
+        }
+    }
+
+    fn estimate(&self, request: &Request, v: &InstanceView, share: f64) -> Estimate {
+        let h = &self.hints;
+        let c = &self.config;
+        let bs = u64::from(h.block_size);
+        let first = self.first_token_terms(request, self.matches.get(v.id), self.queued(v));
+        let prompt = u64::from(request.prompt_tokens);
+        let (prefill_s, uncached_tokens) = (first.prefill_s, first.uncached_tokens);
         // The batch as far as the router knows: requests in flight (routed, not finished) and
         // the KV of the last report plus what was routed since.
         let in_flight = f64::from(v.in_flight);
@@ -254,20 +312,71 @@ impl CacheAware {
         let to_generate = decode_left + v.routed_since_report.saturating_sub(v.prompt_since_report) as f64 * share;
         let fullest = kv_tokens + decode_left + prompt as f64;
         Estimate {
-            m,
-            queue_s: queued as f64 / h.prefill_tokens_per_s,
-            prefill_s,
-            load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
-                + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
-            copy_s,
             step_s,
             batch_step_s,
             stall_s: c.stall_weight * prefill_s * stalled,
             own_s: c.own_weight * step_s,
             kv_s: c.kv_weight * (fullest - capacity).max(0.0) / h.prefill_tokens_per_s,
             left_s: c.left_weight * to_generate / h.prefill_tokens_per_s,
-            uncached_tokens,
+            ..first
         }
+    }
+
+    /// The best candidates (`best[0]` among those not hot, `best[1]` among the hot ones) of a
+    /// large fleet without scoring every one: the instances the query found a prefix on
+    /// first, then the others in order of their queues, stopping at the first whose predicted
+    /// first token, the score's first term and the same on all of them but for the queue, is
+    /// later than the best score so far (every other term is >= 0, and rounding is monotone,
+    /// so no instance after it scores lower). The same choice as scoring every candidate: the
+    /// lowest score, the lower id on a tie.
+    fn pick_in_order<'a>(
+        &mut self,
+        request: &Request,
+        fleet: &'a FleetView,
+        rule: &CandidateRule,
+        hot_above: f64,
+        share: f64,
+        best: &mut [Option<(&'a InstanceView, Estimate)>; 2],
+    ) {
+        let mut order = std::mem::take(&mut self.order);
+        order.sync(fleet.all(), |v| self.queued(v));
+        self.query = self.query.wrapping_add(1);
+        if self.query == 0 {
+            self.held.iter_mut().for_each(|q| *q = 0);
+            self.query = 1;
+        }
+        self.held.resize(fleet.all().len(), 0);
+        for (id, _) in self.matches.iter() {
+            if let Some(q) = self.held.get_mut(id.0 as usize) {
+                *q = self.query;
+            }
+        }
+        let this = &*self;
+        let consider = |v: &'a InstanceView, best: &mut [Option<(&'a InstanceView, Estimate)>; 2]| {
+            let e = this.estimate(request, v, share);
+            let slot = &mut best[usize::from(f64::from(v.in_flight) > hot_above)];
+            if slot.is_none_or(|(b, be)| e.score_s() < be.score_s() || (e.score_s() == be.score_s() && v.id < b.id)) {
+                *slot = Some((v, e));
+            }
+        };
+        let views = fleet.all();
+        for (id, _) in this.matches.iter() {
+            if let Some(v) = views.get(id.0 as usize).filter(|v| rule.admits(v)) {
+                consider(v, best);
+            }
+        }
+        let shared = this.matches.shared();
+        for (queued, i) in order.iter() {
+            if let Some((_, b)) = &best[0] {
+                if this.first_token_terms(request, shared, queued).ttft_s() > b.score_s() {
+                    break;
+                }
+            }
+            if this.held[i] != this.query && rule.admits(&views[i]) {
+                consider(&views[i], best);
+            }
+        }
+        self.order = order;
     }
 }
 
@@ -289,8 +398,9 @@ impl Router for CacheAware {
     }
 
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick> {
-        let (count, in_flight) =
-            fleet.candidates(request).fold((0u32, 0u64), |(n, f), v| (n + 1, f + u64::from(v.in_flight)));
+        let rule = fleet.candidate_rule(request);
+        let candidates = || fleet.all().iter().filter(|v| rule.admits(v));
+        let (count, in_flight) = candidates().fold((0u32, 0u64), |(n, f), v| (n + 1, f + u64::from(v.in_flight)));
         if count == 0 {
             return None;
         }
@@ -303,17 +413,22 @@ impl Router for CacheAware {
         let mut soonest_s = f64::INFINITY;
         let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
         let share = fleet.output_share();
-        for v in fleet.candidates(request) {
-            let e = self.estimate(request, v, share);
-            let guarded = f64::from(v.in_flight) > hot_above;
-            let slot = &mut best[usize::from(guarded)];
-            if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
-                *slot = Some((v, e));
+        if cap_s <= 0.0 && fleet.all().len() >= self.ordered_from {
+            // No triage (no request has a queue below a cap of 0): only the best counts.
+            self.pick_in_order(request, fleet, &rule, hot_above, share, &mut best);
+        } else {
+            for v in candidates() {
+                let e = self.estimate(request, v, share);
+                let guarded = f64::from(v.in_flight) > hot_above;
+                let slot = &mut best[usize::from(guarded)];
+                if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
+                    *slot = Some((v, e));
+                }
+                if e.queue_s < cap_s && for_lost.is_none_or(|(_, l)| e.lost_rank_s() > l.lost_rank_s()) {
+                    for_lost = Some((v, e));
+                }
+                soonest_s = soonest_s.min(e.first_token_s(self.config.lost_queue_factor));
             }
-            if e.queue_s < cap_s && for_lost.is_none_or(|(_, l)| e.lost_rank_s() > l.lost_rank_s()) {
-                for_lost = Some((v, e));
-            }
-            soonest_s = soonest_s.min(e.first_token_s(self.config.lost_queue_factor));
         }
         let lost = for_lost.filter(|_| fleet.ttft_left_s(request).is_some_and(|left_s| soonest_s > left_s));
         let (v, e) = lost.or(best[0]).or(best[1])?;

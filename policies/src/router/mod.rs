@@ -8,6 +8,8 @@
 
 pub use sglang_cache_aware::SglangBranch;
 
+mod queue_order;
+
 use crate::event::FleetEvent;
 use crate::params::{Param, ParamError, Params, PolicyParams};
 use crate::slo_load::DecodeModel;

@@ -803,3 +803,60 @@ fn cache_aware_keeps_a_cached_prompt_on_its_busy_instance() {
     // 16 tokens: 2 × 0.4 ms of prefill × 60 × 60 / 6,000 = 0.48 ms.
     assert_eq!(cache_aware_terms(&route).1, 0.5);
 }
+
+#[test]
+fn cache_aware_picks_in_queue_order_exactly_as_it_scores_every_instance() {
+    use super::cache_aware::CacheAware;
+    use rand::{Rng, SeedableRng};
+    for seed in 0..6u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n = 80u32;
+        let mut c = controller(RouterConfig::CacheAware(Default::default()), &vec![400_000; n as usize]);
+        let hints = CostHints::default();
+        let mut every = CacheAware::new(Default::default(), hints).ordered_from(usize::MAX);
+        let mut ordered = CacheAware::new(Default::default(), hints).ordered_from(0);
+        // Prompts from a few shared prefixes, cached here and there in every tier.
+        let prefixes: Vec<Vec<BlockHash>> = (0..6).map(|p| chain(p, 40)).collect();
+        for step in 0..400 {
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    let load = Load {
+                        prefill_tokens_left: rng.random_range(0..4) * rng.random_range(0..20_000),
+                        decode_tokens_left: rng.random_range(0..50_000),
+                        running: rng.random_range(0..40),
+                        waiting: rng.random_range(0..4),
+                        kv_used_blocks: rng.random_range(0..20_000),
+                        kv_total_blocks: 25_000,
+                        admission_paused: rng.random_range(0..30) == 0,
+                        ..Load::default()
+                    };
+                    let event = FleetEvent::Load { instance: InstanceId(rng.random_range(0..n)), load };
+                    c.on_event(Time::ZERO, &event);
+                    every.on_event(&event);
+                    ordered.on_event(&event);
+                }
+                4 | 5 => {
+                    let p = &prefixes[rng.random_range(0..prefixes.len())];
+                    let tier = [Tier::L1, Tier::L2, Tier::L3][rng.random_range(0..3)];
+                    store(&mut c, rng.random_range(0..n), tier, &p[..rng.random_range(1..p.len())]);
+                }
+                6 => {
+                    // Routed by the controller: requests in flight and routed since reports.
+                    let p = &prefixes[rng.random_range(0..prefixes.len())];
+                    let _ = c.route(Time::ZERO, &request_of(&p[..rng.random_range(1..p.len())]));
+                }
+                7 if step % 50 == 7 => {
+                    let instance = InstanceId(rng.random_range(0..n));
+                    c.on_event(Time::ZERO, &FleetEvent::InstanceDraining { instance });
+                }
+                _ => {
+                    let p = &prefixes[rng.random_range(0..prefixes.len())];
+                    let r = request_of(&p[..rng.random_range(1..p.len())]);
+                    let a = every.pick(&r, c.fleet());
+                    let b = ordered.pick(&r, c.fleet());
+                    assert_eq!(a, b, "seed {seed}, step {step}");
+                }
+            }
+        }
+    }
+}
