@@ -79,6 +79,12 @@
 //! `HOT_FACTOR` × the fleet's mean plus `HOT_SLACK` is passed over (unless every candidate
 //! is). Ties go to the lower id.
 //!
+//! A fleet of 64 instances or more is not scored whole for every request: the instances the
+//! query found a prefix on are scored, then the others in order of their predicted queues,
+//! until one's predicted first token alone exceeds the best score (every other term is >= 0,
+//! so none after it can win). The pick is the one scoring every candidate would make
+//! (property-tested); triage, which needs every instance's first token, scores them all.
+//!
 //! The parameters, the terms tried and dropped, and the runs that chose them are in
 //! docs/ROUTERS.md.
 
