@@ -27,7 +27,7 @@
 //! its stamp comes round again.
 
 use super::page_runs::PageRuns;
-use crate::block_map::{push_page_entry, reserve_page_entries, BlockMap, HashEntry, HashFilter, Probe};
+use crate::block_map::{BlockMap, HashEntry, HashFilter, Probe};
 use crate::ids::BlockHash;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -82,22 +82,52 @@ pub enum Put {
 const HOLE: u32 = u32::MAX;
 
 /// The blocks of one page held by a store, in the order they were added, each with its
-/// latest stamp (one array of 12-byte entries: one allocation a page); a block taken out
-/// leaves a hole.
-#[derive(Clone, Debug, Default)]
+/// latest stamp; a block taken out leaves a hole. The positions are kept inside the page,
+/// beside its header, for a page of up to [`PAGE_BLOCKS`] of them (all but a few): a cold
+/// page's header and blocks are then two loads side by side, where a buffer of its own made
+/// them a chain of two misses (the header, then the blocks it points to), on every victim at
+/// a full store's queue front, a demotion's look in its page and a prompt's walk.
+#[derive(Clone, Debug)]
+#[repr(C)]
 struct Page {
     /// The page's name (its first position's hash), while it holds blocks.
     name: BlockHash,
-    /// Each position's hash and latest stamp (`value`).
-    entries: Vec<HashEntry>,
     /// Blocks held (positions that are not holes).
     live: u32,
-    /// Positions of the held blocks, for the rare page with many blocks (the continuations
-    /// of a prefix many prompts share end to end): looked up instead of scanned.
-    lookup: Option<Box<BlockMap<u32>>>,
+    /// Positions in `inline`, or [`SPILLED`]: they are all in `spill`.
+    len: u32,
     /// The hashes ever pushed since the page was emptied: most lookups of a block the page
     /// lacks (every new block's) end here.
     filter: HashFilter,
+    /// Positions of the held blocks, for the rare page with many blocks (the continuations
+    /// of a prefix many prompts share end to end): looked up instead of scanned.
+    lookup: Option<Box<BlockMap<u32>>>,
+    /// Every position, once a page has more than [`PAGE_BLOCKS`] (boxed: 8 bytes in every
+    /// page's header, not a vector's 24, for the rare page that needs it).
+    #[allow(clippy::box_collection)]
+    spill: Option<Box<Vec<HashEntry>>>,
+    /// Each position's hash and latest stamp (`value`), while they fit.
+    inline: [HashEntry; PAGE_BLOCKS],
+}
+
+// A page is seven cache lines' worth: a 64-byte header, then its positions.
+const _: () = assert!(cfg!(test) || std::mem::size_of::<Page>() == 7 * 64);
+
+/// `Page::len` of a page whose positions are in its `spill`.
+const SPILLED: u32 = u32::MAX;
+
+impl Default for Page {
+    fn default() -> Page {
+        Page {
+            name: BlockHash(0),
+            live: 0,
+            len: 0,
+            filter: HashFilter::default(),
+            lookup: None,
+            spill: None,
+            inline: [HashEntry::new(BlockHash(0), HOLE); PAGE_BLOCKS],
+        }
+    }
 }
 
 /// The slot `BlockLru::last` names for a page the store lacks.
@@ -107,6 +137,42 @@ const ABSENT: u32 = u32::MAX;
 const SCAN_BLOCKS: usize = 3 * PAGE_BLOCKS;
 
 impl Page {
+    /// The positions, in order.
+    #[inline(always)]
+    fn entries(&self) -> &[HashEntry] {
+        match self.len {
+            SPILLED => self.spill.as_deref().map_or(&[], Vec::as_slice),
+            len => &self.inline[..len as usize],
+        }
+    }
+
+    #[inline(always)]
+    fn entries_mut(&mut self) -> &mut [HashEntry] {
+        match self.len {
+            SPILLED => self.spill.as_deref_mut().map_or(&mut [], Vec::as_mut_slice),
+            len => &mut self.inline[..len as usize],
+        }
+    }
+
+    /// Moves the positions to `spill`, for more than [`PAGE_BLOCKS`] of them.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self) -> &mut Vec<HashEntry> {
+        if self.len != SPILLED {
+            self.spill = Some(Box::new(self.inline[..self.len as usize].to_vec()));
+            self.len = SPILLED;
+        }
+        self.spill.get_or_insert_default()
+    }
+
+    /// Empties the page (its slot freed), keeping no spill.
+    fn clear(&mut self) {
+        self.len = 0;
+        self.spill = None;
+        self.filter = HashFilter::default();
+        self.lookup = None;
+    }
+
     /// Where `hash` is held, trying the positions beside `near` and `near` itself first: a
     /// walk goes along a page's blocks in the order they were added (a prompt's first load)
     /// or against it (a prompt's walk over blocks a demotion added, leaf first).
@@ -114,7 +180,7 @@ impl Page {
     fn find(&self, hash: BlockHash, near: usize) -> Option<usize> {
         let holds = |e: &HashEntry| e.hash() == hash && e.value != HOLE;
         for i in [near + 1, near.wrapping_sub(1), near] {
-            if self.entries.get(i).is_some_and(holds) {
+            if self.entries().get(i).is_some_and(holds) {
                 return Some(i);
             }
         }
@@ -123,18 +189,30 @@ impl Page {
         }
         match &self.lookup {
             Some(lookup) => lookup.get(hash).map(|i| i as usize),
-            None => self.entries.iter().position(holds),
+            None => self.entries().iter().position(holds),
         }
     }
 
     /// Whether position `i` holds a block last used at `stamp`.
     fn used_at(&self, i: usize, stamp: u32) -> bool {
-        self.entries.get(i).is_some_and(|e| e.value == stamp)
+        self.entries().get(i).is_some_and(|e| e.value == stamp)
     }
 
     #[inline]
     fn push(&mut self, hash: BlockHash, stamp: u32) -> usize {
-        let i = push_page_entry(&mut self.entries, hash, stamp, PAGE_BLOCKS);
+        let entry = HashEntry::new(hash, stamp);
+        let i = match self.len as usize {
+            len if len < PAGE_BLOCKS => {
+                self.inline[len] = entry;
+                self.len += 1;
+                len
+            }
+            _ => {
+                let spill = self.spill();
+                spill.push(entry);
+                spill.len() - 1
+            }
+        };
         self.live += 1;
         self.filter.add(hash);
         match &mut self.lookup {
@@ -148,23 +226,40 @@ impl Page {
     /// Appends the blocks `hashes` (of this page), stamped `stamp`, `stamp + 1`, ... (no stamp
     /// among them wraps round); returns the first one's position (the rest follow it).
     fn push_run(&mut self, hashes: &[BlockHash], stamp: u32) -> usize {
-        let first = self.entries.len();
-        reserve_page_entries(&mut self.entries, hashes.len(), PAGE_BLOCKS);
+        if self.len as usize + hashes.len() > PAGE_BLOCKS {
+            self.spill();
+        }
         // A copy of known length, written without a check a block, the filter noting each
         // hash on the way (one pass over the run, not two).
         let filter = &mut self.filter;
-        self.entries.extend(hashes.iter().enumerate().map(|(j, &hash)| {
+        let entry = |(j, &hash): (usize, &BlockHash)| {
             filter.add(hash);
             HashEntry::new(hash, stamp + j as u32)
-        }));
+        };
+        let first = match self.len {
+            SPILLED => {
+                let spill = self.spill.get_or_insert_default();
+                let first = spill.len();
+                spill.extend(hashes.iter().enumerate().map(entry));
+                first
+            }
+            len => {
+                let len = len as usize;
+                let to = &mut self.inline[len..len + hashes.len()];
+                to.iter_mut().zip(hashes.iter().enumerate().map(entry)).for_each(|(to, e)| *to = e);
+                self.len += hashes.len() as u32;
+                len
+            }
+        };
         self.live += hashes.len() as u32;
+        let positions = self.entries().len();
         match &mut self.lookup {
             Some(lookup) => {
                 for (&hash, i) in hashes.iter().zip(first as u32..) {
                     lookup.insert(hash, i);
                 }
             }
-            None if self.entries.len() > SCAN_BLOCKS => self.index(),
+            None if positions > SCAN_BLOCKS => self.index(),
             None => {}
         }
         first
@@ -175,7 +270,7 @@ impl Page {
     #[inline(never)]
     fn index(&mut self) {
         let mut lookup = Box::<BlockMap<u32>>::default();
-        for (j, e) in self.entries.iter().enumerate() {
+        for (j, e) in self.entries().iter().enumerate() {
             if e.value != HOLE {
                 lookup.insert(e.hash(), j as u32);
             }
@@ -184,11 +279,29 @@ impl Page {
     }
 
     fn remove_at(&mut self, i: usize) {
-        let hash = self.entries[i].hash();
-        self.entries[i].value = HOLE;
+        let e = &mut self.entries_mut()[i];
+        let hash = e.hash();
+        e.value = HOLE;
         self.live -= 1;
         if let Some(lookup) = &mut self.lookup {
             lookup.remove(hash);
+        }
+    }
+
+    /// Drops the holes, the held blocks keeping their order.
+    fn retain_held(&mut self) {
+        match self.len {
+            SPILLED => self.spill.iter_mut().for_each(|s| s.retain(|e| e.value != HOLE)),
+            len => {
+                let mut kept = 0;
+                for i in 0..len as usize {
+                    if self.inline[i].value != HOLE {
+                        self.inline[kept] = self.inline[i];
+                        kept += 1;
+                    }
+                }
+                self.len = kept as u32;
+            }
         }
     }
 
@@ -201,9 +314,12 @@ impl Page {
     #[inline(always)]
     fn take_live(&mut self, u: Uses, n: u32, mut out: impl FnMut(BlockHash)) -> (u32, u32) {
         debug_assert!(n > 0, "at least one block taken");
-        let (len, end) = (u32::from(u.len), self.entries.len() as u32);
+        let (len, end) = (u32::from(u.len), self.entries().len() as u32);
         let (mut gone, mut found) = (len, 0);
-        let mut lookup = self.lookup.as_deref_mut();
+        let (entries, mut lookup) = match self.len {
+            SPILLED => (self.spill.as_deref_mut().map_or(&mut [][..], Vec::as_mut_slice), self.lookup.as_deref_mut()),
+            len => (&mut self.inline[..len as usize], self.lookup.as_deref_mut()),
+        };
         // The `j`th use's block, if still last used by it: taken; true once `n` are.
         let mut take = |j: u32, e: &mut HashEntry| {
             if e.value != u.stamp.wrapping_add(j) {
@@ -223,7 +339,7 @@ impl Page {
             // keeps it): those from `end` on are past the end, the first `skip` uses.
             let hi = (u.first + 1).min(end);
             let skip = u.first + 1 - hi;
-            let stretch = &mut self.entries[(u.first + 1 - len).min(hi) as usize..hi as usize];
+            let stretch = &mut entries[(u.first + 1 - len).min(hi) as usize..hi as usize];
             for (e, j) in stretch.iter_mut().rev().zip(skip..) {
                 if take(j, e) {
                     gone = j + 1;
@@ -231,7 +347,7 @@ impl Page {
                 }
             }
         } else {
-            let stretch = &mut self.entries[u.first.min(end) as usize..(u.first + len).min(end) as usize];
+            let stretch = &mut entries[u.first.min(end) as usize..(u.first + len).min(end) as usize];
             for (e, j) in stretch.iter_mut().zip(0..) {
                 if take(j, e) {
                     gone = j + 1;
@@ -599,7 +715,7 @@ impl BlockLru {
     /// [`BlockLru::use_at`] without the check for stale uses (one check after a run of uses).
     fn note_use_at(&mut self, slot: u32, i: usize) {
         let stamp = self.next_stamp;
-        self.pages[slot as usize].entries[i].value = stamp;
+        self.pages[slot as usize].entries_mut()[i].value = stamp;
         self.note_use(slot, i, stamp);
     }
 
@@ -679,7 +795,7 @@ impl BlockLru {
             victims += usize::from(u.len);
             let (pos, _) = u.at(0);
             let page = &self.pages[u.slot as usize];
-            sink ^= page.entries.get(pos).map_or(0, |e| u64::from(e.value));
+            sink ^= page.entries().get(pos).map_or(0, |e| u64::from(e.value));
             if page.live <= u32::from(u.len) {
                 sink ^= self.slots.touch(page.name);
             }
@@ -689,7 +805,7 @@ impl BlockLru {
 
     /// The blocks held, least recently used first.
     pub fn iter(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].entries[pos].hash())
+        self.live_uses().map(|(slot, pos)| self.pages[slot as usize].entries()[pos].hash())
     }
 
     /// The live uses in the queue, oldest first: (slot, position).
@@ -722,15 +838,10 @@ impl BlockLru {
             self.holes += n as usize;
             return;
         }
-        // The slot is free; its buffer is kept for the next page, unless it grew large.
-        self.holes -= p.entries.len() - n as usize;
+        // The slot is free.
+        self.holes -= p.entries().len() - n as usize;
         let name = p.name;
-        if p.entries.capacity() > SCAN_BLOCKS || p.lookup.is_some() {
-            *p = Page::default();
-        } else {
-            p.entries.clear();
-            p.filter = HashFilter::default();
-        }
+        p.clear();
         self.slots.remove(name);
         if self.last.get().is_some_and(|(last, _)| last == name) {
             self.last.set(None);
@@ -823,7 +934,7 @@ impl BlockLru {
             for page in &self.pages {
                 base.push(ranks.len() as u32);
                 let mut next = 0;
-                ranks.extend(page.entries.iter().map(|e| {
+                ranks.extend(page.entries().iter().map(|e| {
                     let rank = next;
                     next += u32::from(e.value != HOLE);
                     rank
@@ -833,14 +944,14 @@ impl BlockLru {
         let mut order = VecDeque::with_capacity(self.order.len());
         let mut queued = 0;
         for (slot, pos) in self.live_uses() {
-            let stamp = self.pages[slot as usize].entries[pos].value;
+            let stamp = self.pages[slot as usize].entries()[pos].value;
             let pos = if renumber { ranks[base[slot as usize] as usize + pos] } else { pos as u32 };
             queued += 1;
             Uses::append(&mut order, slot, pos, stamp);
         }
         if renumber {
-            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.entries.len()) {
-                page.entries.retain(|e| e.value != HOLE);
+            for page in self.pages.iter_mut().filter(|p| p.live as usize != p.entries().len()) {
+                page.retain_held();
                 if page.lookup.is_some() {
                     page.index();
                 }
@@ -857,17 +968,17 @@ impl BlockLru {
         let held: usize = self.pages.iter().map(|p| p.live as usize).sum();
         assert_eq!(held, self.len as usize, "pages hold the store's blocks");
         assert!(
-            self.pages.iter().all(|p| p.live as usize == p.entries.iter().filter(|e| e.value != HOLE).count()),
+            self.pages.iter().all(|p| p.live as usize == p.entries().iter().filter(|e| e.value != HOLE).count()),
             "a page's count of held blocks is right"
         );
-        let holes: usize = self.pages.iter().map(|p| p.entries.len() - p.live as usize).sum();
+        let holes: usize = self.pages.iter().map(|p| p.entries().len() - p.live as usize).sum();
         assert_eq!(holes, self.holes, "holes counted");
         assert_eq!(self.slots.len() + self.free.len(), self.pages.len(), "every slot is named or free");
         if let Some((name, _)) = self.last.get() {
             let slot = self.remembered(name).flatten();
             assert_eq!(self.slots.get(name), slot, "the last page looked up is where the map says");
         }
-        assert!(self.free.iter().all(|&s| self.pages[s as usize].entries.is_empty()), "free slots are empty");
+        assert!(self.free.iter().all(|&s| self.pages[s as usize].entries().is_empty()), "free slots are empty");
         assert!(
             self.slots.iter().all(|(name, s)| self.pages[s as usize].name == name && self.pages[s as usize].live > 0),
             "named pages hold blocks"
