@@ -182,7 +182,12 @@ impl FleetView {
     /// paused admission (KV above the high-water mark; the one it left last), which a router
     /// then ranks by its own rule (the least bad of them by its measure).
     pub fn candidates<'a>(&'a self, request: &'a Request) -> impl Iterator<Item = &'a InstanceView> + 'a {
-        let rule = self.candidate_rule(request);
+        self.admitted(self.candidate_rule(request))
+    }
+
+    /// The instances `rule` admits, in id order: [`FleetView::candidates`] for a router that
+    /// keeps the rule (its computation is a pass over the fleet).
+    pub fn admitted(&self, rule: CandidateRule) -> impl Iterator<Item = &InstanceView> + '_ {
         self.instances.iter().filter(move |v| rule.admits(v))
     }
 

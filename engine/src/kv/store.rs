@@ -148,10 +148,17 @@ impl Page {
 
     #[inline(always)]
     fn entries_mut(&mut self) -> &mut [HashEntry] {
-        match self.len {
-            SPILLED => self.spill.as_deref_mut().map_or(&mut [], Vec::as_mut_slice),
+        self.entries_and_lookup_mut().0
+    }
+
+    /// The positions and the lookup, both to change at once.
+    #[inline(always)]
+    fn entries_and_lookup_mut(&mut self) -> (&mut [HashEntry], Option<&mut BlockMap<u32>>) {
+        let entries = match self.len {
+            SPILLED => self.spill.as_deref_mut().map_or(&mut [][..], Vec::as_mut_slice),
             len => &mut self.inline[..len as usize],
-        }
+        };
+        (entries, self.lookup.as_deref_mut())
     }
 
     /// Moves the positions to `spill`, for more than [`PAGE_BLOCKS`] of them.
@@ -316,10 +323,7 @@ impl Page {
         debug_assert!(n > 0, "at least one block taken");
         let (len, end) = (u32::from(u.len), self.entries().len() as u32);
         let (mut gone, mut found) = (len, 0);
-        let (entries, mut lookup) = match self.len {
-            SPILLED => (self.spill.as_deref_mut().map_or(&mut [][..], Vec::as_mut_slice), self.lookup.as_deref_mut()),
-            len => (&mut self.inline[..len as usize], self.lookup.as_deref_mut()),
-        };
+        let (entries, mut lookup) = self.entries_and_lookup_mut();
         // The `j`th use's block, if still last used by it: taken; true once `n` are.
         let mut take = |j: u32, e: &mut HashEntry| {
             if e.value != u.stamp.wrapping_add(j) {

@@ -231,6 +231,18 @@ impl Estimate {
     }
 }
 
+/// The best candidates so far: `[0]` among those not hot, `[1]` among the hot ones.
+type Best<'a> = [Option<(&'a InstanceView, Estimate)>; 2];
+
+/// Offers `v`, estimated `e`, to `best`: it takes its slot with a lower score, or an equal
+/// one and a lower id (what scoring in id order, keeping the first of equals, gives).
+fn keep_best<'a>(best: &mut Best<'a>, v: &'a InstanceView, e: Estimate, hot_above: f64) {
+    let slot = &mut best[usize::from(f64::from(v.in_flight) > hot_above)];
+    if slot.is_none_or(|(b, be)| e.score_s() < be.score_s() || (e.score_s() == be.score_s() && v.id < b.id)) {
+        *slot = Some((v, e));
+    }
+}
+
 impl CacheAware {
     pub fn new(config: CacheAwareConfig, hints: CostHints) -> CacheAware {
         let c = &config;
@@ -269,6 +281,11 @@ impl CacheAware {
         v.load.prefill_tokens_left + self.pending(v)
     }
 
+    /// `queued` prefill tokens in seconds.
+    fn queue_s(&self, queued: u64) -> f64 {
+        queued as f64 / self.hints.prefill_tokens_per_s
+    }
+
     /// The terms up to the first token's (queue, prefill, load, copy) of a request whose
     /// prefix `m` is cached where `queued` prefill tokens wait; the rest zero.
     fn first_token_terms(&self, request: &Request, m: TierMatch, queued: u64) -> Estimate {
@@ -281,7 +298,7 @@ impl CacheAware {
         let held = (u64::from(m.l1 + m.l2) * bs).min(prompt);
         Estimate {
             m,
-            queue_s: queued as f64 / h.prefill_tokens_per_s,
+            queue_s: self.queue_s(queued),
             prefill_s: uncached_tokens as f64 / h.prefill_tokens_per_s,
             load_s: (u64::from(m.l2) * bs) as f64 / h.l2_tokens_per_s
                 + (u64::from(m.l3) * bs) as f64 / h.l3_tokens_per_s,
@@ -339,50 +356,42 @@ impl CacheAware {
         &mut self,
         request: &Request,
         fleet: &'a FleetView,
-        rule: &CandidateRule,
+        rule: CandidateRule,
         hot_above: f64,
         share: f64,
-        best: &mut [Option<(&'a InstanceView, Estimate)>; 2],
+        best: &mut Best<'a>,
     ) {
         let mut order = std::mem::take(&mut self.order);
         order.sync(fleet.all(), |v| self.queued(v));
+        let mut held = std::mem::take(&mut self.held);
         self.query = self.query.wrapping_add(1);
         if self.query == 0 {
-            self.held.iter_mut().for_each(|q| *q = 0);
+            held.iter_mut().for_each(|q| *q = 0);
             self.query = 1;
         }
-        self.held.resize(fleet.all().len(), 0);
-        for (id, _) in self.matches.iter() {
-            if let Some(q) = self.held.get_mut(id.0 as usize) {
-                *q = self.query;
-            }
-        }
-        let this = &*self;
-        let consider = |v: &'a InstanceView, best: &mut [Option<(&'a InstanceView, Estimate)>; 2]| {
-            let e = this.estimate(request, v, share);
-            let slot = &mut best[usize::from(f64::from(v.in_flight) > hot_above)];
-            if slot.is_none_or(|(b, be)| e.score_s() < be.score_s() || (e.score_s() == be.score_s() && v.id < b.id)) {
-                *slot = Some((v, e));
-            }
-        };
+        held.resize(fleet.all().len(), 0);
         let views = fleet.all();
-        for (id, _) in this.matches.iter() {
-            if let Some(v) = views.get(id.0 as usize).filter(|v| rule.admits(v)) {
-                consider(v, best);
+        for (id, _) in self.matches.iter() {
+            let Some(v) = views.get(id.0 as usize) else { continue };
+            held[id.0 as usize] = self.query;
+            if rule.admits(v) {
+                keep_best(best, v, self.estimate(request, v, share), hot_above);
             }
         }
-        let shared = this.matches.shared();
+        // Every other instance's first token but for its queue: the prefix they all share.
+        let shared = self.first_token_terms(request, self.matches.shared(), 0);
         for (queued, i) in order.iter() {
             if let Some((_, b)) = &best[0] {
-                if this.first_token_terms(request, shared, queued).ttft_s() > b.score_s() {
+                if (Estimate { queue_s: self.queue_s(queued), ..shared }).ttft_s() > b.score_s() {
                     break;
                 }
             }
-            if this.held[i] != this.query && rule.admits(&views[i]) {
-                consider(&views[i], best);
+            if held[i] != self.query && rule.admits(&views[i]) {
+                keep_best(best, &views[i], self.estimate(request, &views[i], share), hot_above);
             }
         }
         self.order = order;
+        self.held = held;
     }
 }
 
@@ -405,7 +414,7 @@ impl Router for CacheAware {
 
     fn pick(&mut self, request: &Request, fleet: &FleetView) -> Option<Pick> {
         let rule = fleet.candidate_rule(request);
-        let candidates = || fleet.all().iter().filter(|v| rule.admits(v));
+        let candidates = || fleet.admitted(rule);
         let (count, in_flight) = candidates().fold((0u32, 0u64), |(n, f), v| (n + 1, f + u64::from(v.in_flight)));
         if count == 0 {
             return None;
@@ -414,22 +423,18 @@ impl Router for CacheAware {
         fleet.index().match_prefix(&request.block_hashes, &mut self.matches);
         // Best among the instances that pass the guards; failing that, among all. The place
         // for a lost request and the soonest first token, for triage.
-        let mut best: [Option<(&InstanceView, Estimate)>; 2] = [None, None];
+        let mut best: Best = [None, None];
         let mut for_lost: Option<(&InstanceView, Estimate)> = None;
         let mut soonest_s = f64::INFINITY;
         let cap_s = fleet.ttft_target_s(request).unwrap_or(0.0) * self.config.lost_cap;
         let share = fleet.output_share();
         if cap_s <= 0.0 && fleet.all().len() >= self.ordered_from {
             // No triage (no request has a queue below a cap of 0): only the best counts.
-            self.pick_in_order(request, fleet, &rule, hot_above, share, &mut best);
+            self.pick_in_order(request, fleet, rule, hot_above, share, &mut best);
         } else {
             for v in candidates() {
                 let e = self.estimate(request, v, share);
-                let guarded = f64::from(v.in_flight) > hot_above;
-                let slot = &mut best[usize::from(guarded)];
-                if slot.is_none_or(|(_, b)| e.score_s() < b.score_s()) {
-                    *slot = Some((v, e));
-                }
+                keep_best(&mut best, v, e, hot_above);
                 if e.queue_s < cap_s && for_lost.is_none_or(|(_, l)| e.lost_rank_s() > l.lost_rank_s()) {
                     for_lost = Some((v, e));
                 }
